@@ -1,0 +1,240 @@
+"""The one address-space interface every reader above this layer uses.
+
+An address space is a sorted set of *chunks*: contiguous virtual ranges whose bytes are available
+from one backing (an mmap of a core file, an mmap of a file on disk, a live process, plain bytes).
+Readers ask for bytes at a virtual address; scanners ask for numpy views of whole chunks. Nothing
+above this layer knows whether the evidence is a core file or a running process.
+
+Reads are the hottest path of the whole tool (millions of small reads for a heap census), so
+`read` does one bisect and one slice in the common case and nothing else.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from zen.errors import MemoryReadError
+from zen.memory.regions import Region, Source
+
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+_U32 = struct.Struct("<I")
+
+# Upper bound for a single read request; larger requests are a sign of a corrupt size field.
+MAX_READ = 1 << 31
+# Block size used when a live process region has to be copied for a bulk scan.
+LIVE_BLOCK = 64 << 20
+
+
+class Chunk(Protocol):
+    """A contiguous range [start, end) of virtual memory with one backing."""
+
+    start: int
+    end: int
+    source: Source
+
+    def read(self, offset: int, size: int) -> bytes: ...
+
+    def array(self) -> np.ndarray: ...
+
+
+class MmapChunk:
+    """Bytes that live in an mmap'ed file (a core file's segment, or a file on disk)."""
+
+    __slots__ = ("start", "end", "source", "_mm", "_file_offset")
+
+    def __init__(self, start: int, end: int, mm: mmap.mmap, file_offset: int, source: Source) -> None:
+        self.start = start
+        self.end = end
+        self.source = source
+        self._mm = mm
+        self._file_offset = file_offset
+
+    def read(self, offset: int, size: int) -> bytes:
+        o = self._file_offset + offset
+        return self._mm[o : o + size]
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self._mm, dtype=np.uint8, count=self.end - self.start, offset=self._file_offset)
+
+
+class BytesChunk:
+    """Bytes held in memory (tests, synthetic spaces, small reconstructed ranges)."""
+
+    __slots__ = ("start", "end", "source", "_data")
+
+    def __init__(self, start: int, data: bytes | bytearray, source: Source = Source.IMAGE) -> None:
+        self.start = start
+        self.end = start + len(data)
+        self.source = source
+        self._data = bytes(data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self._data[offset : offset + size]
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self._data, dtype=np.uint8)
+
+
+class LiveChunk:
+    """A readable mapping of a running process, read through /proc/PID/mem."""
+
+    __slots__ = ("start", "end", "source", "_fd")
+
+    def __init__(self, start: int, end: int, fd: int) -> None:
+        self.start = start
+        self.end = end
+        self.source = Source.LIVE
+        self._fd = fd
+
+    def read(self, offset: int, size: int) -> bytes:
+        try:
+            data = os.pread(self._fd, size, self.start + offset)
+        except OSError as exc:
+            raise MemoryReadError(self.start + offset, size, f"process memory unreadable ({exc.strerror})") from None
+        if len(data) != size:
+            raise MemoryReadError(self.start + offset, size, "short read from process memory")
+        return data
+
+    def array(self) -> np.ndarray:
+        size = self.end - self.start
+        buf = bytearray(size)
+        view = memoryview(buf)
+        pos = 0
+        while pos < size:
+            n = min(LIVE_BLOCK, size - pos)
+            try:
+                got = os.preadv(self._fd, [view[pos : pos + n]], self.start + pos)
+            except OSError as exc:
+                raise MemoryReadError(self.start + pos, n, f"process memory unreadable ({exc.strerror})") from None
+            if got <= 0:
+                raise MemoryReadError(self.start + pos, n, "short read from process memory")
+            pos += got
+        return np.frombuffer(buf, dtype=np.uint8)
+
+
+class AddressSpace:
+    """Virtual memory of one imaged process: regions (what was mapped) and chunks (what we have)."""
+
+    def __init__(self, regions: Sequence[Region], chunks: Sequence[Chunk], *, description: str = "") -> None:
+        self._regions: list[Region] = sorted(regions, key=lambda r: r.start)
+        self._region_starts = [r.start for r in self._regions]
+        chunks = sorted((c for c in chunks if c.end > c.start), key=lambda c: c.start)
+        self._chunks: list[Chunk] = list(chunks)
+        self._starts = [c.start for c in self._chunks]
+        self.description = description
+        # Problems found while opening the evidence (truncation, missing files...): shown to the user.
+        self.problems: list[str] = []
+        # Notes about how evidence was completed (e.g. filled from disk): shown to the user.
+        self.notes: list[str] = []
+
+    # -- regions -----------------------------------------------------------------------------
+    @property
+    def regions(self) -> list[Region]:
+        return self._regions
+
+    def region_of(self, addr: int) -> Region | None:
+        i = bisect_right(self._region_starts, addr) - 1
+        if i >= 0 and addr < self._regions[i].end:
+            return self._regions[i]
+        return None
+
+    # -- chunks ------------------------------------------------------------------------------
+    @property
+    def chunks(self) -> list[Chunk]:
+        return self._chunks
+
+    def chunk_of(self, addr: int) -> Chunk | None:
+        i = bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self._chunks[i].end:
+            return self._chunks[i]
+        return None
+
+    def is_readable(self, addr: int, size: int = 1) -> bool:
+        """True when all of [addr, addr+size) has bytes in this space."""
+        end = addr + size
+        while addr < end:
+            c = self.chunk_of(addr)
+            if c is None:
+                return False
+            addr = c.end
+        return True
+
+    def iter_arrays(self, chunks: Sequence[Chunk] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (start address, uint8 array) for each chunk: the bulk-scan view of the space."""
+        for c in self._chunks if chunks is None else chunks:
+            yield c.start, c.array()
+
+    # -- reads -------------------------------------------------------------------------------
+    def read(self, addr: int, size: int) -> bytes:
+        """Bytes [addr, addr+size). Raises MemoryReadError if any byte is unavailable."""
+        i = bisect_right(self._starts, addr) - 1
+        if i >= 0:
+            c = self._chunks[i]
+            if addr + size <= c.end:
+                return c.read(addr - c.start, size)
+        return self._read_spanning(addr, size)
+
+    def _read_spanning(self, addr: int, size: int) -> bytes:
+        if size < 0 or size > MAX_READ or addr < 0:
+            raise MemoryReadError(addr, size, "implausible read request")
+        parts = []
+        pos, end = addr, addr + size
+        while pos < end:
+            c = self.chunk_of(pos)
+            if c is None:
+                region = self.region_of(pos)
+                if region is None:
+                    raise MemoryReadError(addr, size, f"{pos:#x} is not mapped in the image")
+                raise MemoryReadError(addr, size, f"{pos:#x} is mapped ({region.path or 'anonymous'}) but not captured")
+            n = min(end, c.end) - pos
+            parts.append(c.read(pos - c.start, n))
+            pos += n
+        return b"".join(parts)
+
+    def u64(self, addr: int) -> int:
+        return _U64.unpack(self.read(addr, 8))[0]
+
+    def i64(self, addr: int) -> int:
+        return _I64.unpack(self.read(addr, 8))[0]
+
+    def u32(self, addr: int) -> int:
+        return _U32.unpack(self.read(addr, 4))[0]
+
+    def cstring(self, addr: int, limit: int = 4096) -> bytes:
+        """A NUL-terminated byte string of at most `limit` bytes (without the NUL)."""
+        out = bytearray()
+        pos = addr
+        while len(out) < limit:
+            c = self.chunk_of(pos)
+            if c is None:
+                raise MemoryReadError(pos, 1, "string runs into unmapped memory")
+            n = min(256, c.end - pos, limit - len(out))
+            block = c.read(pos - c.start, n)
+            nul = block.find(b"\0")
+            if nul >= 0:
+                out += block[:nul]
+                return bytes(out)
+            out += block
+            pos += n
+        raise MemoryReadError(addr, limit, f"no string terminator within {limit} bytes")
+
+    def close(self) -> None:
+        """Release file handles; subclasses own them."""
+
+    def __enter__(self) -> AddressSpace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def captured_bytes(self) -> int:
+        return sum(c.end - c.start for c in self._chunks)
