@@ -1,0 +1,74 @@
+"""Rebuild `types.CodeType` objects from code objects in an image.
+
+A rebuilt code object compares equal (`==`) to the original: same de-specialised bytecode,
+constants (recursively, including nested code objects and frozensets), names, local names and
+kinds, line and exception tables, flags and qualname. Building one only *constructs* an object;
+nothing recovered is ever executed here.
+
+Only possible when the image's Python minor version equals the running interpreter's (bytecode
+is version specific); otherwise callers use the field-level `CodeInfo` records.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+from zen.errors import ObjectError, VersionMismatch
+from zen.cpython.readers.code import read_code
+
+if TYPE_CHECKING:
+    from zen.cpython.interp import Interpreter
+
+MAX_CONST_DEPTH = 64
+
+
+def can_rebuild(ip: Interpreter) -> bool:
+    return ip.P.minor == f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def rebuild_code(ip: Interpreter, addr: int, _memo: dict[int, types.CodeType] | None = None, _depth: int = 0) -> types.CodeType:
+    """A `types.CodeType` equal to the code object at `addr`."""
+    if not can_rebuild(ip):
+        raise VersionMismatch(
+            f"cannot rebuild Python {ip.P.minor} code objects in Python {sys.version_info.major}.{sys.version_info.minor}",
+            f"run zen under Python {ip.P.minor} to rebuild code; field-level records are still available",
+        )
+    memo = _memo if _memo is not None else {}
+    hit = memo.get(addr)
+    if hit is not None:
+        return hit
+    if _depth > MAX_CONST_DEPTH:
+        raise ObjectError(addr, "code objects nested too deeply")
+    ci = read_code(ip, addr)
+    consts = tuple(_const(ip, a, memo, _depth + 1) for a in ci.consts)
+    try:
+        code = types.CodeType(
+            ci.argcount, ci.posonlyargcount, ci.kwonlyargcount, ci.nlocals, ci.stacksize, ci.flags,
+            ci.code, consts, ci.names, ci.varnames, ci.filename, ci.name, ci.qualname, ci.firstlineno,
+            ci.linetable, ci.exceptiontable, ci.freevars, ci.cellvars,
+        )
+    except (ValueError, TypeError, SystemError) as exc:
+        raise ObjectError(addr, f"recovered fields do not form a valid code object: {exc}") from None
+    memo[addr] = code
+    return code
+
+
+def _const(ip: Interpreter, addr: int, memo: dict, depth: int) -> Any:
+    kind = ip.kind(addr)
+    if kind == "code":
+        return rebuild_code(ip, addr, memo, depth)
+    if kind == "tuple":
+        from zen.cpython.readers.containers import read_tuple
+
+        return tuple(_const(ip, a, memo, depth + 1) for a in read_tuple(ip, addr))
+    if kind == "frozenset":
+        from zen.cpython.readers.containers import read_set
+
+        return frozenset(_const(ip, a, memo, depth + 1) for a in read_set(ip, addr))
+    if kind in ("none", "ellipsis", "bool", "int", "float", "complex", "str", "bytes"):
+        if ip.wk.kind_by_type.get(ip.type_of(addr)) != kind:
+            raise ObjectError(addr, f"constant of a {kind} subclass cannot be rebuilt exactly")
+        return ip.value(addr, 1)
+    raise ObjectError(addr, f"unexpected constant of kind {kind} in a code object")

@@ -1,0 +1,244 @@
+"""Heap census: find objects by type, all type objects, GC lists, sys.modules, threads and frames.
+
+Two independent ways to find objects, used together:
+
+* a **pointer scan**: every object starts with (refcount, type pointer), so the objects of type T
+  are where the aligned word T appears in writable memory, one word after a plausible refcount.
+  numpy does this over the whole image in one pass; a per-type check (e.g. a function's code
+  pointer must point to a code object) removes stale or coincidental hits, also vectorised.
+  It finds untracked objects (str, int, code) and objects the GC lists cannot reach;
+* the interpreter's own **GC generation lists** (every container object is on one), walked with a
+  step bound. They confirm the scan and give what the interpreter itself considered alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zen.errors import MemoryReadError, ObjectError, ZenError
+from zen.cpython.interp import Interpreter
+from zen.cpython.readers.types import TypeInfo, read_type
+from zen.memory.scan import find_u64, find_u64_in, gather_u64, writable_chunks
+
+MAX_GC_WALK = 50_000_000
+MAX_META_ROUNDS = 8
+
+
+@dataclass
+class ThreadRecord:
+    addr: int
+    thread_id: int
+    native_id: int | None
+    frames: list[dict] = field(default_factory=list)
+
+
+class Heap:
+    """Census queries over one interpreter's memory."""
+
+    def __init__(self, ip: Interpreter) -> None:
+        self.ip = ip
+        self.space = ip.space
+        self._chunks = writable_chunks(self.space)
+        self._types: list[int] | None = None
+
+    # -- pointer scans ------------------------------------------------------------------------
+    def _plausible(self, cands: np.ndarray) -> np.ndarray:
+        """Keep candidate object addresses whose refcount word is plausible (vectorised)."""
+        if cands.size == 0:
+            return cands
+        cands = cands[(cands & np.uint64(7)) == 0]
+        rc, ok = gather_u64(self.space, cands)
+        keep = ok & (rc > 0) & (rc <= np.uint64(self.ip.limits.max_refcnt))
+        return cands[keep]
+
+    def _points_to_type(self, addrs: np.ndarray, field_off: int, type_addr: int, allow_null: bool = False) -> np.ndarray:
+        """Mask: the pointer at addr+field_off is an object whose ob_type is `type_addr`."""
+        ptrs, ok = gather_u64(self.space, addrs + np.uint64(field_off))
+        types, ok2 = gather_u64(self.space, ptrs + np.uint64(self.ip.P.object.ob_type))
+        good = ok & ok2 & (types == np.uint64(type_addr))
+        if allow_null:
+            good |= ok & (ptrs == 0)
+        return good
+
+    def instances(self, type_addr: int) -> np.ndarray:
+        """Addresses of objects whose ob_type is exactly `type_addr` (sorted, validated)."""
+        hits = find_u64(self.space, type_addr, self._chunks)
+        cands = self._plausible(hits - np.uint64(self.ip.P.object.ob_type))
+        return self._type_specific(type_addr, cands)
+
+    def _type_specific(self, type_addr: int, cands: np.ndarray) -> np.ndarray:
+        ip, P = self.ip, self.ip.P
+        kind = ip.wk.kind_by_type.get(type_addr)
+        if cands.size == 0 or kind is None:
+            return cands
+        if kind == "function":
+            return cands[self._points_to_type(cands, P.function.func_code, ip.wk.types["code"])]
+        if kind == "code":
+            str_t = ip.wk.types["str"]
+            m = self._points_to_type(cands, P.code.co_name, str_t) & self._points_to_type(cands, P.code.co_filename, str_t)
+            return cands[m]
+        if kind == "module":
+            return cands[self._points_to_type(cands, P.module.md_dict, ip.wk.types["dict"])]
+        if kind == "type":
+            return cands
+        if kind == "str":
+            length, ok = gather_u64(self.space, cands + np.uint64(P.unicode.length))
+            return cands[ok & (length <= np.uint64(ip.limits.max_str))]
+        return cands
+
+    def all_types(self) -> list[int]:
+        """Every type object: instances of `type` and, iteratively, of every metaclass found."""
+        if self._types is not None:
+            return self._types
+        ip = self.ip
+        flag = np.uint64(ip.P.c("TPFLAGS_TYPE_SUBCLASS"))
+        found: set[int] = set()
+        metas = {ip.wk.types["type"]}
+        seen_metas: set[int] = set()
+        for _ in range(MAX_META_ROUNDS):
+            new_metas = metas - seen_metas
+            if not new_metas:
+                break
+            seen_metas |= new_metas
+            hits, _vals = find_u64_in(self.space, new_metas, self._chunks)
+            cands = self._plausible(hits - np.uint64(ip.P.object.ob_type))
+            sizes, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_basicsize))
+            cands = cands[ok & (sizes > 0) & (sizes < np.uint64(1 << 24))]
+            flags, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_flags))
+            found.update(cands.tolist())
+            metas |= set(cands[ok & ((flags & flag) != 0)].tolist())
+        self._types = sorted(found)
+        return self._types
+
+    def types_named(self, name: str) -> list[int]:
+        """Type objects whose full name (module.qualname) or bare name is `name`."""
+        out = []
+        for t in self.all_types():
+            try:
+                ti = read_type(self.ip, t)
+            except ZenError:
+                continue
+            if name in (ti.full_name, ti.qualname) or (ti.module == "builtins" and name == f"builtins.{ti.qualname}"):
+                out.append(t)
+        return out
+
+    def subclasses_of(self, full_name: str) -> list[TypeInfo]:
+        """Readable type objects that have a class named `full_name` in their MRO."""
+        out = []
+        for t in self.all_types():
+            try:
+                ti = read_type(self.ip, t)
+                names = [read_type(self.ip, a).full_name for a in ti.mro_addrs]
+            except ZenError:
+                continue
+            if full_name in names:
+                out.append(ti)
+        return out
+
+    def census(self, types: Iterable[int] | None = None) -> dict[int, int]:
+        """Number of plausible objects per type address (pointer scan + refcount check)."""
+        tset = list(types) if types is not None else self.all_types()
+        hits, vals = find_u64_in(self.space, tset, self._chunks)
+        objs = hits - np.uint64(self.ip.P.object.ob_type)
+        ok_mask = (objs & np.uint64(7)) == 0
+        rc, ok = gather_u64(self.space, objs)
+        keep = ok & ok_mask & (rc > 0) & (rc <= np.uint64(self.ip.limits.max_refcnt))
+        uniq, counts = np.unique(vals[keep], return_counts=True)
+        return dict(zip(uniq.tolist(), counts.tolist()))
+
+    # -- interpreter state --------------------------------------------------------------------
+    def interpreter_state(self) -> int:
+        ip = self.ip
+        if ip.info.runtime is None:
+            raise ZenError("_PyRuntime was not located: interpreter state unavailable")
+        try:
+            interp = ip.ptr(ip.info.runtime + ip.P.runtime.interpreters_head)
+        except MemoryReadError as exc:
+            raise ZenError(f"interpreter list unreadable: {exc}") from None
+        if not interp:
+            raise ZenError("the interpreter list in _PyRuntime is empty (process not initialised or finalising)")
+        return interp
+
+    def sys_modules(self) -> dict[str, int]:
+        """`sys.modules` of the main interpreter: module name -> module object address."""
+        from zen.cpython.readers.dicts import read_dict
+
+        ip = self.ip
+        d = ip.ptr(self.interpreter_state() + ip.P.interp.modules)
+        out = {}
+        for k, v in read_dict(ip, d):
+            if ip.kind(k) == "str":
+                out[ip.str(k)] = v
+        return out
+
+    def gc_generations(self) -> list[list[int]]:
+        """Objects on each GC generation list (young to old, then the permanent generation)."""
+        ip = self.ip
+        interp = self.interpreter_state()
+        G = ip.P.gc_generation
+        base = interp + ip.P.interp.gc_generations
+        heads = [base + i * G.size for i in range(ip.P.c("GC_NUM_GENERATIONS"))]
+        heads.append(interp + ip.P.interp.gc_permanent)
+        hsize = ip.P.gc_head.size
+        return [self._walk(h, hsize) for h in heads]
+
+    def _walk(self, head: int, hsize: int) -> list[int]:
+        out = []
+        node = self.space.u64(head)
+        steps = 0
+        while node != head:
+            if node == 0 or node & 7 or steps >= MAX_GC_WALK:
+                raise ObjectError(head, f"GC list broken after {steps} objects (next {node:#x})")
+            out.append(node + hsize)
+            try:
+                node = self.space.u64(node)
+            except MemoryReadError:
+                raise ObjectError(head, f"GC list leaves the image after {steps} objects") from None
+            steps += 1
+        return out
+
+    def threads(self, max_frames: int = 256) -> list[ThreadRecord]:
+        """Thread states of the main interpreter with their Python call stacks (innermost first)."""
+        ip = self.ip
+        T = ip.P.tstate
+        out = []
+        ts = ip.ptr(self.interpreter_state() + ip.P.interp.threads_head)
+        seen = set()
+        while ts and ts not in seen and len(out) < 4096:
+            seen.add(ts)
+            native = ip.space.u64(ts + T.native_thread_id) if T.has("native_thread_id") else None
+            rec = ThreadRecord(ts, ip.space.u64(ts + T.thread_id), native)
+            try:
+                rec.frames = self._frames(ts, max_frames)
+            except ZenError as exc:
+                rec.frames = [{"error": str(exc)}]
+            out.append(rec)
+            ts = ip.ptr(ts + T.next)
+        return out
+
+    def _frames(self, ts: int, max_frames: int) -> list[dict]:
+        ip = self.ip
+        T, F = ip.P.tstate, ip.P.iframe
+        if T.has("current_frame"):
+            frame = ip.ptr(ts + T.current_frame)
+        else:
+            cframe = ip.ptr(ts + T.cframe)
+            frame = ip.ptr(cframe + ip.P.cframe.current_frame) if cframe else 0
+        out = []
+        from zen.cpython.readers.code import read_code
+
+        while frame and len(out) < max_frames:
+            code = ip.ptr(frame + F.f_code)
+            entry = {"frame": frame, "code": code}
+            try:
+                ci = read_code(ip, code)
+                entry.update(qualname=ci.qualname, filename=ci.filename, firstlineno=ci.firstlineno)
+                entry["function"] = ip.ptr(frame + F.f_func)
+            except ZenError as exc:
+                entry["error"] = str(exc)
+            out.append(entry)
+            frame = ip.ptr(frame + F.previous)
+        return out

@@ -1,0 +1,162 @@
+"""The interpreter of one image: address space + discovered addresses + layout profile + readers.
+
+Every reader takes an `Interpreter` and an address. The interpreter owns what all readers share:
+validated object headers, the cache of type objects (there are a few thousand, read constantly),
+the cache of strings (names repeat millions of times across code objects), and the limits that
+keep every traversal of untrusted memory bounded.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from zen.errors import MemoryReadError, ObjectError
+from zen.cpython.discover import InterpreterInfo, discover
+from zen.cpython.profile import Profile, load_profile
+from zen.cpython.wellknown import WellKnown, resolve
+from zen.memory.space import AddressSpace
+
+_HDR = struct.Struct("<qQ")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what a reader accepts from an image (corrupt sizes must not exhaust memory)."""
+
+    max_items: int = 1 << 24  # elements of one container
+    max_str: int = 1 << 26  # characters of one string
+    max_bytes: int = 1 << 30  # bytes of one bytes/bytearray
+    max_depth: int = 64  # nesting when converting to Python values
+    max_refcnt: int = 1 << 40  # larger refcounts mean the header is not an object header
+    max_mro: int = 256  # classes in one MRO / bases tuple
+
+
+class Interpreter:
+    """Readers' shared context for one imaged CPython process."""
+
+    def __init__(self, space: AddressSpace, info: InterpreterInfo, profile: Profile, limits: Limits | None = None) -> None:
+        self.space = space
+        self.info = info
+        self.P = profile
+        self.limits = limits or Limits()
+        self.wk: WellKnown = resolve(space, info, profile)
+        self._type_cache: dict[int, object] = {}
+        self._str_cache: dict[int, str] = {}
+        self._kind_cache: dict[int, str] = {}
+        self.tflags_type_subclass = profile.c("TPFLAGS_TYPE_SUBCLASS")
+        self._tp_flags = profile.type.tp_flags
+        self._ob_type = profile.object.ob_type
+
+    @classmethod
+    def open(cls, space: AddressSpace, *, file_root: str | None = None, profile: Profile | None = None) -> Interpreter:
+        """Discover the interpreter in `space` and load the matching layout profile."""
+        info = discover(space, file_root)
+        prof = profile or load_profile(info.minor, info.version)
+        return cls(space, info, prof)
+
+    # -- raw helpers ----------------------------------------------------------------------
+    def ptr(self, addr: int) -> int:
+        return self.space.u64(addr)
+
+    def header(self, addr: int) -> tuple[int, int]:
+        """(refcount, type address) of the object at `addr`, validated for plausibility."""
+        if addr <= 0 or addr & 7:
+            raise ObjectError(addr, "not an aligned object address")
+        try:
+            rc, tp = _HDR.unpack(self.space.read(addr, 16))
+        except MemoryReadError:
+            raise ObjectError(addr, "object header not in the image") from None
+        if rc <= 0 or rc > self.limits.max_refcnt:
+            raise ObjectError(addr, f"implausible reference count {rc}")
+        if tp == 0 or tp & 7:
+            raise ObjectError(addr, f"implausible type pointer {tp:#x}")
+        return rc, tp
+
+    def type_of(self, addr: int) -> int:
+        """Type address of a validated object."""
+        tp = self.header(addr)[1]
+        self.check_type(tp)
+        return tp
+
+    def check_type(self, taddr: int) -> None:
+        """Raise unless `taddr` is a type object (its type is `type` or a metaclass)."""
+        if taddr in self._kind_cache or taddr in self._type_cache:
+            return
+        meta = taddr
+        for _ in range(4):
+            try:
+                _, mt = _HDR.unpack(self.space.read(meta, 16))
+            except MemoryReadError:
+                raise ObjectError(taddr, "type object not in the image") from None
+            if mt == self.wk.types["type"]:
+                return
+            try:
+                flags = self.space.u64(mt + self._tp_flags)
+            except MemoryReadError:
+                raise ObjectError(taddr, "metatype not in the image") from None
+            if not flags & self.tflags_type_subclass:
+                raise ObjectError(taddr, "ob_type does not point to a type object")
+            meta = mt
+        raise ObjectError(taddr, "metaclass chain too deep")
+
+    # -- kinds ----------------------------------------------------------------------------------
+    def kind_of_type(self, taddr: int) -> str:
+        """Reader kind for instances of `taddr`: a builtin kind, or 'instance'."""
+        kind = self._kind_cache.get(taddr)
+        if kind is not None:
+            return kind
+        kind = self.wk.kind_by_type.get(taddr)
+        if kind is None:
+            from zen.cpython.readers.types import read_type
+
+            t = read_type(self, taddr)
+            kind = "instance"
+            for base in t.mro_addrs[1:]:
+                k = self.wk.kind_by_type.get(base)
+                if k is not None and k != "object":
+                    kind = "type" if k == "type" else k
+                    break
+        self._kind_cache[taddr] = kind
+        return kind
+
+    def kind(self, addr: int) -> str:
+        return self.kind_of_type(self.type_of(addr))
+
+    def is_none(self, addr: int) -> bool:
+        return addr == self.wk.singletons.get("None")
+
+    # -- convenience wrappers around the readers (imported lazily to keep layers clean) ----
+    def str(self, addr: int) -> str:
+        s = self._str_cache.get(addr)
+        if s is None:
+            from zen.cpython.readers.text import read_str
+
+            s = read_str(self, addr)
+            self._str_cache[addr] = s
+        return s
+
+    def opt_str(self, addr: int) -> str | None:
+        """A str, or None for NULL/None pointers."""
+        if addr == 0 or self.is_none(addr):
+            return None
+        return self.str(addr)
+
+    def value(self, addr: int, depth: int | None = None):
+        from zen.cpython.readers.values import to_python
+
+        return to_python(self, addr, self.limits.max_depth if depth is None else depth)
+
+    def type_info(self, taddr: int):
+        from zen.cpython.readers.types import read_type
+
+        return read_type(self, taddr)
+
+    def type_name(self, addr: int) -> str:
+        """Full name (module.qualname) of the type of the object at `addr`."""
+        return self.type_info(self.type_of(addr)).full_name
+
+    def clear_caches(self) -> None:
+        self._type_cache.clear()
+        self._str_cache.clear()
+        self._kind_cache.clear()

@@ -1,0 +1,196 @@
+"""Layout profiles: CPython struct offsets per minor version, as data files.
+
+A profile is the JSON written by `calibrate.py` in an interpreter of that version. Profiles shipped
+with zen live in `zen/cpython/profiles/`; users add their own (`zen profile python`) to
+`$ZEN_PROFILE_DIR` or `~/.local/share/zen/profiles/`. Readers never hard-code an offset: they
+ask the profile, whose attribute access is plain attribute lookup so hot paths stay cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from zen.errors import ProfileError
+
+PROFILE_FORMAT = 1
+
+
+class Struct:
+    """Offsets of one C struct: `s.co_consts` is the byte offset of that field."""
+
+    def __init__(self, name: str, spec: dict) -> None:
+        self._name = name
+        self._fields: dict[str, tuple[int, str]] = {k: (int(v[0]), str(v[1])) for k, v in spec.get("fields", {}).items()}
+        self.size: int | None = spec.get("size")
+        for k, (off, _) in self._fields.items():
+            setattr(self, k, off)
+
+    def __getattr__(self, item: str) -> int:
+        # Only reached for fields the profile does not have.
+        if item.startswith("_"):
+            raise AttributeError(item)
+        raise ProfileError(
+            f"layout profile has no field {self._name}.{item}",
+            "the profile is older than this zen; recalibrate it with `zen profile python`",
+        )
+
+    def has(self, field_name: str) -> bool:
+        return field_name in self._fields
+
+    def fields(self) -> dict[str, tuple[int, str]]:
+        return dict(self._fields)
+
+
+@dataclass
+class OpcodeTable:
+    """Opcode data of the profiled version: names, de-specialisation map, inline cache sizes."""
+
+    opname: list[str]
+    opmap: dict[str, int]
+    deopt: dict[int, int]
+    cache_entries: dict[int, int]
+    names_full: dict[int, str]
+    have_argument: int
+    extended_arg: int
+    hasjrel: frozenset[int]
+    hasjabs: frozenset[int]
+    hasconst: frozenset[int]
+    hasname: frozenset[int]
+    haslocal: frozenset[int]
+    hasfree: frozenset[int]
+    hascompare: frozenset[int]
+
+    @classmethod
+    def from_json(cls, d: dict) -> OpcodeTable:
+        return cls(
+            opname=list(d["opname"]),
+            opmap=dict(d["opmap"]),
+            deopt={int(k): int(v) for k, v in d.get("deopt", {}).items()},
+            cache_entries={int(k): int(v) for k, v in d.get("cache_entries", {}).items()},
+            names_full={int(k): v for k, v in d.get("opname_full", {}).items()},
+            have_argument=int(d["have_argument"]),
+            extended_arg=int(d["extended_arg"]),
+            hasjrel=frozenset(d.get("hasjrel", [])),
+            hasjabs=frozenset(d.get("hasjabs", [])),
+            hasconst=frozenset(d.get("hasconst", [])),
+            hasname=frozenset(d.get("hasname", [])),
+            haslocal=frozenset(d.get("haslocal", [])),
+            hasfree=frozenset(d.get("hasfree", [])),
+            hascompare=frozenset(d.get("hascompare", [])),
+        )
+
+    def base_op(self, op: int) -> int:
+        """The unspecialised opcode for `op` (identity for base opcodes)."""
+        return self.deopt.get(op, op)
+
+    def name(self, op: int) -> str:
+        return self.names_full.get(op) or (self.opname[op] if op < len(self.opname) else f"<{op}>")
+
+
+@dataclass
+class Profile:
+    """A loaded layout profile."""
+
+    minor: str
+    version: str
+    hexversion: int
+    structs: dict[str, Struct]
+    constants: dict[str, int]
+    opcodes: OpcodeTable
+    set_dummy_type_name: str
+    provenance: dict[str, str] = field(default_factory=dict)
+    source: str = ""
+
+    def __getattr__(self, item: str) -> Struct:
+        structs = self.__dict__.get("structs")
+        if structs is not None and item in structs:
+            return structs[item]
+        raise AttributeError(item)
+
+    def c(self, name: str) -> int:
+        try:
+            return self.constants[name]
+        except KeyError:
+            raise ProfileError(f"layout profile has no constant {name}", "recalibrate with `zen profile python`") from None
+
+    @property
+    def version_tuple(self) -> tuple[int, int]:
+        major, minor = self.minor.split(".")
+        return int(major), int(minor)
+
+
+def parse_profile(data: dict, source: str = "") -> Profile:
+    if data.get("kind") != "cpython-layout" or data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{source or 'profile'} is not a zen CPython layout profile (format {PROFILE_FORMAT})")
+    try:
+        py = data["python"]
+        return Profile(
+            minor=py["minor"],
+            version=py["version"],
+            hexversion=int(py["hexversion"]),
+            structs={k: Struct(k, v) for k, v in data["structs"].items()},
+            constants={k: int(v) for k, v in data["constants"].items()},
+            opcodes=OpcodeTable.from_json(data["opcodes"]),
+            set_dummy_type_name=data.get("set_dummy_type_name", "<dummy key> type"),
+            provenance=data.get("provenance", {}),
+            source=source,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileError(f"{source or 'profile'} is malformed: {exc}") from None
+
+
+def user_profile_dir() -> Path:
+    env = os.environ.get("ZEN_PROFILE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "zen" / "profiles"
+
+
+def profile_filename(minor: str, machine: str = "x86_64") -> str:
+    return f"cpython-{minor}-{machine}.json"
+
+
+def _candidates(minor: str) -> list[tuple[str, str]]:
+    """(source label, JSON text) of profiles for `minor`, user profiles first."""
+    name = profile_filename(minor)
+    out = []
+    user = user_profile_dir() / name
+    if user.is_file():
+        out.append((str(user), user.read_text()))
+    shipped = resources.files("zen.cpython").joinpath("profiles", name)
+    if shipped.is_file():
+        out.append((f"zen:{name}", shipped.read_text()))
+    return out
+
+
+@lru_cache(maxsize=8)
+def load_profile(minor: str, full_version: str | None = None) -> Profile:
+    """The layout profile for CPython `minor` ("3.11"), or a ProfileError saying how to make one."""
+    for source, text in _candidates(minor):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ProfileError(f"profile {source} is not valid JSON: {exc}") from None
+        return parse_profile(data, source)
+    shown = full_version or minor
+    raise ProfileError(
+        f"no layout profile for CPython {minor} (the image runs Python {shown})",
+        f"calibrate one with a CPython {minor} interpreter: `zen profile python --python /path/to/python{minor}`",
+    )
+
+
+def available_profiles() -> list[str]:
+    """Minor versions for which a profile can be loaded."""
+    found = set()
+    for d in (user_profile_dir(),):
+        if d.is_dir():
+            found.update(p.name for p in d.glob("cpython-*.json"))
+    pkg = resources.files("zen.cpython").joinpath("profiles")
+    if pkg.is_dir():
+        found.update(p.name for p in pkg.iterdir() if p.name.endswith(".json"))
+    return sorted(n.split("-")[1] for n in found)

@@ -1,0 +1,89 @@
+"""Readers for tuple, list, set and frozenset: the addresses of their elements.
+
+Element addresses (not values) are returned so callers decide how deep to go; `values.to_python`
+converts recursively with a depth bound and cycle detection. Sizes are checked against the
+allocation they claim before anything is read.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from zen.errors import MemoryReadError, ObjectError, ZenError
+
+if TYPE_CHECKING:
+    from zen.cpython.interp import Interpreter
+
+
+def _items(ip: Interpreter, addr: int, at: int, n: int) -> list[int]:
+    if n == 0:
+        return []
+    try:
+        return list(struct.unpack(f"<{n}Q", ip.space.read(at, 8 * n)))
+    except MemoryReadError:
+        raise ObjectError(addr, f"{n} element pointers not in the image") from None
+
+
+def read_tuple(ip: Interpreter, addr: int, limit: int | None = None) -> list[int]:
+    kind = ip.kind(addr)
+    if kind != "tuple":
+        raise ObjectError(addr, f"expected a tuple, found {kind}")
+    n = ip.space.i64(addr + ip.P.varobject.ob_size)
+    if not 0 <= n <= (limit or ip.limits.max_items):
+        raise ObjectError(addr, f"implausible tuple size {n}")
+    return _items(ip, addr, addr + ip.P.tuple.ob_item, n)
+
+
+def read_list(ip: Interpreter, addr: int) -> list[int]:
+    kind = ip.kind(addr)
+    if kind != "list":
+        raise ObjectError(addr, f"expected a list, found {kind}")
+    L = ip.P.list
+    n = ip.space.i64(addr + ip.P.varobject.ob_size)
+    allocated = ip.space.i64(addr + L.allocated)
+    if not 0 <= n <= ip.limits.max_items or allocated < n:
+        raise ObjectError(addr, f"implausible list size {n} (allocated {allocated})")
+    if n == 0:
+        return []
+    return _items(ip, addr, ip.ptr(addr + L.ob_item), n)
+
+
+def read_set(ip: Interpreter, addr: int) -> list[int]:
+    """Members of a set or frozenset, in table order."""
+    kind = ip.kind(addr)
+    if kind not in ("set", "frozenset"):
+        raise ObjectError(addr, f"expected a set, found {kind}")
+    S = ip.P.set
+    used = ip.space.i64(addr + S.used)
+    mask = ip.space.i64(addr + S.mask)
+    if not 0 <= used <= ip.limits.max_items or mask < 0 or mask > 4 * ip.limits.max_items or (mask + 1) & mask:
+        raise ObjectError(addr, f"implausible set table (used {used}, mask {mask})")
+    table = ip.ptr(addr + S.table)
+    esize = ip.P.setentry.size
+    try:
+        raw = ip.space.read(table, (mask + 1) * esize)
+    except MemoryReadError:
+        raise ObjectError(addr, "set table not in the image") from None
+    keys = struct.unpack(f"<{(mask + 1) * esize // 8}Q", raw)[:: esize // 8]
+    out = []
+    dummy = ip.wk.set_dummy
+    for k in keys:
+        if k == 0 or k == dummy:
+            continue
+        if dummy is None and _is_dummy(ip, k):
+            ip.wk.set_dummy = dummy = k
+            continue
+        out.append(k)
+    if len(out) != used:
+        raise ObjectError(addr, f"set table holds {len(out)} keys but claims {used}")
+    return out
+
+
+def _is_dummy(ip: Interpreter, key: int) -> bool:
+    from zen.cpython.readers.types import read_type
+
+    try:
+        return read_type(ip, ip.header(key)[1]).qualname == ip.P.set_dummy_type_name
+    except ZenError:
+        return False

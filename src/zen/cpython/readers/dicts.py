@@ -1,0 +1,133 @@
+"""Reader for dict (PyDictObject + PyDictKeysObject), combined and split tables, any index width.
+
+A dict's keys object holds a hash index (1, 2, 4 or 8 bytes per slot) followed by the entries in
+insertion order: (hash, key, value) for general tables, (key, value) for str-keyed and split
+ones. Split tables (instance dicts sharing their class's keys) keep the values in a separate
+array whose prefix records insertion order; that same values array is what a never-materialised
+instance `__dict__` is made of, so `read_split_values` serves both.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from zen.errors import MemoryReadError, ObjectError
+
+if TYPE_CHECKING:
+    from zen.cpython.interp import Interpreter
+
+
+class DictKeys:
+    """A validated PyDictKeysObject: its kind and entry arrays."""
+
+    __slots__ = ("addr", "kind", "log2_size", "nentries", "keys", "values", "hashes")
+
+    def __init__(self, ip: Interpreter, addr: int, owner: int) -> None:
+        K = ip.P.dictkeys
+        c = ip.P.constants
+        try:
+            head = ip.space.read(addr, K.dk_indices)
+        except MemoryReadError:
+            raise ObjectError(owner, "dict keys object not in the image") from None
+        self.addr = addr
+        self.log2_size = head[K.dk_log2_size]
+        log2_index_bytes = head[K.dk_log2_index_bytes]
+        self.kind = head[K.dk_kind]
+        self.nentries = struct.unpack_from("<q", head, K.dk_nentries)[0]
+        if not 3 <= self.log2_size <= 40:
+            raise ObjectError(owner, f"implausible dict size 2**{self.log2_size}")
+        size = 1 << self.log2_size
+        width = 1 if size <= 0xFF else 2 if size <= 0xFFFF else 4 if size <= 0xFFFFFFFF else 8
+        if (1 << log2_index_bytes) != size * width:
+            raise ObjectError(owner, "dict index size inconsistent with table size")
+        if not 0 <= self.nentries <= min((size << 1) // 3 + 1, ip.limits.max_items):
+            raise ObjectError(owner, f"implausible dict entry count {self.nentries}")
+        if self.kind not in (c["DICT_KEYS_GENERAL"], c["DICT_KEYS_UNICODE"], c["DICT_KEYS_SPLIT"]):
+            raise ObjectError(owner, f"invalid dict keys kind {self.kind}")
+        general = self.kind == c["DICT_KEYS_GENERAL"]
+        E = ip.P.dictentry_general if general else ip.P.dictentry_unicode
+        esize = E.size
+        at = addr + K.dk_indices + (1 << log2_index_bytes)
+        try:
+            raw = ip.space.read(at, self.nentries * esize)
+        except MemoryReadError:
+            raise ObjectError(owner, "dict entries not in the image") from None
+        words = np.frombuffer(raw, dtype="<u8").reshape(self.nentries, esize // 8)
+        self.keys = words[:, E.me_key // 8].tolist()
+        self.values = words[:, E.me_value // 8].tolist()
+        self.hashes = words[:, E.me_hash // 8].tolist() if general else None
+
+
+def read_split_values(ip: Interpreter, values: int, keys: DictKeys, owner: int) -> list[tuple[int, int]]:
+    """(key, value) pairs of a split table, in insertion order, from its values array."""
+    c = ip.P.constants
+    if c.get("DICT_VALUES_ORDER") != 1:
+        raise ObjectError(owner, "split dict values layout of this Python version is not supported")
+    try:
+        prefix_size = ip.space.read(values - 1, 1)[0]
+        count = ip.space.read(values - 2, 1)[0]
+    except MemoryReadError:
+        raise ObjectError(owner, "split dict values not in the image") from None
+    if prefix_size % 8 or count + 2 > prefix_size or count > keys.nentries:
+        raise ObjectError(owner, f"implausible split values prefix (size {prefix_size}, count {count})")
+    order = ip.space.read(values - 2 - count, count)[::-1] if count else b""
+    n = keys.nentries
+    try:
+        vals = struct.unpack(f"<{n}Q", ip.space.read(values, 8 * n)) if n else ()
+    except MemoryReadError:
+        raise ObjectError(owner, "split dict values not in the image") from None
+    out = []
+    for ix in order:
+        if ix >= n:
+            raise ObjectError(owner, f"split values order refers to entry {ix} of {n}")
+        if vals[ix]:
+            out.append((keys.keys[ix], vals[ix]))
+    return out
+
+
+def read_dict(ip: Interpreter, addr: int) -> list[tuple[int, int]]:
+    """(key address, value address) pairs of a dict (or dict subclass), in iteration order."""
+    kind = ip.kind(addr)
+    if kind != "dict":
+        raise ObjectError(addr, f"expected a dict, found {kind}")
+    D = ip.P.dict
+    try:
+        raw = ip.space.read(addr, D.ma_values + 8)
+    except MemoryReadError:
+        raise ObjectError(addr, "dict object not in the image") from None
+    used = struct.unpack_from("<q", raw, D.ma_used)[0]
+    keys_addr = struct.unpack_from("<Q", raw, D.ma_keys)[0]
+    values = struct.unpack_from("<Q", raw, D.ma_values)[0]
+    if not 0 <= used <= ip.limits.max_items:
+        raise ObjectError(addr, f"implausible dict size {used}")
+    keys = DictKeys(ip, keys_addr, addr)
+    if values:
+        items = read_split_values(ip, values, keys, addr)
+    else:
+        items = [(k, v) for k, v in zip(keys.keys, keys.values) if k and v]
+    if len(items) != used:
+        raise ObjectError(addr, f"dict holds {len(items)} items but claims {used}")
+    return items
+
+
+def dict_get(ip: Interpreter, addr: int, key: str) -> int | None:
+    """Address of the value for str `key`, or None. Non-str keys are skipped."""
+    for k, v in read_dict(ip, addr):
+        try:
+            if ip.kind(k) == "str" and ip.str(k) == key:
+                return v
+        except ObjectError:
+            continue
+    return None
+
+
+def dict_str_items(ip: Interpreter, addr: int) -> list[tuple[str, int]]:
+    """(name, value address) pairs of a dict whose keys are strings (namespaces, __dict__s)."""
+    out = []
+    for k, v in read_dict(ip, addr):
+        if ip.kind(k) == "str":
+            out.append((ip.str(k), v))
+    return out

@@ -1,0 +1,108 @@
+"""Reader for instances of Python classes: their attributes, wherever CPython put them.
+
+Attributes of an instance can live in four places, and a forensic reader must look in all:
+
+* a *managed dict* (3.11+, Py_TPFLAGS_MANAGED_DICT): a pointer stored before the object header;
+* *inline values* that were never turned into a dict: a values array (pointer before the header in
+  3.11/3.12) whose keys are the class's shared keys (`ht_cached_keys`), insertion order in its
+  prefix — most instances in a real process are like this, since nobody asked for `__dict__`;
+* a classic `__dict__` at `tp_dictoffset` (extension types, subclasses of variable-size builtins);
+* `__slots__`: member descriptors in the class dicts give the offset of each slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from zen.errors import MemoryReadError, ObjectError, ZenError
+from zen.cpython.readers.dicts import DictKeys, read_dict, read_split_values
+from zen.cpython.readers.types import read_type
+
+if TYPE_CHECKING:
+    from zen.cpython.interp import Interpreter
+
+
+@dataclass
+class InstanceInfo:
+    addr: int
+    type: int
+    type_name: str
+    attrs: dict[str, int] = field(default_factory=dict)  # name -> value address
+    slots: dict[str, int] = field(default_factory=dict)  # name -> value address (0 = unset)
+    dict_addr: int = 0  # materialised __dict__, if any
+    storage: str = "none"  # "managed-dict", "inline-values", "dict-offset", "none"
+
+
+def _names(ip: Interpreter, pairs: list[tuple[int, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k, v in pairs:
+        if ip.kind(k) == "str":
+            out[ip.str(k)] = v
+    return out
+
+
+def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
+    tp = ip.type_of(addr)
+    t = read_type(ip, tp)
+    info = InstanceInfo(addr, tp, t.full_name)
+    c = ip.P.constants
+    I = ip.P.instance
+    if t.flags & c["TPFLAGS_MANAGED_DICT"]:
+        try:
+            dict_ptr = ip.ptr(addr + I.dict_ptr)
+            values = ip.ptr(addr + I.values_ptr) if I.has("values_ptr") else 0
+        except MemoryReadError:
+            raise ObjectError(addr, "managed dict pointers before the object are not in the image") from None
+        if dict_ptr:
+            info.dict_addr = dict_ptr
+            info.storage = "managed-dict"
+            info.attrs = _names(ip, read_dict(ip, dict_ptr))
+        elif values:
+            if not t.cached_keys:
+                raise ObjectError(addr, "inline values but the class has no shared keys")
+            keys = DictKeys(ip, t.cached_keys, addr)
+            info.storage = "inline-values"
+            info.attrs = _names(ip, read_split_values(ip, values, keys, addr))
+    elif t.dictoffset:
+        off = t.dictoffset
+        if off < 0:
+            size = abs(ip.space.i64(addr + ip.P.varobject.ob_size))
+            total = t.basicsize + size * t.itemsize
+            off += (total + 7) & ~7
+        dict_ptr = ip.ptr(addr + off)
+        if dict_ptr:
+            info.dict_addr = dict_ptr
+            info.storage = "dict-offset"
+            info.attrs = _names(ip, read_dict(ip, dict_ptr))
+    info.slots = read_slots(ip, addr, t.mro_addrs)
+    return info
+
+
+def read_slots(ip: Interpreter, addr: int, mro: list[int]) -> dict[str, int]:
+    """Values of `__slots__` members defined by heap classes in `mro` (0 for unset slots)."""
+    out: dict[str, int] = {}
+    md_kind = ip.wk.types.get("member_descriptor")
+    if md_kind is None:
+        return out
+    MD, MDef = ip.P.memberdescr, ip.P.memberdef
+    t_object_ex = ip.P.constants.get("T_OBJECT_EX", 16)
+    for cls in mro:
+        try:
+            ct = read_type(ip, cls)
+        except ZenError:
+            continue
+        if not ct.is_heap or not ct.slot_names or not ct.dict_addr:
+            continue
+        for k, v in read_dict(ip, ct.dict_addr):
+            if ip.kind(k) != "str" or ip.header(v)[1] != md_kind:
+                continue
+            if ip.ptr(v + MD.d_type) != cls:
+                continue
+            mdef = ip.ptr(v + MD.d_member)
+            offset = ip.space.i64(mdef + MDef.offset)
+            mtype = ip.space.u32(mdef + MDef.type)
+            if mtype not in (t_object_ex, 6) or not 0 < offset < ct.basicsize:  # T_OBJECT_EX / T_OBJECT
+                continue
+            out[ip.str(k)] = ip.ptr(addr + offset)
+    return out

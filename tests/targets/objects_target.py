@@ -1,0 +1,390 @@
+"""A real "deployed" Python process for reader tests: a torch model plus objects of every kind.
+
+Run: python objects_target.py OUTDIR
+It builds and runs a small CNN, creates plain-Python objects covering every reader, then writes
+OUTDIR/truth.json (ids, types, reprs, expected fields) and OUTDIR/functions.marshal (code objects
+of every function reachable from sys.modules, keyed by function id), prints READY and waits until
+stdin closes. Everything referenced by the ground truth is kept alive in KEEP.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio  # noqa: F401 - imported so its functions are part of the census
+import collections
+import enum
+import gc
+import json
+import marshal
+import os
+import sys
+import types
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+KEEP: list = []
+
+
+# ---------------------------------------------------------------------------------------------
+# classes of every shape
+# ---------------------------------------------------------------------------------------------
+class Plain:
+    """instances keep inline values (never materialised)"""
+
+
+class Materialised:
+    pass
+
+
+class Slotted:
+    __slots__ = ("alpha", "beta", "gamma")
+
+
+class SlotsAndDict:
+    __slots__ = ("s1", "__dict__")
+
+
+class Base1:
+    def who(self):
+        return "base1"
+
+
+class Base2(Base1):
+    pass
+
+
+class Base3(Base1):
+    pass
+
+
+class Diamond(Base2, Base3):
+    class Nested:
+        def deep(self):
+            return 42
+
+    def who(self):
+        return "diamond:" + super().who()
+
+    @staticmethod
+    def smeth(x, y=3):
+        return x * y
+
+    @classmethod
+    def cmeth(cls, z):
+        return (cls, z)
+
+    @property
+    def prop(self):
+        """property doc"""
+        return 7
+
+
+class Meta(abc.ABC):
+    @abc.abstractmethod
+    def run(self): ...
+
+
+class Concrete(Meta):
+    def run(self):
+        return 1
+
+
+class MyInt(int):
+    pass
+
+
+class MyStr(str):
+    pass
+
+
+class Color(enum.IntEnum):
+    RED = 1
+    GREEN = 2
+
+
+def with_everything(a, b=2, /, c=(1, "x"), *args, d, e={"k": [1, 2]}, **kw) -> "annotated":
+    """function doc"""
+    return a, b, c, d, e, args, kw
+
+
+def make_closure():
+    first = "closed-over"
+    second = [1, 2, 3]
+
+    def inner(x):
+        return first, second, x
+
+    return inner
+
+
+def make_empty_cell():
+    def uses_later():
+        return later  # noqa: F821 - cell is empty until assigned below
+
+    cell_fn = uses_later
+    return cell_fn
+    later = 1  # noqa: F841 - never reached: the cell stays empty
+
+
+def generator_fn(n):
+    for i in range(n):
+        yield i * 2
+
+
+async def async_fn(x):
+    return x
+
+
+def uses_comprehension(xs):
+    return [x * x for x in xs if x % 2], {k: v for k, v in zip(xs, xs)}, lambda q: q + 1
+
+
+def hot_loop(n):
+    """run many times so its bytecode is specialised (exercises de-specialisation)"""
+    total = 0
+    p = Plain()
+    p.v = 1
+    for i in range(n):
+        total += i * p.v + len(str(i))
+    return total
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv(x)))
+        x = x.mean(dim=(2, 3))
+        return self.fc(x)
+
+
+def tagged(value, kind):
+    return {"id": id(value), "kind": kind, "type": f"{type(value).__module__}.{type(value).__qualname__}", "repr": repr(value)}
+
+
+def main(outdir: str) -> None:
+    truth: dict = {"python": sys.version.split()[0], "torch": torch.__version__, "pid": os.getpid()}
+    for _ in range(300):
+        hot_loop(50)
+    with_everything(1, d=4)
+    make_closure()("y")
+    list(generator_fn(3))
+    uses_comprehension([1, 2, 3])
+
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        y = model(x)
+    KEEP.extend([model, x, y])
+    truth["model"] = {"id": id(model), "training": model.training, "children": list(model._modules)}
+
+    # -- plain values ----------------------------------------------------------------------
+    values = {
+        "none": None, "true": True, "false": False, "ellipsis": ...,
+        "int_zero": 0, "int_small": 7, "int_neg": -123456, "int_big": 2**200 + 12345, "int_huge_neg": -(7**1200),
+        "int_enum": Color.GREEN, "int_sub": MyInt(99),
+        "float": 3.14159, "float_neg_zero": -0.0, "float_inf": float("inf"), "float_nan": float("nan"),
+        "complex": complex(1.5, -2.25),
+        "str_empty": "", "str_ascii": "hello world", "str_latin1": "caf\xe9 cr\xe8me", "str_ucs2": "snow \u2603 \u0100",
+        "str_ucs4": "smile \U0001f600 \U0001f4a9", "str_long": "x" * 100_000 + "\u2603", "str_sub": MyStr("subclassed"),
+        "bytes_empty": b"", "bytes": b"\x00\x01binary\xff", "bytes_big": bytes(range(256)) * 1000,
+        "bytearray": bytearray(b"mutable bytes"),
+        "tuple_empty": (), "tuple": (1, "two", 3.0, (4, (5,))), "list_empty": [], "list": [1, [2, [3, "four"]], None],
+        "dict_unicode": {"a": 1, "b": [2], "c": {"d": None}},
+        "dict_general": {1: "one", (2, 3): "tuple key", 4.5: "float key", None: "none key"},
+        "dict_deleted": {f"key{i}": i for i in range(20)},
+        "dict_width2": {f"w2_{i}": i for i in range(1000)},
+        "dict_width4": {i: i * 2 for i in range(50_000)},
+        "ordered": collections.OrderedDict([("z", 1), ("y", 2)]),
+        "set_small": {"s1", "s2", "s3"}, "set_dummy": {f"d{i}" for i in range(10)},
+        "set_big": set(range(5000)), "frozenset": frozenset({"f1", 2, (3, 4)}), "frozenset_empty": frozenset(),
+    }
+    for i in range(0, 20, 3):
+        del values["dict_deleted"][f"key{i}"]
+    for i in range(0, 10, 2):
+        values["set_dummy"].discard(f"d{i}")
+    ba = bytearray(b"0123456789")
+    del ba[:4]  # ob_start moves past ob_bytes
+    values["bytearray_shifted"] = ba
+    cyc: list = [1]
+    cyc.append(cyc)
+    values["list_cycle"] = cyc
+    KEEP.append(values)
+    truth["values"] = {}
+    for k, v in values.items():
+        entry = tagged(v, "value")
+        if k == "float_nan":
+            entry["repr"] = "nan"
+        truth["values"][k] = entry
+
+    # -- instances ------------------------------------------------------------------------------
+    p = Plain()
+    p.first = "inline-1"
+    p.second = [1, 2]
+    p.third = None
+    p2 = Plain()  # different insertion order on shared keys
+    p2.third = 3
+    p2.first = 1
+    m = Materialised()
+    m.a = 1
+    m.b = "bee"
+    m.__dict__["c"] = 3.5
+    s = Slotted()
+    s.alpha = "A"
+    s.gamma = (1, 2)
+    sd = SlotsAndDict()
+    sd.s1 = "slot"
+    sd.extra = "in dict"
+    mi = MyInt(5)
+    mi.tag = "dict at tp_dictoffset"
+    dia = Diamond()
+    dia.attr = 1
+    conc = Concrete()
+    instances = {"plain": (p, "inline-values"), "plain_order": (p2, "inline-values"), "materialised": (m, "managed-dict"),
+                 "slotted": (s, "none"), "slots_and_dict": (sd, None), "int_subclass": (mi, "dict-offset"),
+                 "diamond": (dia, "inline-values"), "concrete": (conc, "none")}
+    KEEP.append(instances)
+    truth["instances"] = {}
+    for k, (obj, storage) in instances.items():
+        slots = {}
+        for cls in type(obj).__mro__:
+            for name in cls.__dict__.get("__slots__", ()):
+                if name in ("__dict__", "__weakref__"):
+                    continue
+                slots[name] = repr(getattr(obj, name)) if hasattr(obj, name) else None
+        attrs = {n: repr(v) for n, v in vars(obj).items()} if hasattr(obj, "__dict__") else {}
+        truth["instances"][k] = {"id": id(obj), "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                                 "attrs": attrs, "slots": slots, "storage": storage}
+
+    # -- types -----------------------------------------------------------------------------------
+    tlist = {"int": int, "dict": dict, "OrderedDict": collections.OrderedDict, "Plain": Plain, "Diamond": Diamond,
+             "Nested": Diamond.Nested, "Concrete": Concrete, "Meta": Meta, "Slotted": Slotted, "MyInt": MyInt,
+             "Color": Color, "Net": Net, "Conv2d": nn.Conv2d, "Tensor": torch.Tensor}
+    truth["types"] = {
+        k: {"id": id(t), "name": t.__name__, "qualname": t.__qualname__, "module": t.__module__,
+            "bases": [f"{b.__module__}.{b.__qualname__}" for b in t.__bases__],
+            "mro": [f"{b.__module__}.{b.__qualname__}" for b in t.__mro__],
+            "dict_keys": sorted(k2 for k2 in t.__dict__ if isinstance(k2, str)), "slots": list(getattr(t, "__slots__", ()))
+            if "__slots__" in t.__dict__ else [], "flags": t.__flags__, "basicsize": t.__basicsize__}
+        for k, t in tlist.items()
+    }
+
+    # -- modules ---------------------------------------------------------------------------------
+    truth["modules"] = {n: {"id": id(mod), "file": getattr(mod, "__file__", None)} for n, mod in sys.modules.items()
+                        if isinstance(mod, types.ModuleType)}
+    truth["module_sample"] = ["sys", "builtins", "os", "torch", "torch.nn.modules.conv", "__main__", "collections"]
+
+    # -- functions and friends -----------------------------------------------------------------
+    closure = make_closure()
+    empty = make_empty_cell()
+    bound = dia.who
+    lam = lambda q=5: q * 2  # noqa: E731
+    funcs = {"with_everything": with_everything, "closure": closure, "empty_cell": empty, "generator": generator_fn,
+             "async": async_fn, "lambda": lam, "hot_loop": hot_loop, "comprehension": uses_comprehension,
+             "method_fn": Diamond.who, "nested_method": Diamond.Nested.deep, "forward": Net.forward}
+    KEEP.extend([closure, empty, bound, lam])
+    truth["functions"] = {}
+    for k, f in funcs.items():
+        truth["functions"][k] = {
+            "id": id(f), "name": f.__name__, "qualname": f.__qualname__, "module": f.__module__, "code": id(f.__code__),
+            "globals": id(f.__globals__), "defaults": repr(f.__defaults__), "kwdefaults": repr(f.__kwdefaults__),
+            "closure": [repr(c.cell_contents) if _cell_full(c) else None for c in (f.__closure__ or ())],
+            "annotations": repr(f.__annotations__), "doc": f.__doc__,
+        }
+    truth["cells"] = [{"id": id(c), "value": repr(c.cell_contents) if _cell_full(c) else None}
+                      for f in (closure, empty) for c in f.__closure__]
+    truth["method"] = {"id": id(bound), "func": id(bound.__func__), "self": id(bound.__self__)}
+    sm, cm, pr = Diamond.__dict__["smeth"], Diamond.__dict__["cmeth"], Diamond.__dict__["prop"]
+    truth["staticmethod"] = {"id": id(sm), "func": id(sm.__func__)}
+    truth["classmethod"] = {"id": id(cm), "func": id(cm.__func__)}
+    truth["property"] = {"id": id(pr), "fget": id(pr.fget), "fset": id(pr.fset), "fdel": id(pr.fdel), "doc": pr.__doc__}
+
+    # -- every function reachable from sys.modules, with its code marshalled -------------------
+    allf = collect_functions()
+    KEEP.append(allf)
+    index = []
+    blobs = []
+    for f, where in allf:
+        try:
+            blob = marshal.dumps(f.__code__)
+        except ValueError:
+            continue
+        index.append({"id": id(f), "code": id(f.__code__), "where": where, "qualname": f.__qualname__,
+                      "stacksize": f.__code__.co_stacksize})
+        blobs.append(blob)
+    with open(os.path.join(outdir, "functions.marshal"), "wb") as fh:
+        marshal.dump(blobs, fh)
+    truth["all_functions"] = index
+    truth["gc_tracked_sample"] = [id(o) for o in (p, m, dia, model, values["list"], values["dict_unicode"])]
+    truth["threads"] = 1
+    with open(os.path.join(outdir, "truth.json"), "w") as fh:
+        json.dump(truth, fh)
+    gc.collect()
+    print("READY", flush=True)
+    sys.stdin.read()  # wait until the test closes our stdin
+
+
+def _cell_full(c) -> bool:
+    try:
+        c.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def collect_functions() -> list:
+    """(function, where) for every function reachable from module dicts and class dicts."""
+    seen: set[int] = set()
+    out = []
+    seen_cls: set[int] = set()
+
+    def add(f, where):
+        if isinstance(f, types.FunctionType) and id(f) not in seen:
+            seen.add(id(f))
+            out.append((f, where))
+
+    def visit_class(cls, where, depth=0):
+        if id(cls) in seen_cls or depth > 10:
+            return
+        seen_cls.add(id(cls))
+        try:
+            items = list(vars(cls).items())
+        except TypeError:
+            return
+        for name, v in items:
+            w = f"{where}.{name}"
+            if isinstance(v, (staticmethod, classmethod)):
+                add(v.__func__, w)
+            elif isinstance(v, property):
+                for acc in (v.fget, v.fset, v.fdel):
+                    add(acc, w)
+            elif isinstance(v, type):
+                visit_class(v, w, depth + 1)
+            else:
+                add(v, w)
+
+    for mname, mod in list(sys.modules.items()):
+        if not isinstance(mod, types.ModuleType):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for name, v in items:
+            if isinstance(v, type):
+                visit_class(v, f"{mname}.{name}")
+            else:
+                add(v, f"{mname}.{name}")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
