@@ -802,8 +802,23 @@ class Calibrator:
             self.field("gc_generation", "threshold", 16, "i32")
             self.field("gc_generation", "count", 20, "i32")
             self.constants["GC_NUM_GENERATIONS"] = len(thresholds)
-            self.field("interp", "gc_permanent", base + stride * len(thresholds), "bytes", "derived: after the generations")
             gens = [gen0 + i * stride for i in range(len(thresholds))]
+            # gc.freeze() moves every tracked object to the permanent generation: find its head
+            # the same way as generation 0's, then move everything back.
+            if hasattr(gc, "freeze"):
+                frozen_probe = []
+                gc.freeze()
+                try:
+                    perm = m.word(id(frozen_probe) - 16)
+                    for _ in range(10_000_000):
+                        if interp <= perm < interp + span or not m.readable(perm, 16):
+                            break
+                        perm = m.word(perm)
+                finally:
+                    gc.unfreeze()
+                if not interp <= perm < interp + span:
+                    raise CalibrationFailed("permanent GC generation not found")
+                self.field("interp", "gc_permanent", perm - interp, "bytes")
         del probe
         # thread state
         self.field("tstate", "interp", one("tstate.interp", m.find_word(tstate, 128, interp)), "ptr")

@@ -13,6 +13,7 @@ Two independent ways to find objects, used together:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,14 +46,37 @@ class Heap:
         self._types: list[int] | None = None
 
     # -- pointer scans ------------------------------------------------------------------------
-    def _plausible(self, cands: np.ndarray) -> np.ndarray:
-        """Keep candidate object addresses whose refcount word is plausible (vectorised)."""
+    def _plausible(self, cands: np.ndarray, gc_types: np.ndarray | None = None) -> np.ndarray:
+        """Mask of candidate object addresses that look like real, live objects (vectorised).
+
+        * the refcount word is plausible;
+        * the candidate is not the `ob_size` slot of a tuple whose first item is a type (MRO and
+          bases tuples otherwise look exactly like objects of their first class);
+        * for types with GC support (`gc_types[i]` True): the GC header before the object is
+          either untracked (next == 0) or linked both ways with its predecessor.
+        """
         if cands.size == 0:
-            return cands
-        cands = cands[(cands & np.uint64(7)) == 0]
+            return np.zeros(0, dtype=bool)
+        aligned = (cands & np.uint64(7)) == 0
         rc, ok = gather_u64(self.space, cands)
-        keep = ok & (rc > 0) & (rc <= np.uint64(self.ip.limits.max_refcnt))
-        return cands[keep]
+        keep = aligned & ok & (rc > 0) & (rc <= np.uint64(self.ip.limits.max_refcnt))
+        before, ok_b = gather_u64(self.space, cands - np.uint64(8))
+        keep &= ~(ok_b & (before == np.uint64(self.ip.wk.types["tuple"])))
+        if gc_types is not None and gc_types.any():
+            hsize = np.uint64(self.ip.P.gc_head.size)
+            node = cands - hsize
+            nxt, ok_n = gather_u64(self.space, node)
+            prev, ok_p = gather_u64(self.space, node + np.uint64(8))
+            prev &= np.uint64(self.ip.P.c("GC_PREV_MASK"))
+            back, ok_bk = gather_u64(self.space, prev)
+            linked = ok_n & ok_p & ok_bk & (back == node) & ((nxt & np.uint64(7)) == 0)
+            untracked = ok_n & (nxt == 0)
+            keep &= ~gc_types | linked | untracked
+        return keep
+
+    def _is_gc_type(self, type_addrs: np.ndarray) -> np.ndarray:
+        flags, ok = gather_u64(self.space, type_addrs + np.uint64(self.ip.P.type.tp_flags))
+        return ok & ((flags & np.uint64(self.ip.P.c("TPFLAGS_HAVE_GC"))) != 0)
 
     def _points_to_type(self, addrs: np.ndarray, field_off: int, type_addr: int, allow_null: bool = False) -> np.ndarray:
         """Mask: the pointer at addr+field_off is an object whose ob_type is `type_addr`."""
@@ -66,7 +90,9 @@ class Heap:
     def instances(self, type_addr: int) -> np.ndarray:
         """Addresses of objects whose ob_type is exactly `type_addr` (sorted, validated)."""
         hits = find_u64(self.space, type_addr, self._chunks)
-        cands = self._plausible(hits - np.uint64(self.ip.P.object.ob_type))
+        cands = hits - np.uint64(self.ip.P.object.ob_type)
+        gc_flag = self._is_gc_type(np.array([type_addr], dtype=np.uint64))
+        cands = cands[self._plausible(cands, np.repeat(gc_flag, cands.size))]
         return self._type_specific(type_addr, cands)
 
     def _type_specific(self, type_addr: int, cands: np.ndarray) -> np.ndarray:
@@ -104,7 +130,8 @@ class Heap:
                 break
             seen_metas |= new_metas
             hits, _vals = find_u64_in(self.space, new_metas, self._chunks)
-            cands = self._plausible(hits - np.uint64(ip.P.object.ob_type))
+            cands = hits - np.uint64(ip.P.object.ob_type)
+            cands = cands[self._plausible(cands, np.ones(cands.size, dtype=bool))]
             sizes, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_basicsize))
             cands = cands[ok & (sizes > 0) & (sizes < np.uint64(1 << 24))]
             flags, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_flags))
@@ -143,9 +170,7 @@ class Heap:
         tset = list(types) if types is not None else self.all_types()
         hits, vals = find_u64_in(self.space, tset, self._chunks)
         objs = hits - np.uint64(self.ip.P.object.ob_type)
-        ok_mask = (objs & np.uint64(7)) == 0
-        rc, ok = gather_u64(self.space, objs)
-        keep = ok & ok_mask & (rc > 0) & (rc <= np.uint64(self.ip.limits.max_refcnt))
+        keep = self._plausible(objs, self._is_gc_type(vals))
         uniq, counts = np.unique(vals[keep], return_counts=True)
         return dict(zip(uniq.tolist(), counts.tolist()))
 
@@ -186,17 +211,23 @@ class Heap:
         return [self._walk(h, hsize) for h in heads]
 
     def _walk(self, head: int, hsize: int) -> list[int]:
+        """Objects on one GC list. Each node's prev pointer must name the node before it, so a
+        corrupt or stale link is caught at the first step instead of looping."""
         out = []
-        node = self.space.u64(head)
+        mask = self.ip.P.c("GC_PREV_MASK")
+        prev, node = head, self.space.u64(head)
         steps = 0
         while node != head:
             if node == 0 or node & 7 or steps >= MAX_GC_WALK:
                 raise ObjectError(head, f"GC list broken after {steps} objects (next {node:#x})")
-            out.append(node + hsize)
             try:
-                node = self.space.u64(node)
+                nxt, back = struct.unpack("<QQ", self.space.read(node, 16))
             except MemoryReadError:
                 raise ObjectError(head, f"GC list leaves the image after {steps} objects") from None
+            if back & mask != prev:
+                raise ObjectError(head, f"GC list inconsistent at {node:#x} after {steps} objects")
+            out.append(node + hsize)
+            prev, node = node, nxt
             steps += 1
         return out
 

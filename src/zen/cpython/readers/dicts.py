@@ -37,7 +37,8 @@ class DictKeys:
         log2_index_bytes = head[K.dk_log2_index_bytes]
         self.kind = head[K.dk_kind]
         self.nentries = struct.unpack_from("<q", head, K.dk_nentries)[0]
-        if not 3 <= self.log2_size <= 40:
+        # Empty dicts share a static keys object of size 1 (log2 0); real tables have >= 8 slots.
+        if not (3 <= self.log2_size <= 40 or (self.log2_size == 0 and self.nentries == 0)):
             raise ObjectError(owner, f"implausible dict size 2**{self.log2_size}")
         size = 1 << self.log2_size
         width = 1 if size <= 0xFF else 2 if size <= 0xFFFF else 4 if size <= 0xFFFFFFFF else 8

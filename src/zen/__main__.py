@@ -1,0 +1,3 @@
+from zen.cli import main
+
+main()

@@ -1,0 +1,250 @@
+"""The `zen` command. Thin: parse arguments, call the pipeline, render results.
+
+Every error caused by input arrives here as a `ZenError` and leaves as one clear line on stderr
+(plus a hint) and a non-zero exit code; a Python traceback only appears for bugs in zen, and
+only with ZEN_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from zen import __version__
+from zen.errors import ZenError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="zen: recover deep-learning models, and the code that implements them, from memory images of Python processes.",
+)
+profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles (struct offsets) for a Python version.")
+app.add_typer(profile_app, name="profile")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see the problems listed)
+
+
+def _open(image: Optional[Path], pid: Optional[int]):
+    from zen.memory import open_space
+
+    if image is None and pid is None:
+        raise ZenError("give an image file or --pid PID", "see `zen COMMAND --help`")
+    return open_space(image, pid)
+
+
+def _print_problems(space) -> None:
+    for note in space.notes:
+        err.print(f"[dim]note: {note}[/dim]")
+    for problem in space.problems:
+        err.print(f"[yellow]problem: {problem}[/yellow]")
+
+
+@app.command()
+def version() -> None:
+    """Print zen's version."""
+    out.print(f"zen {__version__}")
+
+
+@app.command()
+def acquire(
+    pid: int = typer.Option(..., "--pid", help="PID of the process to image."),
+    output: Path = typer.Option(..., "-o", "--output", help="Where to write the ELF core file."),
+    lean: bool = typer.Option(False, "--lean/--all", help="--lean skips read-only file-backed mappings (readers take them from disk); --all (default) copies every readable mapping."),
+) -> None:
+    """Image a live process into an ELF core file (the process is stopped while it is read)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from zen.acquire import acquire as do_acquire
+
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as prog:
+        task = prog.add_task(f"imaging PID {pid}", total=None)
+
+        def tick(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        res = do_acquire(pid, output, lean=lean, progress=tick)
+    out.print(f"wrote {res.path} ({res.bytes_written:,} bytes of {res.regions} mappings, mode {res.mode}) in {res.seconds:.2f} s")
+    if res.failed_regions:
+        for f in res.failed_regions:
+            err.print(f"[yellow]unreadable: {f}[/yellow]")
+
+
+@app.command()
+def info(
+    image: Optional[Path] = typer.Argument(None, help="ELF core file (zen acquire, gcore, kernel core)."),
+    pid: Optional[int] = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
+    top: int = typer.Option(25, help="How many types to list in the census."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    census: bool = typer.Option(True, "--census/--no-census", help="Count objects by type (a scan of the whole heap)."),
+) -> None:
+    """Versions, memory regions, interpreter address, object counts by type, threads."""
+    from zen.info import image_info
+
+    space = _open(image, pid)
+    with space:
+        res = _frozen(pid, lambda: image_info(space, top=top, census=census))
+        if as_json:
+            out.print_json(json.dumps(res, default=str))
+        else:
+            _render_info(res)
+        _print_problems(space)
+        if space.problems:
+            raise typer.Exit(EXIT_PARTIAL)
+
+
+def _frozen(pid: Optional[int], fn):
+    if pid is None:
+        return fn()
+    from zen.memory.live import frozen
+
+    with frozen(pid):
+        return fn()
+
+
+def _render_info(res: dict) -> None:
+    ip = res["interpreter"]
+    mem = res["memory"]
+    out.print(f"[bold]{res['source']}[/bold]")
+    if "process" in res:
+        p = res["process"]
+        out.print(f"process: pid {p['pid']}  command: {p['command'] or '?'}  producer: {p['producer']}")
+    out.print(f"memory: {mem['regions']} regions, {mem['mapped_bytes']:,} bytes mapped, "
+              f"{mem['captured_bytes']:,} available ({', '.join(f'{k} {v:,}' for k, v in mem['bytes_by_source'].items())})")
+    out.print(f"python: {ip['version']}  ({ip['how'].get('version', '?')})")
+    out.print(f"_PyRuntime: {ip['runtime'] and hex(ip['runtime'])}  ({ip['how'].get('runtime', 'not found')})")
+    out.print(f"type type: {ip['type_type'] and hex(ip['type_type'])}  interpreter module: {ip['module']}"
+              f"{'  (statically linked)' if ip['static_build'] else ''}")
+    out.print(f"profile: {ip['profile']}")
+    for w in ip["warnings"]:
+        err.print(f"[yellow]warning: {w}[/yellow]")
+    if "sys_modules" in res:
+        pk = ", ".join(f"{k} {v}" for k, v in res.get("packages", {}).items() if v)
+        out.print(f"sys.modules: {res['sys_modules']} modules" + (f"  ({pk})" if pk else ""))
+    if "census" in res:
+        c = res["census"]
+        out.print(f"census: {c['objects']:,} objects of {c['types']:,} types in {c['seconds']} s"
+                  + (f"; GC lists: {res['gc'].get('generations')}" if "generations" in res.get("gc", {}) else ""))
+        t = Table("type", "count", "type object")
+        for row in c["top"]:
+            t.add_row(row["type"], f"{row['count']:,}", row["addr"])
+        out.print(t)
+    for th in res.get("threads", []):
+        out.print(f"thread {th['thread_id']} (native {th['native_id']}):")
+        for fr in th["stack"][:20]:
+            out.print(f"    {fr}")
+
+
+@app.command()
+def objects(
+    image: Optional[Path] = typer.Argument(None, help="ELF core file."),
+    type_name: str = typer.Option(..., "--type", help="Type name: 'function', 'dict', 'torch.nn.modules.linear.Linear', ..."),
+    pid: Optional[int] = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
+    limit: int = typer.Option(20, "--limit", help="Show at most this many objects (0: count only)."),
+    subclasses: bool = typer.Option(False, "--subclasses", help="Include instances of subclasses."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """List objects of one type found in the image."""
+    from zen.cpython.describe import describe
+    from zen.cpython.heap import Heap
+    from zen.cpython.interp import Interpreter
+
+    space = _open(image, pid)
+    with space:
+        def run():
+            ip = Interpreter.open(space)
+            heap = Heap(ip)
+            if subclasses:
+                tinfos = heap.subclasses_of(type_name)
+                taddrs = [t.addr for t in tinfos]
+            else:
+                taddrs = heap.types_named(type_name)
+            if not taddrs:
+                raise ZenError(f"no type named {type_name!r} in the image",
+                               "use the full name (module.qualname), e.g. collections.OrderedDict; `zen info` lists common types")
+            addrs = sorted({a for t in taddrs for a in heap.instances(t).tolist()})
+            shown = [describe(ip, a) for a in addrs[: max(limit, 0)]]
+            return {"type": type_name, "types": [f"{t:#x}" for t in taddrs], "count": len(addrs), "objects": shown}
+
+        res = _frozen(pid, run)
+        if as_json:
+            out.print_json(json.dumps(res, default=str))
+        else:
+            out.print(f"{res['count']:,} objects of {type_name} ({len(res['types'])} type object(s))")
+            for o in res["objects"]:
+                rest = {k: v for k, v in o.items() if k not in ("addr", "type", "kind")}
+                out.print(f"  {o['addr']}  {o.get('type', '?')}  " + "  ".join(f"{k}={v}" for k, v in rest.items()))
+        _print_problems(space)
+
+
+@profile_app.command("python")
+def profile_python(
+    python: str = typer.Option(sys.executable, "--python", help="Interpreter to calibrate (default: the one running zen)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
+) -> None:
+    """Measure CPython struct layouts in an interpreter and save them as a layout profile."""
+    from zen.cpython import calibrate
+    from zen.cpython.profile import parse_profile, profile_filename, user_profile_dir
+
+    script = calibrate.__file__
+    try:
+        proc = subprocess.run([python, "-I", script], capture_output=True, text=True, timeout=300)
+    except FileNotFoundError:
+        raise ZenError(f"interpreter not found: {python}") from None
+    except subprocess.TimeoutExpired:
+        raise ZenError(f"calibration under {python} did not finish in 300 s") from None
+    if proc.returncode != 0:
+        raise ZenError(f"calibration under {python} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+    data = json.loads(proc.stdout)
+    prof = parse_profile(data, python)
+    target = output or (user_profile_dir() / profile_filename(prof.minor, data["python"]["machine"]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(proc.stdout)
+    out.print(f"calibrated CPython {prof.version}: {sum(len(s.fields()) for s in prof.structs.values())} fields in "
+              f"{len(prof.structs)} structs, {data['self_checks']} self-checks passed -> {target}")
+
+
+def main() -> None:
+    """Console entry point: run the app and turn errors into messages and exit codes."""
+    debug = os.environ.get("ZEN_DEBUG") == "1"
+    try:
+        rv = app(standalone_mode=False)
+    except ZenError as exc:
+        err.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
+        if exc.hint:
+            err.print(f"[dim]hint: {exc.hint}[/dim]", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        sys.exit(2)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        err.print("interrupted")
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug in zen, not a user mistake
+        if debug:
+            raise
+        err.print(f"[red]internal error (a bug in zen):[/red] {type(exc).__name__}: {exc}")
+        err.print("[dim]rerun with ZEN_DEBUG=1 for a traceback, and please report it[/dim]")
+        sys.exit(70)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
