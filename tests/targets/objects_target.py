@@ -20,11 +20,15 @@ import os
 import sys
 import types
 
-import torch
-from torch import nn
+LIGHT = "--light" in sys.argv  # no torch: a quick pure-Python target for live-process tests
+if not LIGHT:
+    import torch
+    from torch import nn
 
-torch.manual_seed(0)
-torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+else:
+    nn = types.SimpleNamespace(Module=object)
 
 KEEP: list = []
 
@@ -34,6 +38,10 @@ KEEP: list = []
 # ---------------------------------------------------------------------------------------------
 class Plain:
     """instances keep inline values (never materialised)"""
+
+
+class HotThing:
+    pass
 
 
 class Materialised:
@@ -146,7 +154,7 @@ def uses_comprehension(xs):
 def hot_loop(n):
     """run many times so its bytecode is specialised (exercises de-specialisation)"""
     total = 0
-    p = Plain()
+    p = HotThing()  # not Plain: specialising attribute access on a class stops inline values for it
     p.v = 1
     for i in range(n):
         total += i * p.v + len(str(i))
@@ -166,12 +174,27 @@ class Net(nn.Module):
         return self.fc(x)
 
 
+def as_builtin(value):
+    """The value converted to its builtin base type (what a reader of raw memory returns)."""
+    builtins_ = (bool, int, float, complex, str, bytes, bytearray, tuple, list, dict, frozenset, set)
+    if type(value) in builtins_:
+        return value
+    for base in builtins_:
+        if isinstance(value, base):
+            return base(value)
+    return value
+
+
 def tagged(value, kind):
-    return {"id": id(value), "kind": kind, "type": f"{type(value).__module__}.{type(value).__qualname__}", "repr": repr(value)}
+    entry = {"id": id(value), "kind": kind, "type": f"{type(value).__module__}.{type(value).__qualname__}",
+             "repr": repr(as_builtin(value))}
+    if isinstance(value, (set, frozenset)):  # set order depends on the hash seed: compare members
+        entry["set_items"] = sorted(map(repr, value))
+    return entry
 
 
 def main(outdir: str) -> None:
-    truth: dict = {"python": sys.version.split()[0], "torch": torch.__version__, "pid": os.getpid()}
+    truth: dict = {"python": sys.version.split()[0], "torch": None if LIGHT else torch.__version__, "pid": os.getpid()}
     for _ in range(300):
         hot_loop(50)
     with_everything(1, d=4)
@@ -179,12 +202,15 @@ def main(outdir: str) -> None:
     list(generator_fn(3))
     uses_comprehension([1, 2, 3])
 
-    model = Net().eval()
-    x = torch.randn(2, 3, 8, 8)
-    with torch.no_grad():
-        y = model(x)
-    KEEP.extend([model, x, y])
-    truth["model"] = {"id": id(model), "training": model.training, "children": list(model._modules)}
+    if not LIGHT:
+        model = Net().eval()
+        x = torch.randn(2, 3, 8, 8)
+        with torch.no_grad():
+            y = model(x)
+        KEEP.extend([model, x, y])
+        truth["model"] = {"id": id(model), "training": model.training, "children": list(model._modules)}
+    else:
+        model = Plain()
 
     # -- plain values ----------------------------------------------------------------------
     values = {
@@ -226,16 +252,17 @@ def main(outdir: str) -> None:
         truth["values"][k] = entry
 
     # -- instances ------------------------------------------------------------------------------
-    p = Plain()
-    p.first = "inline-1"
-    p.second = [1, 2]
-    p.third = None
-    p2 = Plain()  # different insertion order on shared keys
-    p2.third = 3
-    p2.first = 1
-    m = Materialised()
-    m.a = 1
-    m.b = "bee"
+    # Attributes are set from these dicts and the ground truth is taken from them, because asking
+    # an instance for vars() would materialise the very dict whose absence we want to test.
+    def build(cls, attrs):
+        obj = cls()
+        for k, v in attrs.items():
+            setattr(obj, k, v)
+        return obj, {k: repr(v) for k, v in attrs.items()}
+
+    p, p_attrs = build(Plain, {"first": "inline-1", "second": [1, 2], "third": None})
+    p2, p2_attrs = build(Plain, {"third": 3, "first": 1})  # other insertion order on the shared keys
+    m, _ = build(Materialised, {"a": 1, "b": "bee"})
     m.__dict__["c"] = 3.5
     s = Slotted()
     s.alpha = "A"
@@ -245,29 +272,32 @@ def main(outdir: str) -> None:
     sd.extra = "in dict"
     mi = MyInt(5)
     mi.tag = "dict at tp_dictoffset"
-    dia = Diamond()
-    dia.attr = 1
+    dia, dia_attrs = build(Diamond, {"attr": 1})
     conc = Concrete()
-    instances = {"plain": (p, "inline-values"), "plain_order": (p2, "inline-values"), "materialised": (m, "managed-dict"),
-                 "slotted": (s, "none"), "slots_and_dict": (sd, None), "int_subclass": (mi, "dict-offset"),
-                 "diamond": (dia, "inline-values"), "concrete": (conc, "none")}
+    instances = {"plain": (p, "inline-values", p_attrs), "plain_order": (p2, "inline-values", p2_attrs),
+                 "materialised": (m, "managed-dict", None), "slotted": (s, "none", {}),
+                 "slots_and_dict": (sd, None, None), "int_subclass": (mi, "dict-offset", None),
+                 "diamond": (dia, "inline-values", dia_attrs), "concrete": (conc, "inline-values", {})}
     KEEP.append(instances)
     truth["instances"] = {}
-    for k, (obj, storage) in instances.items():
+    for k, (obj, storage, attrs) in instances.items():
         slots = {}
         for cls in type(obj).__mro__:
             for name in cls.__dict__.get("__slots__", ()):
                 if name in ("__dict__", "__weakref__"):
                     continue
                 slots[name] = repr(getattr(obj, name)) if hasattr(obj, name) else None
-        attrs = {n: repr(v) for n, v in vars(obj).items()} if hasattr(obj, "__dict__") else {}
+        if attrs is None:  # these instances have a real dict already: reading it changes nothing
+            attrs = {n: repr(v) for n, v in vars(obj).items()}
         truth["instances"][k] = {"id": id(obj), "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
                                  "attrs": attrs, "slots": slots, "storage": storage}
 
     # -- types -----------------------------------------------------------------------------------
     tlist = {"int": int, "dict": dict, "OrderedDict": collections.OrderedDict, "Plain": Plain, "Diamond": Diamond,
              "Nested": Diamond.Nested, "Concrete": Concrete, "Meta": Meta, "Slotted": Slotted, "MyInt": MyInt,
-             "Color": Color, "Net": Net, "Conv2d": nn.Conv2d, "Tensor": torch.Tensor}
+             "Color": Color}
+    if not LIGHT:
+        tlist.update(Net=Net, Conv2d=nn.Conv2d, Tensor=torch.Tensor)
     truth["types"] = {
         k: {"id": id(t), "name": t.__name__, "qualname": t.__qualname__, "module": t.__module__,
             "bases": [f"{b.__module__}.{b.__qualname__}" for b in t.__bases__],
@@ -280,7 +310,8 @@ def main(outdir: str) -> None:
     # -- modules ---------------------------------------------------------------------------------
     truth["modules"] = {n: {"id": id(mod), "file": getattr(mod, "__file__", None)} for n, mod in sys.modules.items()
                         if isinstance(mod, types.ModuleType)}
-    truth["module_sample"] = ["sys", "builtins", "os", "torch", "torch.nn.modules.conv", "__main__", "collections"]
+    truth["sys_modules_keys"] = list(sys.modules)  # includes non-module entries (typing.io is a class)
+    truth["module_sample"] = ["sys", "builtins", "os", "__main__", "collections"] + ([] if LIGHT else ["torch", "torch.nn.modules.conv"])
 
     # -- functions and friends -----------------------------------------------------------------
     closure = make_closure()
@@ -289,14 +320,16 @@ def main(outdir: str) -> None:
     lam = lambda q=5: q * 2  # noqa: E731
     funcs = {"with_everything": with_everything, "closure": closure, "empty_cell": empty, "generator": generator_fn,
              "async": async_fn, "lambda": lam, "hot_loop": hot_loop, "comprehension": uses_comprehension,
-             "method_fn": Diamond.who, "nested_method": Diamond.Nested.deep, "forward": Net.forward}
+             "method_fn": Diamond.who, "nested_method": Diamond.Nested.deep}
+    if not LIGHT:
+        funcs["forward"] = Net.forward
     KEEP.extend([closure, empty, bound, lam])
     truth["functions"] = {}
     for k, f in funcs.items():
         truth["functions"][k] = {
             "id": id(f), "name": f.__name__, "qualname": f.__qualname__, "module": f.__module__, "code": id(f.__code__),
             "globals": id(f.__globals__), "defaults": repr(f.__defaults__), "kwdefaults": repr(f.__kwdefaults__),
-            "closure": [repr(c.cell_contents) if _cell_full(c) else None for c in (f.__closure__ or ())],
+            "closure": [[id(c.cell_contents), repr(c.cell_contents)] if _cell_full(c) else None for c in (f.__closure__ or ())],
             "annotations": repr(f.__annotations__), "doc": f.__doc__,
         }
     truth["cells"] = [{"id": id(c), "value": repr(c.cell_contents) if _cell_full(c) else None}
@@ -387,4 +420,4 @@ def collect_functions() -> list:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main([a for a in sys.argv[1:] if not a.startswith("--")][0])

@@ -1,0 +1,134 @@
+"""Session fixtures: real target processes, imaged once per session, with their ground truth.
+
+Target processes write what they know about themselves (ids, reprs, marshalled code) to a
+directory and wait on stdin. Images are made once per session under a temp dir and deleted at
+the end; nothing here is ever committed.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+TARGETS = HERE / "targets"
+
+
+class Target:
+    """A running target process and its ground truth."""
+
+    def __init__(self, proc: subprocess.Popen, outdir: Path) -> None:
+        self.proc = proc
+        self.outdir = outdir
+        self.pid = proc.pid
+        self.truth = json.loads((outdir / "truth.json").read_text())
+
+    def functions_code(self) -> list:
+        with open(self.outdir / "functions.marshal", "rb") as fh:  # our own fixture's output: trusted
+            return marshal.load(fh)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(10)
+            except (subprocess.TimeoutExpired, OSError):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_target(script: str, outdir: Path, *args: str, timeout: float = 300, cwd: Path | None = None) -> Target:
+    outdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(TARGETS / script), str(outdir), *args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=cwd or outdir,
+    )
+    deadline = time.monotonic() + timeout
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.strip() == "READY" or not line:
+            break
+    if line.strip() != "READY":
+        proc.kill()
+        raise RuntimeError(f"target {script} did not become ready (exit {proc.poll()})")
+    return Target(proc, outdir)
+
+
+def zen(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the zen CLI in a subprocess, as a user would."""
+    res = subprocess.run([sys.executable, "-m", "zen", *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "COLUMNS": "200"})
+    if check and res.returncode != 0:
+        raise AssertionError(f"zen {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def kernel_core(target: Target, where: Path, timeout: float = 120) -> Path | None:
+    """Make the kernel dump `target` (RLIMIT_CORE + SIGABRT); None if core dumps go elsewhere."""
+    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+    if pattern.startswith("|") or "/" in pattern:
+        return None
+    resource.prlimit(target.pid, resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    os.kill(target.pid, signal.SIGABRT)
+    target.proc.wait(timeout)
+    name = pattern.replace("%p", str(target.pid)).replace("%e", "python").replace("%%", "%")
+    candidates = [where / name, where / f"{name}.{target.pid}"]
+    for c in candidates:
+        if c.exists():
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("zen")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def torch_target_images(workdir):
+    """The torch objects target imaged three ways: zen (lean), gcore, kernel core.
+
+    The kernel core kills the process, so all three are made here, in that order.
+    """
+    outdir = workdir / "torch-target"
+    t = start_target("objects_target.py", outdir)
+    images: dict[str, Path] = {}
+    try:
+        lean = workdir / "torch-zen-lean.core"
+        zen("acquire", "--pid", t.pid, "-o", lean, "--lean")
+        images["zen"] = lean
+        if shutil.which("gcore"):
+            prefix = workdir / "torch-gcore"
+            subprocess.run(["gcore", "-o", str(prefix), str(t.pid)], capture_output=True, timeout=300)
+            made = workdir / f"torch-gcore.{t.pid}"
+            if made.exists():
+                images["gcore"] = made
+        core = kernel_core(t, outdir)
+        if core is not None:
+            images["kernel"] = core
+    finally:
+        t.stop()
+    yield t, images
+    for p in images.values():
+        p.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def light_target(workdir):
+    """A pure-Python objects target (no torch) that stays alive for live-process tests."""
+    t = start_target("objects_target.py", workdir / "light-target", "--light")
+    yield t
+    t.stop()
