@@ -74,6 +74,24 @@ def zen(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Comp
     return res
 
 
+def find_python(minor: str) -> str | None:
+    """A working interpreter of CPython `minor` on this machine: on PATH, or in a pyenv tree."""
+    cands = [shutil.which(f"python{minor}")]
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    cands += [str(p) for p in sorted(root.glob(f"{minor}.*/bin/python{minor}"), reverse=True)]
+    for exe in cands:
+        if not exe:
+            continue
+        try:
+            res = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if res.returncode == 0 and res.stdout.strip() == minor:
+            return exe
+    return None
+
+
 def kernel_core(target: Target, where: Path, timeout: float = 120) -> Path | None:
     """Make the kernel dump `target` (RLIMIT_CORE + SIGABRT); None if core dumps go elsewhere."""
     pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()

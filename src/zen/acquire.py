@@ -108,8 +108,9 @@ def acquire(
 ) -> AcquireResult:
     """Write an ELF core of process `pid` to `output`.
 
-    lean=True skips the bytes of read-only file-backed mappings (they stay listed, with the first page
-    of each file kept so readers can verify the file on disk before using it to fill the gap).
+    lean=True skips the bytes of read-only file-backed mappings that were never written (they stay
+    listed, with the first page of each file kept so readers can verify the file on disk before using
+    it to fill the gap). Mappings with copy-on-write pages (RELRO) are always copied.
     `progress(done, total)` is called as bytes are copied.
     """
     out = Path(output)
@@ -126,6 +127,8 @@ def acquire(
         regions = read_maps(pid)
         try:
             mem_fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        except (FileNotFoundError, ProcessLookupError):
+            raise ProcessError(f"process {pid} exited before it could be imaged") from None
         except OSError as exc:
             raise ProcessError(f"cannot open memory of PID {pid}: {exc.strerror}", "run zen as root or as the process owner") from None
         try:
@@ -134,13 +137,38 @@ def acquire(
             os.close(mem_fd)
 
 
-def _plan(regions: list[Region], lean: bool) -> list[tuple[Region, int, int]]:
+def written_pages(pid: int) -> dict[int, int]:
+    """Per mapping start: kilobytes of private copy-on-write pages (smaps `Anonymous:`).
+
+    A read-only file mapping can still differ from its file: the loader writes relocations into
+    RELRO pages before making them read-only. Such mappings must be copied even in lean mode.
+    """
+    out: dict[int, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps") as fh:
+            start = None
+            for line in fh:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    try:
+                        start = int(head.split("-")[0], 16)
+                    except ValueError:
+                        start = None
+                elif head == "Anonymous:" and start is not None:
+                    out[start] = int(line.split()[1])
+    except OSError:
+        return {}
+    return out
+
+
+def _plan(regions: list[Region], lean: bool, written: dict[int, int] | None = None) -> list[tuple[Region, int, int]]:
     """(region, first byte to copy, bytes to copy) for each region; 0 bytes means headers only."""
     plan = []
     for r in regions:
         if not r.readable or r.path in UNREADABLE:
             plan.append((r, 0, 0))
-        elif lean and r.file_backed and not r.writable:
+        elif lean and r.file_backed and not r.writable and written is not None and written.get(r.start, 1) == 0:
+            # unmodified copy of the file: keep only the first page, for verification by readers
             plan.append((r, 0, PAGE if r.offset == 0 else 0))
         else:
             plan.append((r, 0, r.size))
@@ -148,7 +176,7 @@ def _plan(regions: list[Region], lean: bool) -> list[tuple[Region, int, int]]:
 
 
 def _write(pid, out: Path, regions, mem_fd, lean, progress, t0) -> AcquireResult:
-    plan = _plan(regions, lean)
+    plan = _plan(regions, lean, written_pages(pid) if lean else None)
     total = sum(n for _, _, n in plan)
     threads = thread_ids(pid)
     stat = _read_text(f"/proc/{pid}/stat")
@@ -169,6 +197,8 @@ def _write(pid, out: Path, regions, mem_fd, lean, progress, t0) -> AcquireResult
         "mode": "lean" if lean else "all",
         "acquired_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "threads": len(threads),
+        # NT_FILE only names real files; keep [heap], [stack], [vdso]... for the record.
+        "pseudo_regions": [[r.start, r.end, r.path] for r in regions if r.path.startswith("[")],
     }
     notes = [_note("CORE", NT_PRSTATUS, _prstatus(pid, ppid, t, _thread_registers(pid, t))) for t in threads]
     notes.append(_note("CORE", NT_PRPSINFO, _prpsinfo(pid, ppid, comm, cmdline, "T")))

@@ -24,7 +24,7 @@ from elftools.elf.elffile import ELFFile
 
 from zen.errors import ImageError
 from zen.memory.regions import Region, Source, perms_from_elf_flags
-from zen.memory.space import AddressSpace, Chunk, MmapChunk
+from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk
 
 # Offsets inside the x86_64 `struct elf_prstatus` (336 bytes).
 PRSTATUS_PID = 32
@@ -128,6 +128,7 @@ class ElfCoreSpace(AddressSpace):
         if mm is not None:
             self._maps.append(mm)
         regions, chunks = self._layout(segments, info, mm, size, problems, notes, fill_from_disk, file_root)
+        regions = self._label_pseudo(regions, info.acquisition.get("pseudo_regions", []))
         super().__init__(regions, chunks, description=f"ELF core {self.path}")
         self.problems.extend(problems)
         self.notes.extend(notes)
@@ -263,6 +264,18 @@ class ElfCoreSpace(AddressSpace):
         return regions, chunks
 
     @staticmethod
+    def _label_pseudo(regions: list[Region], pseudo: list) -> list[Region]:
+        """Name anonymous regions ([heap], [stack]...) from zen's acquisition note."""
+        names = {}
+        for item in pseudo if isinstance(pseudo, list) else []:
+            if isinstance(item, list) and len(item) == 3 and isinstance(item[2], str):
+                names[(item[0], item[1])] = item[2]
+        if not names:
+            return regions
+        return [Region(r.start, r.end, r.perms, names.get((r.start, r.end), r.path), r.offset, r.source)
+                if not r.path else r for r in regions]
+
+    @staticmethod
     def _mark_disk(regions: list[Region], start: int, end: int) -> None:
         for i, r in enumerate(regions):
             if r.start <= start < r.end:
@@ -285,7 +298,11 @@ class ElfCoreSpace(AddressSpace):
         if avail <= 0:
             return 0
         chunks.append(MmapChunk(start, start + avail, dm, file_off, Source.DISK))
-        return avail
+        # The kernel zero-fills the rest of the page that holds the end of the file.
+        tail_end = min(end, (start + avail + 4095) // 4096 * 4096)
+        if tail_end > start + avail:
+            chunks.append(BytesChunk(start + avail, bytes(tail_end - start - avail), Source.DISK))
+        return tail_end - start
 
     def _open_disk_file(self, path, file_root, chunks, problems, files):
         """mmap a mapped file from disk after checking it against the image's copy of its first page.
