@@ -114,7 +114,7 @@ class Color(enum.IntEnum):
     GREEN = 2
 
 
-def with_everything(a, b=2, /, c=(1, "x"), *args, d, e={"k": [1, 2]}, **kw) -> "annotated":
+def with_everything(a, b=2, /, c=(1, "x"), *args, d, e={"k": [1, 2]}, **kw) -> "annotated":  # noqa: F821 - string annotation sample
     """function doc"""
     return a, b, c, d, e, args, kw
 

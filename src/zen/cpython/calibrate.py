@@ -470,7 +470,6 @@ class Calibrator:
         for i, p in enumerate(pre):
             if p and m.readable(p, 16) and m.words(p, 2) == (id(o.zz_a), id(o.zz_b)):
                 values_slot = i
-        inline = None
         if values_slot is None:
             # 3.13+: values live inline after the object header.
             base = type(o).__basicsize__
@@ -478,7 +477,6 @@ class Calibrator:
             pos = blk.find(struct.pack("<QQ", id(o.zz_a), id(o.zz_b)))
             if pos < 0:
                 raise CalibrationFailed("instance attribute values not found (managed dict layout unknown)")
-            inline = pos
             self.field("instance", "inline_values", pos, "ptr")
         else:
             self.field("instance", "values_ptr", (values_slot - 4) * PTR, "ptr")
@@ -597,7 +595,7 @@ class Calibrator:
     def functions(self) -> None:
         m = self.m
 
-        def fn(a, b=1, *, c=2) -> "ann":
+        def fn(a, b=1, *, c=2) -> "ann":  # noqa: F821 - a string annotation is the sample
             """doc of fn"""
             return a + b + c + outer_cell
 

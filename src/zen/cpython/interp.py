@@ -59,6 +59,16 @@ class Interpreter:
     def ptr(self, addr: int) -> int:
         return self.space.u64(addr)
 
+    def read_within(self, addr: int, size: int, owner: int, what: str) -> bytes:
+        """Read `size` bytes that must lie inside one mapping (objects never span mappings).
+
+        This bounds the work a corrupt length field can cause to the size of one region.
+        """
+        c = self.space.chunk_of(addr)
+        if c is None or addr + size > c.end or size < 0:
+            raise ObjectError(owner, f"{what} ({size:,} bytes at {addr:#x}) not inside one captured mapping")
+        return c.read(addr - c.start, size)
+
     def header(self, addr: int) -> tuple[int, int]:
         """(refcount, type address) of the object at `addr`, validated for plausibility."""
         if addr <= 0 or addr & 7:

@@ -62,7 +62,7 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
         if not 0 < units <= MAX_CODE_UNITS:
             raise ObjectError(addr, f"implausible code size of {units} units")
         unit = ip.P.constants.get("CODE_UNIT_SIZE", 2)
-        raw = ip.space.read(addr, C.co_code_adaptive + units * unit)
+        raw = ip.read_within(addr, C.co_code_adaptive + units * unit, addr, "code object")
     except MemoryReadError:
         raise ObjectError(addr, "code object not in the image") from None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from zen.errors import MemoryReadError, ObjectError, ZenError
+from zen.errors import ObjectError, ZenError
 
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter
@@ -19,10 +19,7 @@ if TYPE_CHECKING:
 def _items(ip: Interpreter, addr: int, at: int, n: int) -> list[int]:
     if n == 0:
         return []
-    try:
-        return list(struct.unpack(f"<{n}Q", ip.space.read(at, 8 * n)))
-    except MemoryReadError:
-        raise ObjectError(addr, f"{n} element pointers not in the image") from None
+    return list(struct.unpack(f"<{n}Q", ip.read_within(at, 8 * n, addr, f"{n} element pointers")))
 
 
 def read_tuple(ip: Interpreter, addr: int, limit: int | None = None) -> list[int]:
@@ -56,15 +53,16 @@ def read_set(ip: Interpreter, addr: int) -> list[int]:
         raise ObjectError(addr, f"expected a set, found {kind}")
     S = ip.P.set
     used = ip.space.i64(addr + S.used)
+    fill = ip.space.i64(addr + S.fill)
     mask = ip.space.i64(addr + S.mask)
-    if not 0 <= used <= ip.limits.max_items or mask < 0 or mask > 4 * ip.limits.max_items or (mask + 1) & mask:
-        raise ObjectError(addr, f"implausible set table (used {used}, mask {mask})")
+    # CPython resizes to the smallest power of two above 4*used (2*used for huge sets), and fill
+    # (used + dummies) only grows until the next resize: the table is never much larger than that.
+    if (not 0 <= used <= fill <= ip.limits.max_items or mask < 7 or (mask + 1) & mask
+            or mask + 1 > max(8, 8 * (fill + 1))):
+        raise ObjectError(addr, f"implausible set table (used {used}, fill {fill}, mask {mask})")
     table = ip.ptr(addr + S.table)
     esize = ip.P.setentry.size
-    try:
-        raw = ip.space.read(table, (mask + 1) * esize)
-    except MemoryReadError:
-        raise ObjectError(addr, "set table not in the image") from None
+    raw = ip.read_within(table, (mask + 1) * esize, addr, "set table")
     keys = struct.unpack(f"<{(mask + 1) * esize // 8}Q", raw)[:: esize // 8]
     out = []
     dummy = ip.wk.set_dummy

@@ -52,10 +52,7 @@ class DictKeys:
         E = ip.P.dictentry_general if general else ip.P.dictentry_unicode
         esize = E.size
         at = addr + K.dk_indices + (1 << log2_index_bytes)
-        try:
-            raw = ip.space.read(at, self.nentries * esize)
-        except MemoryReadError:
-            raise ObjectError(owner, "dict entries not in the image") from None
+        raw = ip.read_within(at, self.nentries * esize, owner, "dict entries")
         words = np.frombuffer(raw, dtype="<u8").reshape(self.nentries, esize // 8)
         self.keys = words[:, E.me_key // 8].tolist()
         self.values = words[:, E.me_value // 8].tolist()
@@ -76,10 +73,7 @@ def read_split_values(ip: Interpreter, values: int, keys: DictKeys, owner: int) 
         raise ObjectError(owner, f"implausible split values prefix (size {prefix_size}, count {count})")
     order = ip.space.read(values - 2 - count, count)[::-1] if count else b""
     n = keys.nentries
-    try:
-        vals = struct.unpack(f"<{n}Q", ip.space.read(values, 8 * n)) if n else ()
-    except MemoryReadError:
-        raise ObjectError(owner, "split dict values not in the image") from None
+    vals = struct.unpack(f"<{n}Q", ip.read_within(values, 8 * n, owner, "split dict values")) if n else ()
     out = []
     for ix in order:
         if ix >= n:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from zen.errors import MemoryReadError, ObjectError
+from zen.errors import ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter
@@ -38,10 +38,7 @@ def read_int(ip: Interpreter, addr: int) -> int:
         return 0
     width = c["LONG_SIZEOF_DIGIT"]
     bits = c["LONG_BITS_PER_DIGIT"]
-    try:
-        raw = ip.space.read(addr + L.ob_digit, ndigits * width)
-    except MemoryReadError:
-        raise ObjectError(addr, "int digits not in the image") from None
+    raw = ip.read_within(addr + L.ob_digit, ndigits * width, addr, "int digits")
     digits = struct.unpack(f"<{ndigits}{'I' if width == 4 else 'H'}", raw)
     if any(d >> bits for d in digits):
         raise ObjectError(addr, "int digit out of range")

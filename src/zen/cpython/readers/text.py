@@ -46,10 +46,7 @@ def read_str(ip: Interpreter, addr: int) -> str:
         data = addr + (U.ascii_data if is_ascii else U.compact_data)
     else:
         data = ip.ptr(addr + U.legacy_data)
-    try:
-        raw = ip.space.read(data, length * kind)
-    except MemoryReadError:
-        raise ObjectError(addr, "str data not in the image") from None
+    raw = ip.read_within(data, length * kind, addr, "str data")
     if is_ascii and kind == 1:
         try:
             return raw.decode("ascii")
@@ -66,10 +63,7 @@ def read_bytes(ip: Interpreter, addr: int) -> bytes:
     size = ip.space.i64(addr + ip.P.varobject.ob_size)
     if not 0 <= size <= ip.limits.max_bytes:
         raise ObjectError(addr, f"implausible bytes size {size}")
-    try:
-        return ip.space.read(addr + ip.P.bytes.ob_sval, size)
-    except MemoryReadError:
-        raise ObjectError(addr, "bytes data not in the image") from None
+    return ip.read_within(addr + ip.P.bytes.ob_sval, size, addr, "bytes data")
 
 
 def read_bytearray(ip: Interpreter, addr: int) -> bytearray:
@@ -82,7 +76,4 @@ def read_bytearray(ip: Interpreter, addr: int) -> bytearray:
     if size == 0:
         return bytearray()
     start = ip.ptr(addr + B.ob_start)
-    try:
-        return bytearray(ip.space.read(start, size))
-    except MemoryReadError:
-        raise ObjectError(addr, "bytearray data not in the image") from None
+    return bytearray(ip.read_within(start, size, addr, "bytearray data"))
