@@ -51,7 +51,11 @@ def start_target(script: str, outdir: Path, *args: str, timeout: float = 300, cw
     outdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, str(TARGETS / script), str(outdir), *args],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=cwd or outdir,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=cwd or outdir,
     )
     deadline = time.monotonic() + timeout
     line = ""
@@ -67,8 +71,13 @@ def start_target(script: str, outdir: Path, *args: str, timeout: float = 300, cw
 
 def zen(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the zen CLI in a subprocess, as a user would."""
-    res = subprocess.run([sys.executable, "-m", "zen", *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "COLUMNS": "200"})
+    res = subprocess.run(
+        [sys.executable, "-m", "zen", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     if check and res.returncode != 0:
         raise AssertionError(f"zen {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     return res
@@ -83,8 +92,9 @@ def find_python(minor: str) -> str | None:
         if not exe:
             continue
         try:
-            res = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, timeout=30)
+            res = subprocess.run(
+                [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
         if res.returncode == 0 and res.stdout.strip() == minor:

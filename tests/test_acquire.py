@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import zen
+
 from zen.acquire import acquire
 from zen.errors import ProcessError, ZenError
 from zen.memory import open_space
@@ -49,8 +49,12 @@ def test_process_resumed(full_image, light_target):
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed")
 def test_gdb_opens_core(full_image):
     path, maps, _ = full_image
-    res = subprocess.run(["gdb", "-batch", "-nx", "-ex", "info proc mappings", sys.executable, str(path)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        ["gdb", "-batch", "-nx", "-ex", "info proc mappings", sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "Start Addr" in res.stdout
     lib = next(r for r in maps if r.file_backed)

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import find_python, zen
 
 
@@ -100,8 +99,12 @@ def test_missing_profile_names_version_and_command(tmp_path):
         zen("acquire", "--pid", proc.pid, "-o", img, "--lean")
         env_dir = tmp_path / "noprofiles"
         env_dir.mkdir()
-        res = subprocess.run([sys.executable, "-m", "zen", "info", str(img)], capture_output=True, text=True,
-                             env={**os.environ, "ZEN_PROFILE_DIR": str(env_dir)})
+        res = subprocess.run(
+            [sys.executable, "-m", "zen", "info", str(img)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "ZEN_PROFILE_DIR": str(env_dir)},
+        )
         check_clean_failure(res, "no layout profile for CPython 3.13", "zen profile python")
         assert res.returncode == 4
     finally:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from conftest import zen
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import zen
 from zen.cpython.codebuild import rebuild_code
 from zen.cpython.describe import describe
 from zen.cpython.heap import Heap
@@ -26,10 +26,22 @@ from zen.memory import open_space
 from zen.memory.space import AddressSpace, BytesChunk
 
 READERS = [
-    lambda ip, a: ip.value(a), read_instance, read_type, read_function, read_code, rebuild_code, read_dict,
-    read_set, read_tuple, read_list, read_module, describe,
+    lambda ip, a: ip.value(a),
+    read_instance,
+    read_type,
+    read_function,
+    read_code,
+    rebuild_code,
+    read_dict,
+    read_set,
+    read_tuple,
+    read_list,
+    read_module,
+    describe,
 ]
-SETTINGS = settings(max_examples=250, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=250, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 class PatchedSpace(AddressSpace):
@@ -103,8 +115,11 @@ def test_census_on_random_memory(fuzz_base):
     """The census and GC walk on an image whose heap is noise: typed errors or results, no hang."""
     space, ip0, _ = fuzz_base
     rng = random.Random(7)
-    chunks = [BytesChunk(c.start, rng.randbytes(c.end - c.start)) if not space.region_of(c.start).file_backed else c
-              for c in space.chunks if c.end - c.start <= 1 << 22]
+    chunks = [
+        BytesChunk(c.start, rng.randbytes(c.end - c.start)) if not space.region_of(c.start).file_backed else c
+        for c in space.chunks
+        if c.end - c.start <= 1 << 22
+    ]
     rs = AddressSpace(space.regions, chunks, description="noise")
     ip = Interpreter(rs, ip0.info, ip0.P)
     heap = Heap(ip)

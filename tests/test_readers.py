@@ -8,6 +8,7 @@ import math
 import pytest
 
 from zen.cpython.codebuild import rebuild_code
+from zen.cpython.describe import PLAIN
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.code import read_code
@@ -16,7 +17,6 @@ from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.modules import read_module
 from zen.cpython.readers.types import mro_names, read_type
 from zen.cpython.readers.values import Ref
-from zen.cpython.describe import PLAIN
 from zen.errors import ZenError
 from zen.memory import open_space
 
@@ -111,7 +111,13 @@ def test_functions_and_friends(subject):
     ip, t = subject
     for name, e in t.truth["functions"].items():
         f = read_function(ip, e["id"])
-        assert (f.name, f.qualname, f.module, f.code, f.globals) == (e["name"], e["qualname"], e["module"], e["code"], e["globals"]), name
+        assert (f.name, f.qualname, f.module, f.code, f.globals) == (
+            e["name"],
+            e["qualname"],
+            e["module"],
+            e["code"],
+            e["globals"],
+        ), name
         assert repr(ip.value(f.defaults) if f.defaults else None) == e["defaults"], name
         assert repr(ip.value(f.kwdefaults) if f.kwdefaults else None) == e["kwdefaults"], name
         cells = [] if not f.closure else [read_cell(ip, a) for a in _tuple_items(ip, f.closure)]

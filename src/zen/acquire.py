@@ -130,7 +130,9 @@ def acquire(
         except (FileNotFoundError, ProcessLookupError):
             raise ProcessError(f"process {pid} exited before it could be imaged") from None
         except OSError as exc:
-            raise ProcessError(f"cannot open memory of PID {pid}: {exc.strerror}", "run zen as root or as the process owner") from None
+            raise ProcessError(
+                f"cannot open memory of PID {pid}: {exc.strerror}", "run zen as root or as the process owner"
+            ) from None
         try:
             return _write(pid, out, regions, mem_fd, lean, progress, t0)
         finally:
@@ -241,8 +243,9 @@ def _write(pid, out: Path, regions, mem_fd, lean, progress, t0) -> AcquireResult
                     done += len(data)
                     if progress:
                         progress(done, total)
-            phdrs.append(struct.pack("<IIQQQQQQ", 1, elf_flags_from_perms(r.perms), pos if copied else 0,
-                                     r.start, 0, copied, r.size, PAGE))
+            phdrs.append(
+                struct.pack("<IIQQQQQQ", 1, elf_flags_from_perms(r.perms), pos if copied else 0, r.start, 0, copied, r.size, PAGE)
+            )
             pos += (copied + PAGE - 1) // PAGE * PAGE
         meta["read_failures"] = failed
         meta["seconds"] = round(time.monotonic() - t0, 3)
@@ -253,8 +256,26 @@ def _write(pid, out: Path, regions, mem_fd, lean, progress, t0) -> AcquireResult
         notes_blob += _note(ZEN_NOTE_NAME, ZEN_NOTE_TYPE, meta_blob)
         ehdr = struct.pack(
             "<4sBBBBB7sHHIQQQIHHHHHH",
-            b"\x7fELF", 2, 1, 1, 0, 0, b"\0" * 7,
-            4, 62, 1, 0, 64, 0, 0, 64, 56, phnum, 0, 0, 0,
+            b"\x7fELF",
+            2,
+            1,
+            1,
+            0,
+            0,
+            b"\0" * 7,
+            4,
+            62,
+            1,
+            0,
+            64,
+            0,
+            0,
+            64,
+            56,
+            phnum,
+            0,
+            0,
+            0,
         )
         note_phdr = struct.pack("<IIQQQQQQ", 4, 0, notes_off, 0, 0, len(notes_blob), 0, 4)
         fh.seek(0)

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 import click
 import typer
@@ -37,7 +36,7 @@ err = Console(stderr=True, highlight=False)
 EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see the problems listed)
 
 
-def _open(image: Optional[Path], pid: Optional[int]):
+def _open(image: Path | None, pid: int | None):
     from zen.memory import open_space
 
     if image is None and pid is None:
@@ -62,15 +61,27 @@ def version() -> None:
 def acquire(
     pid: int = typer.Option(..., "--pid", help="PID of the process to image."),
     output: Path = typer.Option(..., "-o", "--output", help="Where to write the ELF core file."),
-    lean: bool = typer.Option(False, "--lean/--all", help="--lean skips read-only file-backed mappings (readers take them from disk); --all (default) copies every readable mapping."),
+    lean: bool = typer.Option(
+        False,
+        "--lean/--all",
+        help="--lean skips unwritten read-only file mappings (readers take them from disk); "
+        "--all (default) copies every mapping.",
+    ),
 ) -> None:
     """Image a live process into an ELF core file (the process is stopped while it is read)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from zen.acquire import acquire as do_acquire
 
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=err, transient=True) as prog:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as prog:
         task = prog.add_task(f"imaging PID {pid}", total=None)
 
         def tick(done: int, total: int) -> None:
@@ -85,8 +96,8 @@ def acquire(
 
 @app.command()
 def info(
-    image: Optional[Path] = typer.Argument(None, help="ELF core file (zen acquire, gcore, kernel core)."),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
+    image: Path | None = typer.Argument(None, help="ELF core file (zen acquire, gcore, kernel core)."),
+    pid: int | None = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
     top: int = typer.Option(25, help="How many types to list in the census."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     census: bool = typer.Option(True, "--census/--no-census", help="Count objects by type (a scan of the whole heap)."),
@@ -106,7 +117,7 @@ def info(
             raise typer.Exit(EXIT_PARTIAL)
 
 
-def _frozen(pid: Optional[int], fn):
+def _frozen(pid: int | None, fn):
     if pid is None:
         return fn()
     from zen.memory.live import frozen
@@ -122,12 +133,16 @@ def _render_info(res: dict) -> None:
     if "process" in res:
         p = res["process"]
         out.print(f"process: pid {p['pid']}  command: {p['command'] or '?'}  producer: {p['producer']}")
-    out.print(f"memory: {mem['regions']} regions, {mem['mapped_bytes']:,} bytes mapped, "
-              f"{mem['captured_bytes']:,} available ({', '.join(f'{k} {v:,}' for k, v in mem['bytes_by_source'].items())})")
+    out.print(
+        f"memory: {mem['regions']} regions, {mem['mapped_bytes']:,} bytes mapped, "
+        f"{mem['captured_bytes']:,} available ({', '.join(f'{k} {v:,}' for k, v in mem['bytes_by_source'].items())})"
+    )
     out.print(f"python: {ip['version']}  ({ip['how'].get('version', '?')})")
     out.print(f"_PyRuntime: {ip['runtime'] and hex(ip['runtime'])}  ({ip['how'].get('runtime', 'not found')})")
-    out.print(f"type type: {ip['type_type'] and hex(ip['type_type'])}  interpreter module: {ip['module']}"
-              f"{'  (statically linked)' if ip['static_build'] else ''}")
+    out.print(
+        f"type type: {ip['type_type'] and hex(ip['type_type'])}  interpreter module: {ip['module']}"
+        f"{'  (statically linked)' if ip['static_build'] else ''}"
+    )
     out.print(f"profile: {ip['profile']}")
     for w in ip["warnings"]:
         err.print(f"[yellow]warning: {w}[/yellow]")
@@ -136,8 +151,10 @@ def _render_info(res: dict) -> None:
         out.print(f"sys.modules: {res['sys_modules']} modules" + (f"  ({pk})" if pk else ""))
     if "census" in res:
         c = res["census"]
-        out.print(f"census: {c['objects']:,} objects of {c['types']:,} types in {c['seconds']} s"
-                  + (f"; GC lists: {res['gc'].get('generations')}" if "generations" in res.get("gc", {}) else ""))
+        out.print(
+            f"census: {c['objects']:,} objects of {c['types']:,} types in {c['seconds']} s"
+            + (f"; GC lists: {res['gc'].get('generations')}" if "generations" in res.get("gc", {}) else "")
+        )
         t = Table("type", "count", "type object")
         for row in c["top"]:
             t.add_row(row["type"], f"{row['count']:,}", row["addr"])
@@ -150,9 +167,9 @@ def _render_info(res: dict) -> None:
 
 @app.command()
 def objects(
-    image: Optional[Path] = typer.Argument(None, help="ELF core file."),
+    image: Path | None = typer.Argument(None, help="ELF core file."),
     type_name: str = typer.Option(..., "--type", help="Type name: 'function', 'dict', 'torch.nn.modules.linear.Linear', ..."),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
+    pid: int | None = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
     limit: int = typer.Option(20, "--limit", help="Show at most this many objects (0: count only)."),
     subclasses: bool = typer.Option(False, "--subclasses", help="Include instances of subclasses."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -164,6 +181,7 @@ def objects(
 
     space = _open(image, pid)
     with space:
+
         def run():
             ip = Interpreter.open(space)
             heap = Heap(ip)
@@ -173,8 +191,10 @@ def objects(
             else:
                 taddrs = heap.types_named(type_name)
             if not taddrs:
-                raise ZenError(f"no type named {type_name!r} in the image",
-                               "use the full name (module.qualname), e.g. collections.OrderedDict; `zen info` lists common types")
+                raise ZenError(
+                    f"no type named {type_name!r} in the image",
+                    "use the full name (module.qualname), e.g. collections.OrderedDict; `zen info` lists common types",
+                )
             addrs = sorted({a for t in taddrs for a in heap.instances(t).tolist()})
             shown = [describe(ip, a) for a in addrs[: max(limit, 0)]]
             return {"type": type_name, "types": [f"{t:#x}" for t in taddrs], "count": len(addrs), "objects": shown}
@@ -190,31 +210,50 @@ def objects(
         _print_problems(space)
 
 
+@app.command()
+def demo(
+    workdir: Path = typer.Option(Path("zen-demo"), "--dir", help="Where the demo writes its image and files."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the memory image afterwards."),
+) -> None:
+    """Image a small model-serving process and show what zen recovers from the image alone."""
+    from zen.demo import run_demo
+
+    res = run_demo(workdir, out, keep=keep)
+    if not res["ok"]:
+        raise typer.Exit(1)
+
+
 @profile_app.command("python")
 def profile_python(
     python: str = typer.Option(sys.executable, "--python", help="Interpreter to calibrate (default: the one running zen)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
 ) -> None:
     """Measure CPython struct layouts in an interpreter and save them as a layout profile."""
-    from zen.cpython import calibrate
+    import zen
     from zen.cpython.profile import parse_profile, profile_filename, user_profile_dir
 
-    script = calibrate.__file__
+    # The calibrator is stdlib-only: the target interpreter imports it straight from zen's source
+    # tree, in isolated mode, without needing zen's dependencies.
+    src = str(Path(zen.__file__).resolve().parent.parent)
+    boot = f"import sys; sys.path.insert(0, {src!r}); from zen.cpython.calibration.run import main; sys.exit(main())"
     try:
-        proc = subprocess.run([python, "-I", script], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([python, "-I", "-c", boot], capture_output=True, text=True, timeout=300)
     except FileNotFoundError:
         raise ZenError(f"interpreter not found: {python}") from None
     except subprocess.TimeoutExpired:
         raise ZenError(f"calibration under {python} did not finish in 300 s") from None
     if proc.returncode != 0:
-        raise ZenError(f"calibration under {python} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+        last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
+        raise ZenError(f"calibration under {python} failed: {last}")
     data = json.loads(proc.stdout)
     prof = parse_profile(data, python)
     target = output or (user_profile_dir() / profile_filename(prof.minor, data["python"]["machine"]))
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(proc.stdout)
-    out.print(f"calibrated CPython {prof.version}: {sum(len(s.fields()) for s in prof.structs.values())} fields in "
-              f"{len(prof.structs)} structs, {data['self_checks']} self-checks passed -> {target}")
+    out.print(
+        f"calibrated CPython {prof.version}: {sum(len(s.fields()) for s in prof.structs.values())} fields in "
+        f"{len(prof.structs)} structs, {data['self_checks']} self-checks passed -> {target}"
+    )
 
 
 def main() -> None:

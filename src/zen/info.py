@@ -42,8 +42,14 @@ def image_info(space: AddressSpace, *, top: int = 25, census: bool = True, threa
     out["memory"] = region_summary(space)
     core = getattr(space, "info", None)
     if core is not None:
-        out["process"] = {"pid": core.pid, "command": core.command, "threads_in_notes": len(core.threads),
-                          "producer": core.producer, "acquisition": core.acquisition, "mapped_files": len(core.files)}
+        out["process"] = {
+            "pid": core.pid,
+            "command": core.command,
+            "threads_in_notes": len(core.threads),
+            "producer": core.producer,
+            "acquisition": core.acquisition,
+            "mapped_files": len(core.files),
+        }
     ip = Interpreter.open(space)
     out["interpreter"] = ip.info.to_json()
     out["interpreter"]["profile"] = ip.P.source
@@ -70,8 +76,12 @@ def image_info(space: AddressSpace, *, top: int = 25, census: bool = True, threa
             except ZenError:
                 name = f"<type at {taddr:#x}>"
             rows.append({"type": name, "addr": f"{taddr:#x}", "count": n})
-        out["census"] = {"types": len(types), "objects": int(sum(counts.values())), "top": rows,
-                         "seconds": round(time.perf_counter() - t1, 3)}
+        out["census"] = {
+            "types": len(types),
+            "objects": int(sum(counts.values())),
+            "top": rows,
+            "seconds": round(time.perf_counter() - t1, 3),
+        }
         try:
             gens = heap.gc_generations()
             out["gc"] = {"generations": [len(g) for g in gens]}
@@ -80,9 +90,17 @@ def image_info(space: AddressSpace, *, top: int = 25, census: bool = True, threa
     if threads:
         try:
             recs = heap.threads()
-            out["threads"] = [{"thread_id": t.thread_id, "native_id": t.native_id,
-                               "stack": [f"{f.get('qualname', '?')} ({f.get('filename', '?')})" if "error" not in f else f["error"]
-                                         for f in t.frames]} for t in recs]
+            out["threads"] = [
+                {
+                    "thread_id": t.thread_id,
+                    "native_id": t.native_id,
+                    "stack": [
+                        f"{f.get('qualname', '?')} ({f.get('filename', '?')})" if "error" not in f else f["error"]
+                        for f in t.frames
+                    ],
+                }
+                for t in recs
+            ]
         except ZenError as exc:
             out["threads_error"] = str(exc)
     out["seconds"] = round(time.perf_counter() - t0, 3)

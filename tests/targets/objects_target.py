@@ -114,7 +114,7 @@ class Color(enum.IntEnum):
     GREEN = 2
 
 
-def with_everything(a, b=2, /, c=(1, "x"), *args, d, e={"k": [1, 2]}, **kw) -> "annotated":  # noqa: F821 - string annotation sample
+def with_everything(a, b=2, /, c=(1, "x"), *args, d, e={"k": [1, 2]}, **kw) -> annotated:  # noqa: F821, B006 - samples
     """function doc"""
     return a, b, c, d, e, args, kw
 
@@ -186,8 +186,12 @@ def as_builtin(value):
 
 
 def tagged(value, kind):
-    entry = {"id": id(value), "kind": kind, "type": f"{type(value).__module__}.{type(value).__qualname__}",
-             "repr": repr(as_builtin(value))}
+    entry = {
+        "id": id(value),
+        "kind": kind,
+        "type": f"{type(value).__module__}.{type(value).__qualname__}",
+        "repr": repr(as_builtin(value)),
+    }
     if isinstance(value, (set, frozenset)):  # set order depends on the hash seed: compare members
         entry["set_items"] = sorted(map(repr, value))
     return entry
@@ -214,24 +218,48 @@ def main(outdir: str) -> None:
 
     # -- plain values ----------------------------------------------------------------------
     values = {
-        "none": None, "true": True, "false": False, "ellipsis": ...,
-        "int_zero": 0, "int_small": 7, "int_neg": -123456, "int_big": 2**200 + 12345, "int_huge_neg": -(7**1200),
-        "int_enum": Color.GREEN, "int_sub": MyInt(99),
-        "float": 3.14159, "float_neg_zero": -0.0, "float_inf": float("inf"), "float_nan": float("nan"),
+        "none": None,
+        "true": True,
+        "false": False,
+        "ellipsis": ...,
+        "int_zero": 0,
+        "int_small": 7,
+        "int_neg": -123456,
+        "int_big": 2**200 + 12345,
+        "int_huge_neg": -(7**1200),
+        "int_enum": Color.GREEN,
+        "int_sub": MyInt(99),
+        "float": 3.14159,
+        "float_neg_zero": -0.0,
+        "float_inf": float("inf"),
+        "float_nan": float("nan"),
         "complex": complex(1.5, -2.25),
-        "str_empty": "", "str_ascii": "hello world", "str_latin1": "caf\xe9 cr\xe8me", "str_ucs2": "snow \u2603 \u0100",
-        "str_ucs4": "smile \U0001f600 \U0001f4a9", "str_long": "x" * 100_000 + "\u2603", "str_sub": MyStr("subclassed"),
-        "bytes_empty": b"", "bytes": b"\x00\x01binary\xff", "bytes_big": bytes(range(256)) * 1000,
+        "str_empty": "",
+        "str_ascii": "hello world",
+        "str_latin1": "caf\xe9 cr\xe8me",
+        "str_ucs2": "snow \u2603 \u0100",
+        "str_ucs4": "smile \U0001f600 \U0001f4a9",
+        "str_long": "x" * 100_000 + "\u2603",
+        "str_sub": MyStr("subclassed"),
+        "bytes_empty": b"",
+        "bytes": b"\x00\x01binary\xff",
+        "bytes_big": bytes(range(256)) * 1000,
         "bytearray": bytearray(b"mutable bytes"),
-        "tuple_empty": (), "tuple": (1, "two", 3.0, (4, (5,))), "list_empty": [], "list": [1, [2, [3, "four"]], None],
+        "tuple_empty": (),
+        "tuple": (1, "two", 3.0, (4, (5,))),
+        "list_empty": [],
+        "list": [1, [2, [3, "four"]], None],
         "dict_unicode": {"a": 1, "b": [2], "c": {"d": None}},
         "dict_general": {1: "one", (2, 3): "tuple key", 4.5: "float key", None: "none key"},
         "dict_deleted": {f"key{i}": i for i in range(20)},
         "dict_width2": {f"w2_{i}": i for i in range(1000)},
         "dict_width4": {i: i * 2 for i in range(50_000)},
         "ordered": collections.OrderedDict([("z", 1), ("y", 2)]),
-        "set_small": {"s1", "s2", "s3"}, "set_dummy": {f"d{i}" for i in range(10)},
-        "set_big": set(range(5000)), "frozenset": frozenset({"f1", 2, (3, 4)}), "frozenset_empty": frozenset(),
+        "set_small": {"s1", "s2", "s3"},
+        "set_dummy": {f"d{i}" for i in range(10)},
+        "set_big": set(range(5000)),
+        "frozenset": frozenset({"f1", 2, (3, 4)}),
+        "frozenset_empty": frozenset(),
     }
     for i in range(0, 20, 3):
         del values["dict_deleted"][f"key{i}"]
@@ -274,10 +302,16 @@ def main(outdir: str) -> None:
     mi.tag = "dict at tp_dictoffset"
     dia, dia_attrs = build(Diamond, {"attr": 1})
     conc = Concrete()
-    instances = {"plain": (p, "inline-values", p_attrs), "plain_order": (p2, "inline-values", p2_attrs),
-                 "materialised": (m, "managed-dict", None), "slotted": (s, "none", {}),
-                 "slots_and_dict": (sd, None, None), "int_subclass": (mi, "dict-offset", None),
-                 "diamond": (dia, "inline-values", dia_attrs), "concrete": (conc, "inline-values", {})}
+    instances = {
+        "plain": (p, "inline-values", p_attrs),
+        "plain_order": (p2, "inline-values", p2_attrs),
+        "materialised": (m, "managed-dict", None),
+        "slotted": (s, "none", {}),
+        "slots_and_dict": (sd, None, None),
+        "int_subclass": (mi, "dict-offset", None),
+        "diamond": (dia, "inline-values", dia_attrs),
+        "concrete": (conc, "inline-values", {}),
+    }
     KEEP.append(instances)
     truth["instances"] = {}
     for k, (obj, storage, attrs) in instances.items():
@@ -289,51 +323,95 @@ def main(outdir: str) -> None:
                 slots[name] = repr(getattr(obj, name)) if hasattr(obj, name) else None
         if attrs is None:  # these instances have a real dict already: reading it changes nothing
             attrs = {n: repr(v) for n, v in vars(obj).items()}
-        truth["instances"][k] = {"id": id(obj), "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
-                                 "attrs": attrs, "slots": slots, "storage": storage}
+        truth["instances"][k] = {
+            "id": id(obj),
+            "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
+            "attrs": attrs,
+            "slots": slots,
+            "storage": storage,
+        }
 
     # -- types -----------------------------------------------------------------------------------
-    tlist = {"int": int, "dict": dict, "OrderedDict": collections.OrderedDict, "Plain": Plain, "Diamond": Diamond,
-             "Nested": Diamond.Nested, "Concrete": Concrete, "Meta": Meta, "Slotted": Slotted, "MyInt": MyInt,
-             "Color": Color}
+    tlist = {
+        "int": int,
+        "dict": dict,
+        "OrderedDict": collections.OrderedDict,
+        "Plain": Plain,
+        "Diamond": Diamond,
+        "Nested": Diamond.Nested,
+        "Concrete": Concrete,
+        "Meta": Meta,
+        "Slotted": Slotted,
+        "MyInt": MyInt,
+        "Color": Color,
+    }
     if not LIGHT:
         tlist.update(Net=Net, Conv2d=nn.Conv2d, Tensor=torch.Tensor)
     truth["types"] = {
-        k: {"id": id(t), "name": t.__name__, "qualname": t.__qualname__, "module": t.__module__,
+        k: {
+            "id": id(t),
+            "name": t.__name__,
+            "qualname": t.__qualname__,
+            "module": t.__module__,
             "bases": [f"{b.__module__}.{b.__qualname__}" for b in t.__bases__],
             "mro": [f"{b.__module__}.{b.__qualname__}" for b in t.__mro__],
-            "dict_keys": sorted(k2 for k2 in t.__dict__ if isinstance(k2, str)), "slots": list(getattr(t, "__slots__", ()))
-            if "__slots__" in t.__dict__ else [], "flags": t.__flags__, "basicsize": t.__basicsize__}
+            "dict_keys": sorted(k2 for k2 in t.__dict__ if isinstance(k2, str)),
+            "slots": list(getattr(t, "__slots__", ())) if "__slots__" in t.__dict__ else [],
+            "flags": t.__flags__,
+            "basicsize": t.__basicsize__,
+        }
         for k, t in tlist.items()
     }
 
     # -- modules ---------------------------------------------------------------------------------
-    truth["modules"] = {n: {"id": id(mod), "file": getattr(mod, "__file__", None)} for n, mod in sys.modules.items()
-                        if isinstance(mod, types.ModuleType)}
+    truth["modules"] = {
+        n: {"id": id(mod), "file": getattr(mod, "__file__", None)}
+        for n, mod in sys.modules.items()
+        if isinstance(mod, types.ModuleType)
+    }
     truth["sys_modules_keys"] = list(sys.modules)  # includes non-module entries (typing.io is a class)
-    truth["module_sample"] = ["sys", "builtins", "os", "__main__", "collections"] + ([] if LIGHT else ["torch", "torch.nn.modules.conv"])
+    truth["module_sample"] = ["sys", "builtins", "os", "__main__", "collections"] + (
+        [] if LIGHT else ["torch", "torch.nn.modules.conv"]
+    )
 
     # -- functions and friends -----------------------------------------------------------------
     closure = make_closure()
     empty = make_empty_cell()
     bound = dia.who
     lam = lambda q=5: q * 2  # noqa: E731
-    funcs = {"with_everything": with_everything, "closure": closure, "empty_cell": empty, "generator": generator_fn,
-             "async": async_fn, "lambda": lam, "hot_loop": hot_loop, "comprehension": uses_comprehension,
-             "method_fn": Diamond.who, "nested_method": Diamond.Nested.deep}
+    funcs = {
+        "with_everything": with_everything,
+        "closure": closure,
+        "empty_cell": empty,
+        "generator": generator_fn,
+        "async": async_fn,
+        "lambda": lam,
+        "hot_loop": hot_loop,
+        "comprehension": uses_comprehension,
+        "method_fn": Diamond.who,
+        "nested_method": Diamond.Nested.deep,
+    }
     if not LIGHT:
         funcs["forward"] = Net.forward
     KEEP.extend([closure, empty, bound, lam])
     truth["functions"] = {}
     for k, f in funcs.items():
         truth["functions"][k] = {
-            "id": id(f), "name": f.__name__, "qualname": f.__qualname__, "module": f.__module__, "code": id(f.__code__),
-            "globals": id(f.__globals__), "defaults": repr(f.__defaults__), "kwdefaults": repr(f.__kwdefaults__),
+            "id": id(f),
+            "name": f.__name__,
+            "qualname": f.__qualname__,
+            "module": f.__module__,
+            "code": id(f.__code__),
+            "globals": id(f.__globals__),
+            "defaults": repr(f.__defaults__),
+            "kwdefaults": repr(f.__kwdefaults__),
             "closure": [[id(c.cell_contents), repr(c.cell_contents)] if _cell_full(c) else None for c in (f.__closure__ or ())],
-            "annotations": repr(f.__annotations__), "doc": f.__doc__,
+            "annotations": repr(f.__annotations__),
+            "doc": f.__doc__,
         }
-    truth["cells"] = [{"id": id(c), "value": repr(c.cell_contents) if _cell_full(c) else None}
-                      for f in (closure, empty) for c in f.__closure__]
+    truth["cells"] = [
+        {"id": id(c), "value": repr(c.cell_contents) if _cell_full(c) else None} for f in (closure, empty) for c in f.__closure__
+    ]
     truth["method"] = {"id": id(bound), "func": id(bound.__func__), "self": id(bound.__self__)}
     sm, cm, pr = Diamond.__dict__["smeth"], Diamond.__dict__["cmeth"], Diamond.__dict__["prop"]
     truth["staticmethod"] = {"id": id(sm), "func": id(sm.__func__)}
@@ -350,8 +428,15 @@ def main(outdir: str) -> None:
             blob = marshal.dumps(f.__code__)
         except ValueError:
             continue
-        index.append({"id": id(f), "code": id(f.__code__), "where": where, "qualname": f.__qualname__,
-                      "stacksize": f.__code__.co_stacksize})
+        index.append(
+            {
+                "id": id(f),
+                "code": id(f.__code__),
+                "where": where,
+                "qualname": f.__qualname__,
+                "stacksize": f.__code__.co_stacksize,
+            }
+        )
         blobs.append(blob)
     with open(os.path.join(outdir, "functions.marshal"), "wb") as fh:
         marshal.dump(blobs, fh)
@@ -367,7 +452,7 @@ def main(outdir: str) -> None:
 
 def _cell_full(c) -> bool:
     try:
-        c.cell_contents
+        _ = c.cell_contents
         return True
     except ValueError:
         return False

@@ -15,13 +15,14 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from zen.errors import ObjectError, VersionMismatch
 from zen.cpython.readers.code import read_code
+from zen.errors import ObjectError, VersionMismatch
 
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter
 
 MAX_CONST_DEPTH = 64
+_SCALARS = frozenset(("none", "ellipsis", "bool", "int", "float", "complex", "str", "bytes"))
 
 
 def can_rebuild(ip: Interpreter) -> bool:
@@ -45,9 +46,24 @@ def rebuild_code(ip: Interpreter, addr: int, _memo: dict[int, types.CodeType] | 
     consts = tuple(_const(ip, a, memo, _depth + 1) for a in ci.consts)
     try:
         code = types.CodeType(
-            ci.argcount, ci.posonlyargcount, ci.kwonlyargcount, ci.nlocals, ci.stacksize, ci.flags,
-            ci.code, consts, ci.names, ci.varnames, ci.filename, ci.name, ci.qualname, ci.firstlineno,
-            ci.linetable, ci.exceptiontable, ci.freevars, ci.cellvars,
+            ci.argcount,
+            ci.posonlyargcount,
+            ci.kwonlyargcount,
+            ci.nlocals,
+            ci.stacksize,
+            ci.flags,
+            ci.code,
+            consts,
+            ci.names,
+            ci.varnames,
+            ci.filename,
+            ci.name,
+            ci.qualname,
+            ci.firstlineno,
+            ci.linetable,
+            ci.exceptiontable,
+            ci.freevars,
+            ci.cellvars,
         )
     except (ValueError, TypeError, SystemError) as exc:
         raise ObjectError(addr, f"recovered fields do not form a valid code object: {exc}") from None
@@ -67,8 +83,10 @@ def _const(ip: Interpreter, addr: int, memo: dict, depth: int) -> Any:
         from zen.cpython.readers.containers import read_set
 
         return frozenset(_const(ip, a, memo, depth + 1) for a in read_set(ip, addr))
-    if kind in ("none", "ellipsis", "bool", "int", "float", "complex", "str", "bytes"):
+    if kind in _SCALARS:
         if ip.wk.kind_by_type.get(ip.type_of(addr)) != kind:
             raise ObjectError(addr, f"constant of a {kind} subclass cannot be rebuilt exactly")
+        if kind == "str":
+            return ip.str(addr)
         return ip.value(addr, 1)
     raise ObjectError(addr, f"unexpected constant of kind {kind} in a code object")

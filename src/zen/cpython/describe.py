@@ -9,11 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from zen.errors import ZenError
 from zen.cpython.interp import Interpreter
+from zen.errors import ZenError
 
-PLAIN = {"none", "bool", "int", "float", "complex", "str", "bytes", "bytearray", "tuple", "list", "dict", "set",
-         "frozenset", "ellipsis", "notimplemented"}
+PLAIN = {
+    "none",
+    "bool",
+    "int",
+    "float",
+    "complex",
+    "str",
+    "bytes",
+    "bytearray",
+    "tuple",
+    "list",
+    "dict",
+    "set",
+    "frozenset",
+    "ellipsis",
+    "notimplemented",
+}
 
 
 def short(value: Any, limit: int = 120) -> str:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zen.cpython.symbols import ModuleSymbols, load_symbols, symbols_from_disk
 from zen.errors import InterpreterNotFound, MemoryReadError
 from zen.memory.space import AddressSpace
-from zen.cpython.symbols import ModuleSymbols, load_symbols, symbols_from_disk
 
 COOKIE = int.from_bytes(b"xdebugpy", "little")
 _NAME_RE = re.compile(r"(?:^|/)(?:lib)?python(\d)\.?(\d+)?[^/]*$")
@@ -131,8 +131,14 @@ def discover(space: AddressSpace, file_root: str | None = None) -> InterpreterIn
         if syms is not None and ("_PyRuntime" in syms.symbols or "Py_Version" in syms.symbols or "PyType_Type" in syms.symbols):
             chosen = syms
             break
-    info = InterpreterInfo(version="", minor="", hexversion=None, runtime=None, type_type=None,
-                           module_path=chosen.path if chosen else (mods[0] if mods else None))
+    info = InterpreterInfo(
+        version="",
+        minor="",
+        hexversion=None,
+        runtime=None,
+        type_type=None,
+        module_path=chosen.path if chosen else (mods[0] if mods else None),
+    )
     if chosen is not None:
         info.symbols = {k: v for k, v in chosen.symbols.items() if k.startswith(("Py", "_Py", "_PySet"))}
         info.static_build = "libpython" not in chosen.path.rsplit("/", 1)[-1]

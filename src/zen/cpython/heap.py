@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zen.errors import MemoryReadError, ObjectError, ZenError
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.types import TypeInfo, read_type
+from zen.errors import MemoryReadError, ObjectError, ZenError
 from zen.memory.scan import find_u64, find_u64_in, gather_u64, writable_chunks
 
 MAX_GC_WALK = 50_000_000

@@ -11,10 +11,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from zen.errors import MemoryReadError, ObjectError
 from zen.cpython.discover import InterpreterInfo, discover
 from zen.cpython.profile import Profile, load_profile
 from zen.cpython.wellknown import WellKnown, resolve
+from zen.errors import MemoryReadError, ObjectError
 from zen.memory.space import AddressSpace
 
 _HDR = struct.Struct("<qQ")
@@ -43,7 +43,9 @@ class Interpreter:
         self.wk: WellKnown = resolve(space, info, profile)
         self._type_cache: dict[int, object] = {}
         self._str_cache: dict[int, str] = {}
-        self._kind_cache: dict[int, str] = {}
+        self._kind_cache: dict[int, str] = {}  # type address -> reader kind
+        self._obj_kind: dict[int, str] = {}  # object address -> reader kind (images do not change)
+        self._obj_type: dict[int, int] = {}  # object address -> validated type address
         self.tflags_type_subclass = profile.c("TPFLAGS_TYPE_SUBCLASS")
         self._tp_flags = profile.type.tp_flags
         self._ob_type = profile.object.ob_type
@@ -84,9 +86,12 @@ class Interpreter:
         return rc, tp
 
     def type_of(self, addr: int) -> int:
-        """Type address of a validated object."""
-        tp = self.header(addr)[1]
-        self.check_type(tp)
+        """Type address of a validated object (cached per address: images do not change)."""
+        tp = self._obj_type.get(addr)
+        if tp is None:
+            tp = self.header(addr)[1]
+            self.check_type(tp)
+            self._obj_type[addr] = tp
         return tp
 
     def check_type(self, taddr: int) -> None:
@@ -131,7 +136,12 @@ class Interpreter:
         return kind
 
     def kind(self, addr: int) -> str:
-        return self.kind_of_type(self.type_of(addr))
+        """Reader kind of the object at `addr` (validated header; cached per address)."""
+        k = self._obj_kind.get(addr)
+        if k is None:
+            k = self.kind_of_type(self.type_of(addr))
+            self._obj_kind[addr] = k
+        return k
 
     def is_none(self, addr: int) -> bool:
         return addr == self.wk.singletons.get("None")
@@ -170,3 +180,5 @@ class Interpreter:
         self._type_cache.clear()
         self._str_cache.clear()
         self._kind_cache.clear()
+        self._obj_kind.clear()
+        self._obj_type.clear()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+from collections import namedtuple
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -39,11 +41,45 @@ class Struct:
             "the profile is older than this zen; recalibrate it with `zen profile python`",
         )
 
+    def reader(self, *names: str) -> FieldReader:
+        """A compiled reader that unpacks the named fields from raw struct bytes in one call."""
+        cache = self.__dict__.setdefault("_readers", {})
+        fr = cache.get(names)
+        if fr is None:
+            fr = cache[names] = FieldReader(self, names)
+        return fr
+
     def has(self, field_name: str) -> bool:
         return field_name in self._fields
 
     def fields(self) -> dict[str, tuple[int, str]]:
         return dict(self._fields)
+
+
+_CODES = {"ptr": "Q", "u64": "Q", "i64": "q", "i32": "i", "u32": "I", "u8": "B", "f64": "d"}
+
+
+class FieldReader:
+    """Unpack several fields of one struct with a single precompiled `struct.Struct` call."""
+
+    def __init__(self, st: Struct, names: tuple[str, ...]) -> None:
+        items = sorted((st._fields[n][0], n, st._fields[n][1]) for n in names if st.has(n))
+        missing = [n for n in names if not st.has(n)]
+        if missing:
+            raise ProfileError(f"layout profile has no field {st._name}.{missing[0]}", "recalibrate with `zen profile python`")
+        fmt, pos = "<", 0
+        for off, n, t in items:
+            code = _CODES.get(t)
+            if code is None or off < pos:
+                raise ProfileError(f"field {st._name}.{n} cannot be read as a scalar")
+            fmt += (f"{off - pos}x" if off > pos else "") + code
+            pos = off + struct.calcsize(code)
+        self._struct = struct.Struct(fmt)
+        self.size = pos
+        self.record = namedtuple(f"{st._name}_fields", [n for _, n, _ in items])  # type: ignore[misc]
+
+    def unpack(self, raw: bytes, offset: int = 0):
+        return self.record._make(self._struct.unpack_from(raw, offset))
 
 
 @dataclass
@@ -106,11 +142,17 @@ class Profile:
     provenance: dict[str, str] = field(default_factory=dict)
     source: str = ""
 
+    def __post_init__(self) -> None:
+        # Structs become plain attributes (`P.code.co_consts`): readers touch them millions of times.
+        for name, st in self.structs.items():
+            if name not in self.__dict__:
+                setattr(self, name, st)
+
     def __getattr__(self, item: str) -> Struct:
-        structs = self.__dict__.get("structs")
-        if structs is not None and item in structs:
-            return structs[item]
-        raise AttributeError(item)
+        raise ProfileError(
+            f"layout profile has no struct {item!r}",
+            "the profile is older than this zen; recalibrate it with `zen profile python`",
+        )
 
     def c(self, name: str) -> int:
         try:

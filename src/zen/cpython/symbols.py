@@ -56,7 +56,7 @@ def symbols_from_image(space: AddressSpace, path: str, base: int) -> ModuleSymbo
     ehdr = space.read(base, 64)
     if ehdr[:4] != b"\x7fELF" or ehdr[4] != 2:
         raise MemoryReadError(base, 64, "no 64-bit ELF header at module base")
-    e_phoff, = struct.unpack_from("<Q", ehdr, 32)
+    (e_phoff,) = struct.unpack_from("<Q", ehdr, 32)
     e_phentsize, e_phnum = struct.unpack_from("<HH", ehdr, 54)
     if e_phentsize != 56 or not 0 < e_phnum < 512:
         raise MemoryReadError(base, 64, "implausible program header table")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zen.errors import InterpreterNotFound, MemoryReadError
 from zen.cpython.discover import InterpreterInfo
 from zen.cpython.profile import Profile
+from zen.errors import InterpreterNotFound, MemoryReadError
 from zen.memory.scan import find_u64
 from zen.memory.space import AddressSpace
 
@@ -49,8 +49,13 @@ TYPES: dict[str, tuple[str, str]] = {
     "builtin_function": ("PyCFunction_Type", "builtin_function_or_method"),
     "weakref": ("_PyWeakref_RefType", "weakref"),
 }
-SINGLETONS = {"None": "_Py_NoneStruct", "True": "_Py_TrueStruct", "False": "_Py_FalseStruct",
-              "Ellipsis": "_Py_EllipsisObject", "NotImplemented": "_Py_NotImplementedStruct"}
+SINGLETONS = {
+    "None": "_Py_NoneStruct",
+    "True": "_Py_TrueStruct",
+    "False": "_Py_FalseStruct",
+    "Ellipsis": "_Py_EllipsisObject",
+    "NotImplemented": "_Py_NotImplementedStruct",
+}
 
 
 @dataclass

@@ -30,8 +30,7 @@ from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk
 PRSTATUS_PID = 32
 PRSTATUS_REG = 112
 REG_NAMES = (
-    "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss "
-    "fs_base gs_base ds es fs gs"
+    "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss fs_base gs_base ds es fs gs"
 ).split()
 ZEN_NOTE_NAME = "ZEN"
 ZEN_NOTE_TYPE = 0x5A454E01  # acquisition metadata written by `zen acquire`
@@ -241,7 +240,7 @@ class ElfCoreSpace(AddressSpace):
             )
         filled, unfilled = 0, {}
         disk_maps: dict[str, tuple[mmap.mmap, int] | None] = {}
-        for start, end, mf, perms in missing:
+        for start, end, mf, _perms in missing:
             if mf is None or not fill_from_disk or not mf.path.startswith("/"):
                 continue
             got = self._fill(start, end, mf, file_root, disk_maps, chunks, problems, files)
@@ -272,8 +271,10 @@ class ElfCoreSpace(AddressSpace):
                 names[(item[0], item[1])] = item[2]
         if not names:
             return regions
-        return [Region(r.start, r.end, r.perms, names.get((r.start, r.end), r.path), r.offset, r.source)
-                if not r.path else r for r in regions]
+        return [
+            Region(r.start, r.end, r.perms, names.get((r.start, r.end), r.path), r.offset, r.source) if not r.path else r
+            for r in regions
+        ]
 
     @staticmethod
     def _mark_disk(regions: list[Region], start: int, end: int) -> None:

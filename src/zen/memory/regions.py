@@ -64,10 +64,7 @@ class Region:
 def perms_from_elf_flags(p_flags: int, shared: bool = False) -> str:
     """Convert ELF program-header flags (PF_R=4, PF_W=2, PF_X=1) to a maps-style string."""
     return (
-        ("r" if p_flags & 4 else "-")
-        + ("w" if p_flags & 2 else "-")
-        + ("x" if p_flags & 1 else "-")
-        + ("s" if shared else "p")
+        ("r" if p_flags & 4 else "-") + ("w" if p_flags & 2 else "-") + ("x" if p_flags & 1 else "-") + ("s" if shared else "p")
     )
 
 

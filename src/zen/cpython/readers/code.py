@@ -9,17 +9,35 @@ from the kinds exactly as CPython derives them.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from zen.errors import MemoryReadError, ObjectError
 from zen.cpython.bytecode import deoptimize
+from zen.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter
 
 MAX_CODE_UNITS = 1 << 24
+_FIELDS = (
+    "co_argcount",
+    "co_posonlyargcount",
+    "co_kwonlyargcount",
+    "co_stacksize",
+    "co_firstlineno",
+    "co_flags",
+    "co_nlocals",
+    "co_nlocalsplus",
+    "co_consts",
+    "co_names",
+    "co_localsplusnames",
+    "co_localspluskinds",
+    "co_filename",
+    "co_name",
+    "co_qualname",
+    "co_linetable",
+    "co_exceptiontable",
+)
 
 
 @dataclass
@@ -66,37 +84,32 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
     except MemoryReadError:
         raise ObjectError(addr, "code object not in the image") from None
 
-    def i32(off: int) -> int:
-        return struct.unpack_from("<i", raw, off)[0]
-
-    def ptr(off: int) -> int:
-        return struct.unpack_from("<Q", raw, off)[0]
-
+    f = C.reader(*_FIELDS).unpack(raw)
     adaptive = raw[C.co_code_adaptive :]
-    names = tuple(ip.str(a) for a in read_tuple(ip, ptr(C.co_names)))
-    lp_names = tuple(ip.str(a) for a in read_tuple(ip, ptr(C.co_localsplusnames)))
-    lp_kinds = read_bytes(ip, ptr(C.co_localspluskinds))
+    names = tuple(ip.str(a) for a in read_tuple(ip, f.co_names))
+    lp_names = tuple(ip.str(a) for a in read_tuple(ip, f.co_localsplusnames))
+    lp_kinds = read_bytes(ip, f.co_localspluskinds)
     if len(lp_kinds) != len(lp_names):
         raise ObjectError(addr, "local names and kinds differ in length")
     info = CodeInfo(
         addr=addr,
-        argcount=i32(C.co_argcount),
-        posonlyargcount=i32(C.co_posonlyargcount),
-        kwonlyargcount=i32(C.co_kwonlyargcount),
-        stacksize=i32(C.co_stacksize),
-        firstlineno=i32(C.co_firstlineno),
-        flags=i32(C.co_flags),
-        nlocals=i32(C.co_nlocals),
-        nlocalsplus=i32(C.co_nlocalsplus),
-        consts=read_tuple(ip, ptr(C.co_consts)),
+        argcount=f.co_argcount,
+        posonlyargcount=f.co_posonlyargcount,
+        kwonlyargcount=f.co_kwonlyargcount,
+        stacksize=f.co_stacksize,
+        firstlineno=f.co_firstlineno,
+        flags=f.co_flags,
+        nlocals=f.co_nlocals,
+        nlocalsplus=f.co_nlocalsplus,
+        consts=read_tuple(ip, f.co_consts),
         names=names,
         localsplusnames=lp_names,
         localspluskinds=lp_kinds,
-        filename=ip.str(ptr(C.co_filename)),
-        name=ip.str(ptr(C.co_name)),
-        qualname=ip.str(ptr(C.co_qualname)),
-        linetable=read_bytes(ip, ptr(C.co_linetable)),
-        exceptiontable=read_bytes(ip, ptr(C.co_exceptiontable)),
+        filename=ip.str(f.co_filename),
+        name=ip.str(f.co_name),
+        qualname=ip.str(f.co_qualname),
+        linetable=read_bytes(ip, f.co_linetable),
+        exceptiontable=read_bytes(ip, f.co_exceptiontable),
         adaptive=adaptive,
         code=deoptimize(adaptive, ip.P.opcodes),
     )

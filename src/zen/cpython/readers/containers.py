@@ -57,8 +57,7 @@ def read_set(ip: Interpreter, addr: int) -> list[int]:
     mask = ip.space.i64(addr + S.mask)
     # CPython resizes to the smallest power of two above 4*used (2*used for huge sets), and fill
     # (used + dummies) only grows until the next resize: the table is never much larger than that.
-    if (not 0 <= used <= fill <= ip.limits.max_items or mask < 7 or (mask + 1) & mask
-            or mask + 1 > max(8, 8 * (fill + 1))):
+    if not 0 <= used <= fill <= ip.limits.max_items or mask < 7 or (mask + 1) & mask or mask + 1 > max(8, 8 * (fill + 1)):
         raise ObjectError(addr, f"implausible set table (used {used}, fill {fill}, mask {mask})")
     table = ip.ptr(addr + S.table)
     esize = ip.P.setentry.size

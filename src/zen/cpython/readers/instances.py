@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from zen.errors import MemoryReadError, ObjectError, ZenError
 from zen.cpython.readers.dicts import DictKeys, read_dict, read_split_values
 from zen.cpython.readers.types import read_type
+from zen.errors import MemoryReadError, ObjectError, ZenError
 
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter

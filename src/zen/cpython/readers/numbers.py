@@ -68,4 +68,6 @@ def read_complex(ip: Interpreter, addr: int) -> complex:
     if kind != "complex":
         raise ObjectError(addr, f"expected a complex object, found {kind}")
     C = ip.P.complex
-    return complex(struct.unpack("<d", ip.space.read(addr + C.real, 8))[0], struct.unpack("<d", ip.space.read(addr + C.imag, 8))[0])
+    return complex(
+        struct.unpack("<d", ip.space.read(addr + C.real, 8))[0], struct.unpack("<d", ip.space.read(addr + C.imag, 8))[0]
+    )

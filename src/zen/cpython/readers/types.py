@@ -75,9 +75,21 @@ def read_type(ip: Interpreter, addr: int) -> TypeInfo:
     if not (0 < basicsize < 1 << 24 and 0 <= itemsize < 1 << 16):
         raise ObjectError(addr, f"implausible type sizes {basicsize}/{itemsize}")
     info = TypeInfo(
-        addr=addr, name="", qualname="", module="builtins", flags=flags, basicsize=basicsize, itemsize=itemsize,
-        dictoffset=sword(T.tp_dictoffset), weaklistoffset=sword(T.tp_weaklistoffset), base=word(T.tp_base),
-        bases=[], mro_addrs=[], dict_addr=word(T.tp_dict), is_heap=is_heap, metatype=word(ip.P.object.ob_type),
+        addr=addr,
+        name="",
+        qualname="",
+        module="builtins",
+        flags=flags,
+        basicsize=basicsize,
+        itemsize=itemsize,
+        dictoffset=sword(T.tp_dictoffset),
+        weaklistoffset=sword(T.tp_weaklistoffset),
+        base=word(T.tp_base),
+        bases=[],
+        mro_addrs=[],
+        dict_addr=word(T.tp_dict),
+        is_heap=is_heap,
+        metatype=word(ip.P.object.ob_type),
     )
     # Cache before following pointers: MRO tuples refer back to this type.
     ip._type_cache[addr] = info

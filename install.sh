@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install zen and everything its demo and tests need into ./.venv.
+# torch is installed first and pinned (torch==2.13.0, CPU build): letting pip resolve a bare
+# `torch` would pull several GB of CUDA packages.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY="${PYTHON:-python3}"
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "zen needs Python 3.11+")'
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
+.venv/bin/python -m pip install --quiet -e '.[test]'
+.venv/bin/zen version
+echo "installed: activate with '. .venv/bin/activate' or call .venv/bin/zen"

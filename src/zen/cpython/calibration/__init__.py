@@ -1,0 +1,1 @@
+"""Measure CPython struct layouts in a running interpreter (see run.py). Standard library only."""
