@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -257,32 +256,27 @@ def profile_python(
 
 
 def main() -> None:
-    """Console entry point: run the app and turn errors into messages and exit codes."""
-    debug = os.environ.get("ZEN_DEBUG") == "1"
+    """Console entry point: run the app and turn errors into messages and exit codes.
+
+    Typer handles usage errors itself (exit 2); everything else that escapes a command arrives
+    here: zen's own errors become one line plus a hint, anything else is a bug in zen.
+    """
     try:
-        rv = app(standalone_mode=False)
+        app()
     except ZenError as exc:
         err.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
         if exc.hint:
             err.print(f"[dim]hint: {exc.hint}[/dim]", soft_wrap=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.UsageError as exc:
-        exc.show()
-        sys.exit(2)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
     except Exception as exc:  # a bug in zen, not a user mistake
-        if debug:
+        if os.environ.get("ZEN_DEBUG") == "1":
             raise
         err.print(f"[red]internal error (a bug in zen):[/red] {type(exc).__name__}: {exc}")
         err.print("[dim]rerun with ZEN_DEBUG=1 for a traceback, and please report it[/dim]")
         sys.exit(70)
-    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":
