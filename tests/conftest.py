@@ -47,10 +47,12 @@ class Target:
                 self.proc.wait()
 
 
-def start_target(script: str, outdir: Path, *args: str, timeout: float = 300, cwd: Path | None = None) -> Target:
+def start_target(
+    script: str, outdir: Path, *args: str, timeout: float = 300, cwd: Path | None = None, python: str | None = None
+) -> Target:
     outdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, str(TARGETS / script), str(outdir), *args],
+        [python or sys.executable, str(TARGETS / script), str(outdir), *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
