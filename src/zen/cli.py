@@ -210,6 +210,58 @@ def objects(
 
 
 @app.command()
+def recover(
+    image: Path | None = typer.Argument(None, help="ELF core file (zen acquire, gcore, kernel core)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Case directory to write (created if needed)."),
+    pid: int | None = typer.Option(None, "--pid", help="Recover from a live process (stopped while read)."),
+    model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
+) -> None:
+    """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    from zen.recover import recover as do_recover
+
+    if image is None and pid is None:
+        raise ZenError("give an image file or --pid PID", "see `zen recover --help`")
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=err, transient=True) as prog:  # fmt: skip
+        task = prog.add_task("recovering", total=None)
+
+        def tick(stage: str, done: int, total: int) -> None:
+            prog.update(task, description=stage, completed=done, total=total)
+
+        res = _frozen(pid, lambda: do_recover(image, pid, output, model=model, progress=tick))
+    _render_recover(res)
+    if res.status != "complete":
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _render_recover(res) -> None:
+    mr, man = res.mr, res.manifest
+    s = mr.summary
+    t = Table("rank", "root", "class", "modules", "params", "elements", "referenced from")
+    for r in mr.roots[:10]:
+        mark = "*" if r.address == mr.root.address else ""
+        t.add_row(f"{r.rank}{mark}", r.address, r.cls, str(r.modules), str(r.parameters), f"{r.parameter_elements:,}",
+                  ", ".join(r.referenced_from[:3]))  # fmt: skip
+    out.print(t)
+    out.print(f"model: {mr.root.cls} at {mr.root.address} ({man['model']['selected_by']})")
+    layers = ", ".join(f"{k.rsplit('.', 1)[-1]}×{v}" for k, v in sorted(mr.layer_types.items(), key=lambda kv: -kv[1])[:8])
+    out.print(f"layers: {s['modules']} modules ({layers})")
+    out.print(f"tensors: {s['state_dict_entries']} state_dict entries, {s['unique_tensors']} unique, "
+              f"{s['parameter_elements']:,} parameter elements, {s['bytes']:,} bytes; dtypes {s['dtypes']}")  # fmt: skip
+    if mr.tied:
+        out.print(f"tied: {'; '.join(' = '.join(g) for g in mr.tied[:4])}")
+    if mr.inputs:
+        out.print(
+            f"inputs: {len(mr.inputs)} candidate(s), best {mr.inputs[0]['shape']} {mr.inputs[0]['dtype']} at {mr.inputs[0]['address']}"
+        )
+    out.print(f"wrote {res.case_dir} ({man['status']}) in {man['run']['total_seconds']} s")
+    for p in res.problems[:20]:
+        err.print(f"[yellow]problem: {p}[/yellow]")
+
+
+@app.command()
 def demo(
     workdir: Path = typer.Option(Path("zen-demo"), "--dir", help="Where the demo writes its image and files."),
     keep: bool = typer.Option(False, "--keep", help="Keep the memory image afterwards."),

@@ -56,7 +56,7 @@ class Struct:
         return dict(self._fields)
 
 
-_CODES = {"ptr": "Q", "u64": "Q", "i64": "q", "i32": "i", "u32": "I", "u8": "B", "f64": "d"}
+_CODES = {"ptr": "Q", "u64": "Q", "i64": "q", "i32": "i", "u32": "I", "u16": "H", "i16": "h", "u8": "B", "i8": "b", "f64": "d"}
 
 
 class FieldReader:

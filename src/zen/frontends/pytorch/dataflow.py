@@ -1,0 +1,222 @@
+"""Call-level data-flow edges of a model, recovered from its `forward` bytecode (never run).
+
+For every module we take the `forward` found in its class's MRO, rebuild the code object from the
+image and walk its instructions once, in order, with a small abstract stack. Values are the sets
+of "producers" they derive from: the module's inputs, or the outputs of its children. Calling
+`self.<child>(...)` adds an edge from every producer of the arguments to that child; calling an
+element of a container (`for layer in self.layers: x = layer(x)`, or `nn.Sequential`, which
+iterates over itself) chains the container's children in registration order; returning a value
+adds edges to the module's output.
+
+What this is and is not: a static, path-insensitive approximation (each instruction once, jumps
+ignored, unknown operations merge their operands), so it shows which children consume which
+others' outputs, including residual connections; it does not model loops' repetitions, control
+flow, or calls into helper functions that call children. Edges are per module:
+`PATH:in:ARG -> child`, `child -> child`, `child -> PATH:out`.
+"""
+
+from __future__ import annotations
+
+import dis
+from typing import Any
+
+from zen.cpython.codebuild import can_rebuild, rebuild_code
+from zen.cpython.interp import Interpreter
+from zen.cpython.readers.dicts import dict_get
+from zen.cpython.readers.functions import read_function
+from zen.cpython.readers.types import read_type
+from zen.errors import ZenError
+from zen.frontends.pytorch.modules import ModuleIndex
+
+EMPTY: frozenset = frozenset()
+MAX_INSTRUCTIONS = 20_000
+
+METHOD = (
+    "static, path-insensitive walk of each module's forward bytecode: edges from the producers of call "
+    "arguments to the called child; containers iterated in registration order"
+)
+
+
+def _find_forward(ip: Interpreter, type_addr: int) -> int | None:
+    """Address of the `forward` function defined closest in the class's MRO (None if none)."""
+    t = read_type(ip, type_addr)
+    for cls in t.mro_addrs:
+        ct = read_type(ip, cls)
+        if not ct.dict_addr:
+            continue
+        f = dict_get(ip, ct.dict_addr, "forward")
+        if f is not None:
+            return f if ip.kind(f) == "function" else None
+    return None
+
+
+class _Walker:
+    """Abstract interpretation of one code object; records edges between tokens."""
+
+    def __init__(self, code) -> None:
+        self.code = code
+        self.edges: set[tuple[tuple, tuple]] = set()
+
+    @staticmethod
+    def prod(v: tuple) -> frozenset:
+        if v[0] == "data":
+            return v[1]
+        if v[0] == "child":
+            return frozenset({("child", v[1])})
+        return EMPTY
+
+    def run(self, children: list[str]) -> set:
+        code = self.code
+        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        local: dict[str, tuple] = {}
+        for i, n in enumerate(names):
+            local[n] = ("self",) if i == 0 else ("data", frozenset({("in", n)}))
+        stack: list[tuple] = []
+
+        def pop() -> tuple:
+            return stack.pop() if stack else ("data", EMPTY)
+
+        for n_ins, ins in enumerate(dis.get_instructions(code)):
+            if n_ins > MAX_INSTRUCTIONS:
+                break
+            op, arg = ins.opname, ins.argval
+            if op in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE"):
+                stack.append(local.get(arg, ("data", EMPTY)))
+            elif op in ("STORE_FAST", "STORE_DEREF"):
+                local[arg] = pop()
+            elif op == "LOAD_GLOBAL":
+                if ins.arg is not None and ins.arg & 1:
+                    stack.append(("null",))
+                stack.append(("data", EMPTY))
+            elif op in ("LOAD_ATTR", "LOAD_METHOD"):
+                obj = pop()
+                if op == "LOAD_METHOD":
+                    stack.append(("null",))
+                if obj[0] == "self" and arg in children:
+                    stack.append(("child", arg))
+                else:
+                    stack.append(("data", self.prod(obj)))
+            elif op == "PUSH_NULL":
+                stack.append(("null",))
+            elif op == "CALL":
+                args = [pop() for _ in range(ins.arg or 0)]
+                a, b = pop(), pop()
+                callee = a if a[0] != "null" else b
+                self._call(callee, args, stack)
+            elif op == "CALL_FUNCTION_EX":
+                vals = [pop() for _ in range(3 if (ins.arg or 0) & 1 else 2)]
+                null = pop()
+                callee = vals[-1] if vals[-1][0] != "null" else null
+                self._call(callee, vals[:-1], stack)
+            elif op == "GET_ITER":
+                v = pop()
+                stack.append(
+                    ("iter", "self") if v[0] == "self" else ("iter", v[1]) if v[0] == "child" else ("data", self.prod(v))
+                )
+            elif op == "FOR_ITER":
+                it = stack[-1] if stack else ("data", EMPTY)
+                stack.append(("elem", it[1]) if it[0] == "iter" else ("data", self.prod(it)))
+            elif op == "BINARY_SUBSCR":
+                idx, container = pop(), pop()
+                stack.append(
+                    ("elem", container[1]) if container[0] == "child" else ("data", self.prod(container) | self.prod(idx))
+                )
+            elif op == "UNPACK_SEQUENCE":
+                v = pop()
+                stack.extend([("data", self.prod(v))] * (ins.arg or 0))
+            elif op == "RETURN_VALUE":
+                for p in self.prod(pop()):
+                    self.edges.add((p, ("out",)))
+            elif op in ("PRECALL", "KW_NAMES", "RESUME", "NOP", "CACHE", "EXTENDED_ARG") or op.startswith("JUMP"):
+                continue
+            elif op == "COPY":
+                stack.append(stack[-(ins.arg or 1)] if len(stack) >= (ins.arg or 1) else ("data", EMPTY))
+            elif op == "SWAP":
+                i = ins.arg or 2
+                if len(stack) >= i:
+                    stack[-1], stack[-i] = stack[-i], stack[-1]
+            else:
+                self._generic(ins, stack, pop)
+        return self.edges
+
+    def _call(self, callee: tuple, args: list[tuple], stack: list[tuple]) -> None:
+        prods = frozenset().union(*(self.prod(a) for a in args)) if args else EMPTY
+        if callee[0] == "child":
+            tok = ("child", callee[1])
+            self.edges.update((p, tok) for p in prods)
+            stack.append(("data", frozenset({tok})))
+        elif callee[0] == "elem":
+            tok = ("chain", callee[1])
+            self.edges.update((p, tok) for p in prods)
+            stack.append(("data", frozenset({tok})))
+        else:
+            stack.append(("data", prods | self.prod(callee)))
+
+    def _generic(self, ins, stack: list[tuple], pop) -> None:
+        try:
+            net = dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+        except ValueError:
+            net = 0
+        if net < 0:
+            merged = frozenset().union(*(self.prod(pop()) for _ in range(-net)))
+            top = pop()
+            stack.append(("data", self.prod(top) | merged))
+        else:
+            stack.extend([("data", self.prod(stack[-1]) if stack else EMPTY)] * net)
+
+
+def _node(path: str, tok: tuple, chain_children: dict[str, list[str]], first: bool) -> list[str]:
+    base = path or "<root>"
+    if tok[0] == "in":
+        return [f"{base}:in:{tok[1]}"]
+    if tok[0] == "out":
+        return [f"{base}:out"]
+    if tok[0] == "child":
+        return [f"{path}.{tok[1]}" if path else tok[1]]
+    kids = chain_children.get(tok[1], [])
+    if not kids:
+        return []
+    return [kids[0]] if first else [kids[-1]]
+
+
+def dataflow_edges(ip: Interpreter, index: ModuleIndex, mr) -> dict[str, Any]:
+    """Graph additions for the MR: {"dataflow": [[src, dst], ...], "dataflow_method", "dataflow_skipped"}."""
+    if not can_rebuild(ip):
+        return {
+            "dataflow": [],
+            "dataflow_method": METHOD,
+            "dataflow_skipped": {"*": f"Python {ip.P.minor} bytecode: not decoded"},
+        }
+    edges: set[tuple[str, str]] = set()
+    skipped: dict[str, str] = {}
+    cache: dict[int, Any] = {}
+    by_path = {m.path: m for m in mr.modules}
+    for path, node in index.walk(int(mr.root.address, 16)):
+        if path not in by_path:
+            continue
+        try:
+            if node.type.addr not in cache:
+                f = _find_forward(ip, node.type.addr)
+                cache[node.type.addr] = rebuild_code(ip, read_function(ip, f).code) if f else None
+            code = cache[node.type.addr]
+        except ZenError as exc:
+            skipped[path] = str(exc)
+            continue
+        if code is None:
+            skipped[path] = "no forward"
+            continue
+        names = [n for n, c in node.children if c]
+        local = _Walker(code).run(names)
+        chain = {"self": [f"{path}.{n}" if path else n for n in names]}
+        for n, c in node.children:
+            if c and c in index.nodes:
+                sub = f"{path}.{n}" if path else n
+                chain[n] = [f"{sub}.{k}" for k, kc in index.nodes[c].children if kc]
+        for src, dst in local:
+            for s in _node(path, src, chain, first=False):
+                for d in _node(path, dst, chain, first=True):
+                    edges.add((s, d))
+        for tok in {t for e in local for t in e if t[0] == "chain"}:
+            kids = chain.get(tok[1], [])
+            edges.update(zip(kids, kids[1:]))
+    return {"dataflow": sorted([list(e) for e in edges]), "dataflow_method": METHOD, "dataflow_skipped": skipped}

@@ -1,0 +1,183 @@
+"""Tensors in an image: THPVariable -> at::Tensor -> TensorImpl -> StorageImpl -> data.
+
+Metadata (dtype, sizes, strides, storage offset, device, requires_grad) comes from the C++
+objects, with offsets from the torch layout profile; sizes beyond the inline slots are followed
+out of line. Data is read from the storage's data pointer, in bounded blocks, and produced in C
+(row-major) order whatever the tensor's strides, so a transposed parameter comes out exactly as
+`tensor.contiguous()` would. Every field is checked against the others (numel == prod(shape),
+the strided extent fits in the storage) before a byte of data is trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from zen.cpython.interp import Interpreter
+from zen.errors import MemoryReadError, ObjectError
+from zen.frontends.pytorch.profile import TorchProfile
+
+MAX_DIMS = 64
+BLOCK = 64 << 20
+_RAW = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8", 16: "V16"}
+
+
+class TensorDataMissing(ObjectError):
+    """The tensor's metadata was read but its data is not in the image."""
+
+
+@dataclass
+class TensorMeta:
+    addr: int  # the Python object (THPVariable)
+    impl: int  # TensorImpl*
+    dtype: str
+    itemsize: int
+    safetensors: str | None
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    numel: int
+    device: str
+    requires_grad: bool
+    storage: int  # StorageImpl*
+    data_ptr: int
+    storage_nbytes: int
+    python_type: str = "torch.Tensor"
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def contiguous(self) -> bool:
+        expected = 1
+        for size, st in zip(reversed(self.shape), reversed(self.stride)):
+            if size != 1 and st != expected:
+                return False
+            expected *= size
+        return True
+
+    def extent(self) -> tuple[int, int]:
+        """(first, last+1) element index touched in the storage (empty tensors: (offset, offset))."""
+        if self.numel == 0:
+            return self.storage_offset, self.storage_offset
+        lo = self.storage_offset + sum(st * (n - 1) for n, st in zip(self.shape, self.stride) if st < 0)
+        hi = self.storage_offset + sum(st * (n - 1) for n, st in zip(self.shape, self.stride) if st > 0)
+        return lo, hi + 1
+
+
+class TensorReader:
+    """Reads tensor metadata and data from an interpreter's image."""
+
+    def __init__(self, ip: Interpreter, prof: TorchProfile) -> None:
+        self.ip = ip
+        self.tp = prof
+        T = prof.tensorimpl
+        self._impl_fields = T.reader(
+            "storage", "autograd_meta", "ndim", "storage_offset", "numel", "dtype", "device_type", "device_index"
+        )
+        self._span = max(T.sizes + 8 * 2 * prof.constants["SIZES_INLINE"], T.device_index + 1)
+
+    def meta(self, addr: int) -> TensorMeta:
+        ip, tp = self.ip, self.tp
+        impl = ip.ptr(addr + tp.variable.cdata)
+        try:
+            raw = ip.space.read(impl, max(self._span, self._impl_fields.size))
+        except MemoryReadError:
+            raise ObjectError(addr, f"TensorImpl at {impl:#x} not in the image") from None
+        f = self._impl_fields.unpack(raw)
+        ndim = f.ndim
+        if not 0 <= ndim <= MAX_DIMS:
+            raise ObjectError(addr, f"implausible tensor rank {ndim}")
+        T = tp.tensorimpl
+        inline = tp.constants["SIZES_INLINE"]
+        if ndim <= inline:
+            shape = struct.unpack_from(f"<{ndim}q", raw, T.sizes)
+            stride = struct.unpack_from(f"<{ndim}q", raw, T.strides)
+        else:
+            ext = struct.unpack_from("<Q", raw, T.sizes)[0]
+            vals = struct.unpack(f"<{2 * ndim}q", ip.read_within(ext, 16 * ndim, addr, "out-of-line sizes"))
+            shape, stride = vals[:ndim], vals[ndim:]
+        dt = tp.dtypes.get(f.dtype)
+        if dt is None:
+            raise ObjectError(addr, f"unknown dtype index {f.dtype}")
+        if any(n < 0 for n in shape) or f.numel != math.prod(shape) or f.storage_offset < 0:
+            raise ObjectError(addr, f"inconsistent tensor metadata (shape {shape}, numel {f.numel}, offset {f.storage_offset})")
+        device = tp.device_types.get(f.device_type, f"device{f.device_type}")
+        if device != "cpu" and f.device_index >= 0:
+            device = f"{device}:{f.device_index}"
+        requires_grad = False
+        if f.autograd_meta:
+            try:
+                requires_grad = bool(ip.space.read(f.autograd_meta + tp.autogradmeta.requires_grad, 1)[0])
+            except MemoryReadError:
+                requires_grad = False
+        storage = f.storage
+        data_ptr = nbytes = 0
+        if storage:
+            S = tp.storageimpl
+            try:
+                data_ptr = ip.space.u64(storage + S.data)
+                nbytes = ip.space.i64(storage + S.nbytes)
+            except MemoryReadError:
+                raise ObjectError(addr, f"StorageImpl at {storage:#x} not in the image") from None
+        meta = TensorMeta(addr, impl, dt.name, dt.itemsize, dt.safetensors, tuple(shape), tuple(stride), f.storage_offset,
+                          f.numel, device, requires_grad, storage, data_ptr, nbytes)  # fmt: skip
+        try:
+            meta.python_type = ip.type_name(addr)
+        except ObjectError:
+            pass
+        if meta.on_cpu and meta.numel:
+            lo, hi = meta.extent()
+            if lo < 0 or hi * meta.itemsize > nbytes:
+                raise ObjectError(addr, f"tensor extent {lo}..{hi} exceeds its storage of {nbytes} bytes")
+        return meta
+
+    def iter_bytes(self, meta: TensorMeta, block: int = BLOCK) -> Iterator[bytes]:
+        """The tensor's data in C order, in blocks of at most `block` bytes (contiguous case)."""
+        if not meta.on_cpu:
+            raise TensorDataMissing(meta.addr, f"data is on device {meta.device}, not in this image")
+        if meta.numel == 0:
+            return
+        start = meta.data_ptr + meta.storage_offset * meta.itemsize
+        if meta.contiguous:
+            total = meta.nbytes
+            pos = 0
+            while pos < total:
+                n = min(block, total - pos)
+                yield self._read(meta, start + pos, n)
+                pos += n
+            return
+        # Strided: gather from the storage span the view touches (bounded by the storage size).
+        if meta.itemsize not in _RAW:
+            raise ObjectError(meta.addr, f"strided tensors of {meta.itemsize}-byte elements are not supported")
+        lo, hi = meta.extent()
+        base = meta.data_ptr + lo * meta.itemsize
+        span = np.frombuffer(self._read(meta, base, (hi - lo) * meta.itemsize), dtype=_RAW[meta.itemsize])
+        view = np.lib.stride_tricks.as_strided(
+            span[meta.storage_offset - lo :], shape=meta.shape, strides=[s * meta.itemsize for s in meta.stride], writeable=False
+        )
+        data = np.ascontiguousarray(view).tobytes()
+        for pos in range(0, len(data), block):
+            yield data[pos : pos + block]
+
+    def _read(self, meta: TensorMeta, addr: int, n: int) -> bytes:
+        try:
+            return self.ip.space.read(addr, n)
+        except MemoryReadError as exc:
+            raise TensorDataMissing(meta.addr, f"tensor data not in the image ({exc.reason})") from None
+
+    def sha256(self, meta: TensorMeta) -> str:
+        h = hashlib.sha256()
+        for chunk in self.iter_bytes(meta):
+            h.update(chunk)
+        return h.hexdigest()

@@ -1,0 +1,224 @@
+"""`zen recover`: image (or live PID) -> case directory with the model's MR and weights.
+
+Pipeline: open the evidence, find the interpreter, detect torch and load its layout profile, find
+every nn.Module and pick the model root, build the MR, stream every readable tensor into
+weights.safetensors, recover candidate inputs, write mr.json and the manifest. The image's
+sha256 (for the record) is computed in a background thread while the analysis runs: hashlib
+releases the GIL, so on two cores hashing costs little wall time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zen import __version__
+from zen.cpython.heap import Heap
+from zen.cpython.interp import Interpreter
+from zen.cpython.readers.dicts import dict_get
+from zen.cpython.readers.modules import read_module
+from zen.errors import ZenError
+from zen.frontends.pytorch.modules import TENSOR_BASE, ModuleIndex, NoModelFound, references
+from zen.frontends.pytorch.mr import build_mr, root_record, summarize
+from zen.frontends.pytorch.profile import load_torch_profile
+from zen.frontends.pytorch.tensors import TensorDataMissing, TensorReader
+from zen.memory import open_space
+from zen.represent import case
+from zen.represent.safetensors_io import Entry, SafetensorsWriter
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class RecoverResult:
+    case_dir: Path
+    manifest: dict
+    mr: object
+    status: str
+    problems: list[str] = field(default_factory=list)
+
+
+class _Hasher(threading.Thread):
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path, self.digest, self.error = path, None, None
+
+    def run(self) -> None:
+        try:
+            self.digest = case.file_sha256(self.path)
+        except OSError as exc:
+            self.error = str(exc)
+
+
+def torch_version(ip: Interpreter, heap: Heap) -> str:
+    mods = heap.sys_modules()
+    if "torch" not in mods:
+        raise NoModelFound("no PyTorch models found: torch is not imported in this process",
+                           "zen recovers PyTorch models; `zen info` shows what the process has loaded")  # fmt: skip
+    v = dict_get(ip, read_module(ip, mods["torch"]).dict, "__version__")
+    if v is None:
+        raise ZenError("torch is imported but its __version__ is not readable in the image")
+    return str(ip.value(v))
+
+
+def select_root(roots, choice: str | None):
+    if choice is None:
+        return roots[0], "rank 1 (most likely model)"
+    c = choice.strip()
+    if c.startswith("#") and c[1:].isdigit() and 1 <= int(c[1:]) <= len(roots):
+        return roots[int(c[1:]) - 1], f"--model {c}"
+    for r in roots:
+        if (
+            c.lower() in (r.address, hex(int(r.address, 16)))
+            or c in r.referenced_from
+            or any(x.endswith("." + c) or x.endswith(": " + c) for x in r.referenced_from)
+        ):
+            return r, f"--model {c}"
+    return None, c
+
+
+def recover(
+    image: Path | None, pid: int | None, out: Path, *, model: str | None = None, progress: Progress | None = None
+) -> RecoverResult:
+    t0 = time.perf_counter()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out = case.prepare(out)
+    space = open_space(image, pid)
+    hasher = _Hasher(Path(image)) if image is not None else None
+    if hasher:
+        hasher.start()
+    timings: dict[str, float] = {}
+    try:
+        ip = Interpreter.open(space)
+        heap = Heap(ip)
+        tv = torch_version(ip, heap)
+        tprof = load_torch_profile(".".join(tv.split("+")[0].split(".")[:2]), tv)
+        reader = TensorReader(ip, tprof)
+        timings["interpreter"] = time.perf_counter() - t0
+        t = time.perf_counter()
+        index = ModuleIndex(ip, heap)
+        root_addrs = index.roots()
+        if not root_addrs:
+            raise NoModelFound(
+                f"no PyTorch models found in {space.description}: torch is loaded but no nn.Module instance is alive"
+            )
+        refs = references(ip, heap, set(root_addrs))
+        roots = [root_record(index, reader, a, refs.get(a, [])) for a in root_addrs]
+        roots.sort(key=lambda r: (not r.referenced_from, -r.parameter_elements, -r.modules, r.address))
+        for i, r in enumerate(roots, 1):
+            r.rank = i
+        chosen, how = select_root(roots, model)
+        if chosen is None:
+            sub = _submodule_root(index, reader, model, refs)
+            if sub is None:
+                raise ZenError(
+                    f"--model {model!r} matches no model root", "use a root's address, #RANK, or a name from `referenced_from`"
+                )
+            chosen, how = sub, f"--model {model}"
+        tensor_types = {ti.addr for ti in heap.subclasses_of(TENSOR_BASE)}
+        mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types)
+        timings["model"] = time.perf_counter() - t
+        t = time.perf_counter()
+        problems = list(space.problems)
+        _write_weights(out, reader, slots, problems, progress)
+        timings["weights"] = time.perf_counter() - t
+        t = time.perf_counter()
+        from zen.frontends.pytorch.inputs import recover_inputs
+
+        mr.inputs = recover_inputs(ip, heap, reader, mr, slots, tensor_types, out / case.INPUTS)
+        timings["inputs"] = time.perf_counter() - t
+        from zen.frontends.pytorch.dataflow import dataflow_edges
+
+        mr.graph.update(dataflow_edges(ip, index, mr))
+        mr.summary = summarize(mr)
+        (out / case.MR_FILE).write_text(mr.dumps())
+    except BaseException:
+        space.close()
+        raise
+    status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
+    if hasher:
+        hasher.join()
+    evidence = _evidence(space, image, pid, hasher)
+    space.close()
+    files = {n: case.file_sha256(out / n) for n in (case.MR_FILE, case.WEIGHTS, case.INPUTS) if (out / n).exists()}
+    manifest = {
+        "format": case.CASE_FORMAT,
+        "kind": "zen-case",
+        "tool": {"name": "zen", "version": __version__},
+        "evidence": evidence,
+        "python": {"version": ip.info.version, "how": ip.info.how, "static_build": ip.info.static_build},
+        "torch": {"version": tv},
+        "profiles": {"cpython": ip.P.source, "torch": tprof.source},
+        "model": {"root": chosen.address, "class": chosen.cls, "selected_by": how, "roots_found": len(roots)},
+        "status": status,
+        "problems": problems + [f"{s.key}: {s.record.status} ({s.record.note})" for s in slots if s.record.status != "ok"],
+        "files": files,
+        "run": {"started": started, "seconds": {k: round(v, 3) for k, v in timings.items()},
+                "total_seconds": round(time.perf_counter() - t0, 3)},
+    }  # fmt: skip
+    case.write_json(out / case.MANIFEST, manifest)
+    return RecoverResult(out, manifest, mr, status, manifest["problems"])
+
+
+def _submodule_root(index, reader, choice, refs):
+    """Let --model name any module by address (e.g. a backbone inside a bigger model)."""
+    try:
+        addr = int(choice, 16)
+    except (TypeError, ValueError):
+        return None
+    if addr not in index.nodes:
+        return None
+    return root_record(index, reader, addr, refs.get(addr, []))
+
+
+def _write_weights(out: Path, reader: TensorReader, slots, problems: list[str], progress: Progress | None) -> None:
+    """Stream every tensor whose data is present into weights.safetensors, in state_dict order."""
+    space = reader.ip.space
+    writable = []
+    for s in slots:
+        m, rec = s.meta, s.record
+        if m is None or rec.status != "ok":
+            continue
+        lo, hi = m.extent()
+        if m.numel and not space.is_readable(m.data_ptr + lo * m.itemsize, (hi - lo) * m.itemsize):
+            rec.status, rec.note = "missing", "tensor data pages are not in the image"
+            continue
+        writable.append(s)
+    total = sum(s.meta.nbytes for s in writable)
+    meta = {"format": "pt", "producer": f"zen {__version__}"}
+    tied = {s.key: s.record.tied_to for s in writable if s.record.tied_to}
+    if tied:
+        meta["zen_tied"] = ",".join(f"{k}={v}" for k, v in tied.items())
+    w = SafetensorsWriter(
+        out / case.WEIGHTS, [Entry(s.key, s.meta.safetensors, s.meta.shape, s.meta.nbytes) for s in writable], meta
+    )
+    done = 0
+    try:
+        for s in writable:
+            s.record.sha256 = w.write(s.key, reader.iter_bytes(s.meta))
+            done += s.meta.nbytes
+            if progress:
+                progress("weights", done, total)
+        w.close()
+    except TensorDataMissing as exc:
+        w.abort()
+        raise ZenError(f"tensor data became unreadable while writing weights: {exc}") from None
+    except BaseException:
+        w.abort()
+        raise
+
+
+def _evidence(space, image, pid, hasher) -> dict:
+    if image is None:
+        return {"live_pid": pid, "note": "read from a live process (stopped while read); no image file to hash"}
+    p = Path(image)
+    ev = {"image": str(p.resolve()), "size": p.stat().st_size, "sha256": hasher.digest if hasher else None}
+    info = getattr(space, "info", None)
+    if info is not None:
+        ev.update(producer=info.producer, pid=info.pid, command=info.command, acquisition=info.acquisition)
+    if hasher and hasher.error:
+        ev["sha256_error"] = hasher.error
+    return ev

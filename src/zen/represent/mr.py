@@ -1,0 +1,124 @@
+"""The mathematical representation (MR) of a recovered model: module tree, tensors, graph.
+
+Plain data, no knowledge of memory images: built by a framework front end, written to `mr.json`
+in a case directory, read back by attribution, diff, reuse and reports. Hyper-parameters are
+stored as Python literal reprs (`"(3, 3)"`, `"1e-05"`, `"'zeros'"`): exact, unambiguous for
+tuples vs lists and ints vs floats, and parseable with `ast.literal_eval`.
+
+Format is versioned (`"format": 1`) and deterministic: built from the same image it serialises
+to the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MR_FORMAT = 1
+
+
+@dataclass
+class RootRecord:
+    """A module that is no other module's child: a candidate model."""
+
+    address: str
+    cls: str
+    modules: int
+    parameters: int  # parameter tensors (unique objects)
+    parameter_elements: int
+    depth: int
+    referenced_from: list[str] = field(default_factory=list)
+    rank: int = 0
+
+
+@dataclass
+class ModuleRecord:
+    path: str  # "" for the root, "blocks.0.conv" for descendants
+    cls_module: str
+    cls_qualname: str
+    address: str
+    training: bool | None
+    hyperparameters: dict[str, str] = field(default_factory=dict)  # name -> repr of a plain value
+    parameters: list[str] = field(default_factory=list)  # registered names with a tensor
+    buffers: list[str] = field(default_factory=list)
+    non_persistent_buffers: list[str] = field(default_factory=list)
+    none_entries: list[str] = field(default_factory=list)  # parameters/buffers/children registered as None
+    children: list[str] = field(default_factory=list)  # child names in registration order
+    unregistered_tensors: list[str] = field(default_factory=list)  # plain attributes holding tensors
+
+    @property
+    def cls(self) -> str:
+        return f"{self.cls_module}.{self.cls_qualname}"
+
+
+@dataclass
+class TensorRecord:
+    key: str  # state_dict key
+    kind: str  # "parameter" or "buffer"
+    dtype: str
+    shape: list[int]
+    stride: list[int]
+    storage_offset: int
+    device: str
+    requires_grad: bool
+    nbytes: int
+    address: str  # the tensor's Python object
+    storage: str  # its StorageImpl
+    python_type: str
+    status: str = "ok"  # "ok", "missing", "on-device", "unrepresentable", "unreadable"
+    sha256: str | None = None  # of the data in C order
+    tied_to: str | None = None  # the first key holding the same tensor
+    note: str = ""
+
+
+@dataclass
+class ModelMR:
+    root: RootRecord
+    roots: list[RootRecord]
+    modules: list[ModuleRecord]
+    tensors: list[TensorRecord]
+    tied: list[list[str]] = field(default_factory=list)
+    shared_storage: list[list[str]] = field(default_factory=list)
+    layer_types: dict[str, int] = field(default_factory=dict)
+    graph: dict[str, Any] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    format: int = MR_FORMAT
+
+    def module(self, path: str) -> ModuleRecord:
+        for m in self.modules:
+            if m.path == path:
+                return m
+        raise KeyError(path)
+
+    def tensor(self, key: str) -> TensorRecord:
+        for t in self.tensors:
+            if t.key == key:
+                return t
+        raise KeyError(key)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d = {"format": d.pop("format"), "kind": "zen-mr", **d}
+        return d
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ModelMR:
+        if d.get("kind") != "zen-mr" or d.get("format") != MR_FORMAT:
+            raise ValueError(f"not a zen MR (format {MR_FORMAT})")
+        return cls(
+            root=RootRecord(**d["root"]),
+            roots=[RootRecord(**r) for r in d["roots"]],
+            modules=[ModuleRecord(**m) for m in d["modules"]],
+            tensors=[TensorRecord(**t) for t in d["tensors"]],
+            tied=d.get("tied", []),
+            shared_storage=d.get("shared_storage", []),
+            layer_types=d.get("layer_types", {}),
+            graph=d.get("graph", {}),
+            inputs=d.get("inputs", []),
+            summary=d.get("summary", {}),
+        )

@@ -1,0 +1,80 @@
+"""Streaming writer for the safetensors format.
+
+Why not `safetensors.numpy.save_file`: it needs every tensor in memory at once (peak memory =
+model size) and numpy has no bfloat16/float8, while zen must write any dtype tensor by tensor
+straight from the image. The format is tiny and fixed — an 8-byte little-endian header length, a
+JSON header mapping names to dtype/shape/byte ranges, then the raw bytes — so the writer lays out
+the header from metadata first and then streams each tensor's bytes in order. Files are read back
+with the safetensors library (tests do), which validates them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    dtype: str  # safetensors dtype code: F32, BF16, I8, ...
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class SafetensorsWriter:
+    """Write `entries` in order; call `write(name, chunks)` for each, then `close()`."""
+
+    def __init__(self, path: str | os.PathLike, entries: list[Entry], metadata: dict[str, str] | None = None) -> None:
+        self.path = path
+        self.entries = entries
+        header: dict[str, object] = {}
+        if metadata:
+            header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+        pos = 0
+        self._ranges = {}
+        for e in entries:
+            header[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [pos, pos + e.nbytes]}
+            self._ranges[e.name] = (pos, pos + e.nbytes)
+            pos += e.nbytes
+        blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
+        self._fh = open(path, "wb")
+        self._fh.write(struct.pack("<Q", len(blob)) + blob)
+        self._next = 0
+        self.sha256: dict[str, str] = {}
+
+    def write(self, name: str, chunks: Iterable[bytes]) -> str:
+        """Stream one tensor's bytes; returns their sha256. Must follow the entries' order."""
+        e = self.entries[self._next]
+        if e.name != name:
+            raise ValueError(f"safetensors entries must be written in order: expected {e.name}, got {name}")
+        h = hashlib.sha256()
+        n = 0
+        for chunk in chunks:
+            self._fh.write(chunk)
+            h.update(chunk)
+            n += len(chunk)
+        if n != e.nbytes:
+            raise ValueError(f"{name}: wrote {n} bytes, header says {e.nbytes}")
+        self._next += 1
+        self.sha256[name] = h.hexdigest()
+        return self.sha256[name]
+
+    def close(self) -> None:
+        if self._next != len(self.entries):
+            self._fh.close()
+            os.unlink(self.path)
+            raise ValueError(f"safetensors file incomplete: {self._next} of {len(self.entries)} tensors written")
+        self._fh.close()
+
+    def abort(self) -> None:
+        self._fh.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
