@@ -162,3 +162,44 @@ def light_target(workdir):
     t = start_target("objects_target.py", workdir / "light-target", "--light")
     yield t
     t.stop()
+
+
+def _image(workdir, family):
+    t = start_target("models_target.py", workdir / f"{family}-target", family)
+    img = workdir / f"{family}.core"
+    try:
+        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
+    finally:
+        t.stop()
+    return img, t
+
+
+@pytest.fixture(scope="session")
+def zoo_image(workdir):
+    img, t = _image(workdir, "zoo")
+    yield img, t
+    img.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def hf_image(workdir):
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    img, t = _image(workdir, "hf")
+    yield img, t
+    img.unlink(missing_ok=True)
+
+
+_cases: dict = {}  # (image, model) -> recovered case, shared by every test module
+
+
+def recovered(image, target, name, workdir):
+    key = (str(image), name)
+    if key not in _cases:
+        case = workdir / f"case-{image.stem}-{name}"
+        res = zen("recover", image, "-o", case, "--model", hex(target.truth["models"][name]["id"]), check=False)
+        assert res.returncode in (0, 5), res.stderr
+        _cases[key] = (case, json.loads((case / "mr.json").read_text()), json.loads((case / "manifest.json").read_text()), res)
+    return _cases[key]
+
+

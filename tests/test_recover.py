@@ -7,57 +7,17 @@ copy loaded with the recovered weights reproduces the process's recorded outputs
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 import torch
-from conftest import TARGETS, start_target, zen
+from conftest import TARGETS, recovered, zen
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(TARGETS))
 import models_zoo  # noqa: E402
 
 torch.set_num_threads(1)  # as in the target processes: the same summation order, bit-identical outputs
-
-
-def _image(workdir, family):
-    t = start_target("models_target.py", workdir / f"{family}-target", family)
-    img = workdir / f"{family}.core"
-    try:
-        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
-    finally:
-        t.stop()
-    return img, t
-
-
-@pytest.fixture(scope="session")
-def zoo_image(workdir):
-    img, t = _image(workdir, "zoo")
-    yield img, t
-    img.unlink(missing_ok=True)
-
-
-@pytest.fixture(scope="session")
-def hf_image(workdir):
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
-    img, t = _image(workdir, "hf")
-    yield img, t
-    img.unlink(missing_ok=True)
-
-
-_cases: dict = {}
-
-
-def recovered(image, target, name, workdir):
-    key = (str(image), name)
-    if key not in _cases:
-        case = workdir / f"case-{image.stem}-{name}"
-        res = zen("recover", image, "-o", case, "--model", hex(target.truth["models"][name]["id"]), check=False)
-        assert res.returncode in (0, 5), res.stderr
-        _cases[key] = (case, json.loads((case / "mr.json").read_text()), json.loads((case / "manifest.json").read_text()), res)
-    return _cases[key]
 
 
 def check_model(image, target, name, workdir, build):

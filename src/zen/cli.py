@@ -253,9 +253,8 @@ def _render_recover(res) -> None:
     if mr.tied:
         out.print(f"tied: {'; '.join(' = '.join(g) for g in mr.tied[:4])}")
     if mr.inputs:
-        out.print(
-            f"inputs: {len(mr.inputs)} candidate(s), best {mr.inputs[0]['shape']} {mr.inputs[0]['dtype']} at {mr.inputs[0]['address']}"
-        )
+        best = mr.inputs[0]
+        out.print(f"inputs: {len(mr.inputs)} candidate(s), best {best['shape']} {best['dtype']} at {best['address']}")
     out.print(f"wrote {res.case_dir} ({man['status']}) in {man['run']['total_seconds']} s")
     for p in res.problems[:20]:
         err.print(f"[yellow]problem: {p}[/yellow]")
@@ -280,13 +279,48 @@ def profile_python(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
 ) -> None:
     """Measure CPython struct layouts in an interpreter and save them as a layout profile."""
-    import zen
     from zen.cpython.profile import parse_profile, profile_filename, user_profile_dir
 
-    # The calibrator is stdlib-only: the target interpreter imports it straight from zen's source
-    # tree, in isolated mode, without needing zen's dependencies.
+    data, text = _run_calibrator(python, "zen.cpython.calibration.run")
+    prof = parse_profile(data, python)
+    target = output or (user_profile_dir() / profile_filename(prof.minor, data["python"]["machine"]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    out.print(
+        f"calibrated CPython {prof.version}: {sum(len(s.fields()) for s in prof.structs.values())} fields in "
+        f"{len(prof.structs)} structs, {data['self_checks']} self-checks passed -> {target}"
+    )
+
+
+@profile_app.command("torch")
+def profile_torch(
+    python: str = typer.Option(sys.executable, "--python", help="Interpreter with the torch to calibrate (default: zen's)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
+) -> None:
+    """Measure PyTorch tensor layouts (TensorImpl, StorageImpl, dtypes) and save a torch layout profile."""
+    from zen.cpython.profile import user_profile_dir
+    from zen.frontends.pytorch.profile import parse_torch_profile, torch_profile_filename
+
+    data, text = _run_calibrator(python, "zen.frontends.pytorch.calibration")
+    prof = parse_torch_profile(data, python)
+    target = output or (user_profile_dir() / torch_profile_filename(prof.minor, data["torch"]["machine"]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    out.print(
+        f"calibrated torch {data['torch']['full_version']}: {sum(len(s.fields()) for s in prof.structs.values())} "
+        f"fields, {len(prof.dtypes)} dtypes, {data['self_checks']} self-checks passed -> {target}"
+    )
+
+
+def _run_calibrator(python: str, module: str) -> tuple[dict, str]:
+    """Run a stdlib-only calibrator module under another interpreter, from zen's own source tree.
+
+    The target interpreter imports it in isolated mode without needing zen's dependencies.
+    """
+    import zen
+
     src = str(Path(zen.__file__).resolve().parent.parent)
-    boot = f"import sys; sys.path.insert(0, {src!r}); from zen.cpython.calibration.run import main; sys.exit(main())"
+    boot = f"import sys; sys.path.insert(0, {src!r}); from {module} import main; sys.exit(main())"
     try:
         proc = subprocess.run([python, "-I", "-c", boot], capture_output=True, text=True, timeout=300)
     except FileNotFoundError:
@@ -296,15 +330,7 @@ def profile_python(
     if proc.returncode != 0:
         last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
         raise ZenError(f"calibration under {python} failed: {last}")
-    data = json.loads(proc.stdout)
-    prof = parse_profile(data, python)
-    target = output or (user_profile_dir() / profile_filename(prof.minor, data["python"]["machine"]))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(proc.stdout)
-    out.print(
-        f"calibrated CPython {prof.version}: {sum(len(s.fields()) for s in prof.structs.values())} fields in "
-        f"{len(prof.structs)} structs, {data['self_checks']} self-checks passed -> {target}"
-    )
+    return json.loads(proc.stdout), proc.stdout
 
 
 def main() -> None:

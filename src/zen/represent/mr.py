@@ -66,6 +66,7 @@ class TensorRecord:
     address: str  # the tensor's Python object
     storage: str  # its StorageImpl
     python_type: str
+    data_address: str = "0x0"  # where the first element lives in the imaged process
     status: str = "ok"  # "ok", "missing", "on-device", "unrepresentable", "unreadable"
     sha256: str | None = None  # of the data in C order
     tied_to: str | None = None  # the first key holding the same tensor

@@ -105,6 +105,7 @@ def tensor_record(key: str, kind: str, addr: int, meta: TensorMeta | None, error
         key=key, kind=kind, dtype=meta.dtype, shape=list(meta.shape), stride=list(meta.stride),
         storage_offset=meta.storage_offset, device=meta.device, requires_grad=meta.requires_grad, nbytes=meta.nbytes,
         address=f"{addr:#x}", storage=f"{meta.storage:#x}", python_type=meta.python_type,
+        data_address=f"{meta.data_ptr + meta.storage_offset * meta.itemsize:#x}",
     )  # fmt: skip
     if not meta.on_cpu:
         rec.status, rec.note = "on-device", f"data on device {meta.device}, not in this image"
