@@ -201,5 +201,3 @@ def recovered(image, target, name, workdir):
         assert res.returncode in (0, 5), res.stderr
         _cases[key] = (case, json.loads((case / "mr.json").read_text()), json.loads((case / "manifest.json").read_text()), res)
     return _cases[key]
-
-

@@ -56,8 +56,8 @@ def punch_hole(src, dst, lo: int, hi: int) -> None:
     shutil.copyfile(src, dst)
     with open(dst, "r+b") as fh:
         ehdr = bytearray(fh.read(64))
-        phoff, = struct.unpack_from("<Q", ehdr, 32)
-        phnum, = struct.unpack_from("<H", ehdr, 56)
+        (phoff,) = struct.unpack_from("<Q", ehdr, 32)
+        (phnum,) = struct.unpack_from("<H", ehdr, 56)
         fh.seek(phoff)
         phdrs = [list(struct.unpack("<IIQQQQQQ", fh.read(56))) for _ in range(phnum)]
         out = []

@@ -21,7 +21,7 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.errors import ZenError
-from zen.frontends.pytorch.modules import TENSOR_BASE, ModuleIndex, NoModelFound, references
+from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex, NoModelFound, references
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
 from zen.frontends.pytorch.tensors import TensorDataMissing, TensorReader
@@ -99,7 +99,11 @@ def recover(
         reader = TensorReader(ip, tprof)
         timings["interpreter"] = time.perf_counter() - t0
         t = time.perf_counter()
-        index = ModuleIndex(ip, heap)
+        # One pass over memory finds both the modules and every tensor object (inputs need those).
+        tensor_types = {ti.addr for ti in heap.subclasses_of(TENSOR_BASE)}
+        module_types = {ti.addr for ti in heap.subclasses_of(MODULE_BASE)}
+        found = heap.instances_of_types(tensor_types | module_types)
+        index = ModuleIndex(ip, heap, found)
         root_addrs = index.roots()
         if not root_addrs:
             raise NoModelFound(
@@ -118,8 +122,8 @@ def recover(
                     f"--model {model!r} matches no model root", "use a root's address, #RANK, or a name from `referenced_from`"
                 )
             chosen, how = sub, f"--model {model}"
-        tensor_types = {ti.addr for ti in heap.subclasses_of(TENSOR_BASE)}
         mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types)
+        space.release()
         timings["model"] = time.perf_counter() - t
         t = time.perf_counter()
         problems = list(space.problems)
@@ -128,7 +132,8 @@ def recover(
         t = time.perf_counter()
         from zen.frontends.pytorch.inputs import recover_inputs
 
-        mr.inputs = recover_inputs(ip, heap, reader, mr, slots, tensor_types, out / case.INPUTS)
+        tensors = {t: a for t, a in found.items() if t in tensor_types}
+        mr.inputs = recover_inputs(ip, reader, mr, slots, tensors, out / case.INPUTS)
         timings["inputs"] = time.perf_counter() - t
         from zen.frontends.pytorch.dataflow import dataflow_edges
 

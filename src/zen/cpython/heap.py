@@ -104,10 +104,14 @@ class Heap:
         cands = hits - np.uint64(self.ip.P.object.ob_type)
         keep = self._plausible(cands, self._is_gc_type(vals))
         cands, vals = cands[keep], vals[keep]
+        order = np.lexsort((cands, vals))  # group by type, addresses ascending within a type
+        cands, vals = cands[order], vals[order]
+        uniq, starts = np.unique(vals, return_index=True)
+        bounds = dict(zip(uniq.tolist(), zip(starts.tolist(), [*starts[1:].tolist(), len(vals)])))
         out = {}
         for t in tlist:
-            sel = np.sort(cands[vals == np.uint64(t)])
-            out[t] = self._type_specific(t, sel)
+            lo, hi = bounds.get(t, (0, 0))
+            out[t] = self._type_specific(t, cands[lo:hi])
         return out
 
     def _type_specific(self, type_addr: int, cands: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from zen.memory.space import AddressSpace, Chunk
 
-BLOCK = 32 << 20  # bytes compared per step: bounds the temporary arrays numpy allocates
+BLOCK = 16 << 20  # bytes compared per step: bounds the temporary arrays numpy allocates
 
 
 def _u64_blocks(start: int, arr: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
@@ -66,12 +66,12 @@ def find_u64_in(
     vals = np.unique(np.fromiter(values, dtype=np.uint64))
     if vals.size == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
-    lo, hi = vals[0], vals[-1]
+    lo, width = vals[0], vals[-1] - vals[0]
     addrs: list[np.ndarray] = []
     found: list[np.ndarray] = []
     for start, arr in space.iter_arrays(chunks):
         for base, q in _u64_blocks(start, arr):
-            cand = np.flatnonzero((q >= lo) & (q <= hi))
+            cand = np.flatnonzero((q - lo) <= width)  # one unsigned compare: lo <= q <= hi
             if not cand.size:
                 continue
             words = q[cand]
@@ -123,4 +123,5 @@ def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> t
             raw = arr[offs[:, None] + np.arange(8, dtype=np.int64)]
             out[sel] = raw.view("<u8").reshape(-1)
         ok[sel] = True
+        c.release()  # gathers touch pages all over a chunk: do not keep them resident
     return out, ok

@@ -31,6 +31,8 @@ _U32 = struct.Struct("<I")
 MAX_READ = 1 << 31
 # Block size used when a live process region has to be copied for a bulk scan.
 LIVE_BLOCK = 64 << 20
+# Bytes handed to a bulk scan at a time (and then released from the resident set).
+SCAN_BLOCK = 16 << 20
 
 
 class Chunk(Protocol):
@@ -42,7 +44,11 @@ class Chunk(Protocol):
 
     def read(self, offset: int, size: int) -> bytes: ...
 
+    def view(self, offset: int, size: int) -> memoryview | bytes: ...
+
     def array(self) -> np.ndarray: ...
+
+    def release(self, offset: int = 0, size: int | None = None) -> None: ...
 
 
 class MmapChunk:
@@ -61,8 +67,25 @@ class MmapChunk:
         o = self._file_offset + offset
         return self._mm[o : o + size]
 
+    def view(self, offset: int, size: int) -> memoryview:
+        """Zero-copy view of the bytes (valid while the space is open)."""
+        o = self._file_offset + offset
+        return memoryview(self._mm)[o : o + size]
+
     def array(self) -> np.ndarray:
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.end - self.start, offset=self._file_offset)
+
+    def release(self, offset: int = 0, size: int | None = None) -> None:
+        """Drop pages of this chunk from our resident set; they stay in the page cache and fault back
+        in on the next access. Bulk passes call this so that scanning or streaming a multi-GB image
+        does not make zen's RSS the size of the image."""
+        size = self.end - self.start - offset if size is None else size
+        lo = (self._file_offset + offset) & ~(mmap.PAGESIZE - 1)
+        hi = self._file_offset + offset + size
+        try:
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 class BytesChunk:
@@ -79,8 +102,14 @@ class BytesChunk:
     def read(self, offset: int, size: int) -> bytes:
         return self._data[offset : offset + size]
 
+    def view(self, offset: int, size: int) -> memoryview:
+        return memoryview(self._data)[offset : offset + size]
+
     def array(self) -> np.ndarray:
         return np.frombuffer(self._data, dtype=np.uint8)
+
+    def release(self, offset: int = 0, size: int | None = None) -> None:
+        pass
 
 
 class LiveChunk:
@@ -102,6 +131,12 @@ class LiveChunk:
         if len(data) != size:
             raise MemoryReadError(self.start + offset, size, "short read from process memory")
         return data
+
+    def view(self, offset: int, size: int) -> bytes:
+        return self.read(offset, size)
+
+    def release(self, offset: int = 0, size: int | None = None) -> None:
+        pass
 
     def array(self) -> np.ndarray:
         size = self.end - self.start
@@ -167,10 +202,35 @@ class AddressSpace:
             addr = c.end
         return True
 
-    def iter_arrays(self, chunks: Sequence[Chunk] | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield (start address, uint8 array) for each chunk: the bulk-scan view of the space."""
+    def iter_arrays(self, chunks: Sequence[Chunk] | None = None, block: int = SCAN_BLOCK) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (start address, uint8 array) pieces of at most `block` bytes, chunk by chunk: the
+        bulk-scan view of the space. Each piece's pages are released from the resident set once
+        the caller moves on, so a scan's memory cost is one block, not the image.
+        """
         for c in self._chunks if chunks is None else chunks:
-            yield c.start, c.array()
+            arr = c.array()
+            head = (-c.start) % 8  # keep pieces 8-byte aligned in virtual addresses
+            for pos in range(0, len(arr), block):
+                lo = pos if pos == 0 else pos + head
+                hi = min(len(arr), pos + block + head)
+                if lo >= hi:
+                    continue
+                yield c.start + lo, arr[lo:hi]
+                c.release(lo, hi - lo)
+
+    def release(self) -> None:
+        """Drop all image pages from zen's resident set (they stay in the page cache)."""
+        for c in self._chunks:
+            c.release()
+
+    def view(self, addr: int, size: int) -> memoryview | bytes:
+        """Bytes [addr, addr+size) without copying when they lie in one mmap-backed chunk."""
+        i = bisect_right(self._starts, addr) - 1
+        if i >= 0:
+            c = self._chunks[i]
+            if addr + size <= c.end:
+                return c.view(addr - c.start, size)
+        return self._read_spanning(addr, size)
 
     # -- reads -------------------------------------------------------------------------------
     def read(self, addr: int, size: int) -> bytes:

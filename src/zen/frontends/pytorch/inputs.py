@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.errors import ZenError
 from zen.frontends.pytorch.tensors import TensorMeta, TensorReader
@@ -70,9 +69,8 @@ def _score(meta: TensorMeta, kind: str, size: int, dims: int, weight_dtype: str,
     return None
 
 
-def recover_inputs(
-    ip: Interpreter, heap: Heap, reader: TensorReader, mr: ModelMR, slots, tensor_types: set[int], path: Path
-) -> list[dict]:
+def recover_inputs(ip: Interpreter, reader: TensorReader, mr: ModelMR, slots, tensors: dict, path: Path) -> list[dict]:
+    """Rank candidate inputs among `tensors` ({tensor type: object addresses}) and write the best."""
     layer = first_layer(mr)
     if layer is None:
         return []
@@ -81,9 +79,8 @@ def recover_inputs(
     weight_dtype = next((t.dtype for t in mr.tensors if t.key == weight_key), "float32")
     own = {s.addr for s in slots}
     storages = {s.meta.storage for s in slots if s.meta is not None and s.meta.storage}
-    found = heap.instances_of_types(tensor_types)
     cands = []
-    for addrs in found.values():
+    for addrs in tensors.values():
         for a in addrs.tolist():
             if a in own:
                 continue

@@ -42,11 +42,14 @@ class ModuleNode:
 class ModuleIndex:
     """All module instances of an image, read once."""
 
-    def __init__(self, ip: Interpreter, heap: Heap | None = None) -> None:
+    def __init__(self, ip: Interpreter, heap: Heap | None = None, found: dict | None = None) -> None:
+        """`found` may carry instances already located (by a scan shared with other types)."""
         self.ip = ip
         self.heap = heap or Heap(ip)
         self.types: dict[int, TypeInfo] = {t.addr: t for t in self.heap.subclasses_of(MODULE_BASE)}
-        found = self.heap.instances_of_types(self.types)
+        if found is None:
+            found = self.heap.instances_of_types(self.types)
+        found = {t: a for t, a in found.items() if t in self.types}
         self.nodes: dict[int, ModuleNode] = {}
         self.errors: dict[int, str] = {}
         for taddr, addrs in found.items():

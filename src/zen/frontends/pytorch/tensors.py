@@ -23,7 +23,7 @@ from zen.errors import MemoryReadError, ObjectError
 from zen.frontends.pytorch.profile import TorchProfile
 
 MAX_DIMS = 64
-BLOCK = 64 << 20
+BLOCK = 16 << 20
 _RAW = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8", 16: "V16"}
 
 
@@ -142,7 +142,7 @@ class TensorReader:
                 raise ObjectError(addr, f"tensor extent {lo}..{hi} exceeds its storage of {nbytes} bytes")
         return meta
 
-    def iter_bytes(self, meta: TensorMeta, block: int = BLOCK) -> Iterator[bytes]:
+    def iter_bytes(self, meta: TensorMeta, block: int = BLOCK) -> Iterator[bytes | memoryview]:
         """The tensor's data in C order, in blocks of at most `block` bytes (contiguous case)."""
         if not meta.on_cpu:
             raise TensorDataMissing(meta.addr, f"data is on device {meta.device}, not in this image")
@@ -155,6 +155,7 @@ class TensorReader:
             while pos < total:
                 n = min(block, total - pos)
                 yield self._read(meta, start + pos, n)
+                self._release(start + pos, n)
                 pos += n
             return
         # Strided: gather from the storage span the view touches (bounded by the storage size).
@@ -170,9 +171,14 @@ class TensorReader:
         for pos in range(0, len(data), block):
             yield data[pos : pos + block]
 
-    def _read(self, meta: TensorMeta, addr: int, n: int) -> bytes:
+    def _release(self, addr: int, n: int) -> None:
+        c = self.ip.space.chunk_of(addr)
+        if c is not None and n >= 1 << 20:
+            c.release(addr - c.start, min(n, c.end - addr))
+
+    def _read(self, meta: TensorMeta, addr: int, n: int) -> bytes | memoryview:
         try:
-            return self.ip.space.read(addr, n)
+            return self.ip.space.view(addr, n)
         except MemoryReadError as exc:
             raise TensorDataMissing(meta.addr, f"tensor data not in the image ({exc.reason})") from None
 
