@@ -2,10 +2,10 @@
 
 The demo starts `deployed_model.py` (a small classifier with custom code) as its own process,
 images it with zen's acquisition, then works only on the image file: finds the interpreter,
-counts the heap, finds the model's module objects and their settings, and rebuilds the code of
-the model's own classes and helpers. Nothing recovered is executed; the rebuilt code is shown
-disassembled. The process's self-description (truth.json) is used only to print the check at the
-end.
+recovers the model (module tree, hyper-parameters, every tensor) into a case directory, and
+rebuilds the code of the model's own classes and helpers. Nothing recovered is executed; the
+rebuilt code is shown disassembled. The process's self-description (truth.json: its module
+classes and a sha256 of every state_dict tensor) is used only for the check at the end.
 """
 
 from __future__ import annotations
@@ -23,40 +23,21 @@ from rich.table import Table
 
 from zen.errors import ZenError
 
-MODULE_BASE = "torch.nn.modules.module.Module"
 
-
-def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
-    """Run the demo in `workdir`; returns a summary dict (also printed)."""
+def _start(workdir: Path, console: Console) -> tuple[Path, dict]:
+    """Run the deployed model process, image it, stop it; returns (image, its truth.json)."""
     from zen.acquire import acquire
-    from zen.cpython.codebuild import can_rebuild, rebuild_code
-    from zen.cpython.heap import Heap
-    from zen.cpython.interp import Interpreter
-    from zen.cpython.readers.dicts import dict_str_items
-    from zen.cpython.readers.functions import read_function
-    from zen.cpython.readers.instances import read_instance
-    from zen.info import image_info
-    from zen.memory import open_space
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
     script = Path(__file__).with_name("deployed_model.py")
     console.rule("[bold]1. a deployed model process")
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(workdir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen([sys.executable, str(script), str(workdir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         with console.status("starting the model process (imports torch, builds a classifier, runs inference)..."):
             line = proc.stdout.readline().strip()
         if line != "READY":
-            raise ZenError(
-                f"the demo model process failed to start: {proc.stderr.read()[-500:]}",
-                "is torch installed? (the README's install command installs it)",
-            )
+            raise ZenError(f"the demo model process failed to start: {proc.stderr.read()[-500:]}",
+                           "is torch installed? (the README's install command installs it)")  # fmt: skip
         console.print(f"PID {proc.pid} is serving a model; zen now images it")
         image = workdir / "deployed.core"
         console.rule("[bold]2. acquisition")
@@ -66,84 +47,89 @@ def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
         if proc.poll() is None:
             proc.stdin.close()
             proc.wait(30)
-    truth = json.loads((workdir / "truth.json").read_text())
+    return image, json.loads((workdir / "truth.json").read_text())
 
-    console.rule("[bold]3. the interpreter in the image")
-    space = open_space(image)
-    info = image_info(space, top=8, threads=True)
-    ip = Interpreter.open(space)
-    i = info["interpreter"]
-    console.print(f"Python {i['version']} found via {i['how']['version']}; _PyRuntime at {i['runtime']:#x}")
-    console.print(
-        f"{info['sys_modules']} modules loaded; packages: " + ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
-    )
-    c = info["census"]
-    console.print(f"heap census: {c['objects']:,} objects of {c['types']:,} types in {c['seconds']} s")
 
-    console.rule("[bold]4. the model's modules, found by type, read from the image")
-    heap = Heap(ip)
-    module_types = {t.addr: t for t in heap.subclasses_of(MODULE_BASE)}
-    instances = []
-    for taddr in module_types:
-        instances.extend(heap.instances(taddr).tolist())
-    table = Table("address", "class", "settings read from the instance")
-    custom_classes = {}
-    for addr in sorted(instances):
-        inst = read_instance(ip, addr)
-        t = module_types[inst.type]
-        settings = {}
-        for name, v in inst.attrs.items():
-            if name.startswith("_") or ip.kind(v) not in ("int", "bool", "float", "tuple", "str"):
-                continue
-            settings[name] = ip.value(v, 2)
-        table.add_row(f"{addr:#x}", t.full_name, ", ".join(f"{k}={v}" for k, v in settings.items()))
-        if not t.module.startswith("torch."):
-            custom_classes[t.addr] = t
+def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
+    """Run the demo in `workdir`; returns a summary dict (also printed)."""
+    from zen.cpython.codebuild import can_rebuild, rebuild_code
+    from zen.cpython.interp import Interpreter
+    from zen.cpython.readers.dicts import dict_str_items
+    from zen.cpython.readers.functions import read_function
+    from zen.memory import open_space
+    from zen.recover import recover
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    image, truth = _start(workdir, console)
+
+    console.rule("[bold]3. recovery from the image alone")
+    case_dir = workdir / "case"
+    res = recover(image, None, case_dir)
+    mr = res.mr
+    console.print(f"Python {res.manifest['python']['version']}, torch {res.manifest['torch']['version']}; "
+                  f"{len(mr.roots)} model root(s); chose {mr.root.cls} at {mr.root.address} "
+                  f"(referenced from {', '.join(mr.root.referenced_from) or 'nowhere'})")  # fmt: skip
+    table = Table("module", "class", "hyper-parameters")
+    for m in mr.modules:
+        hp = ", ".join(f"{k}={v}" for k, v in m.hyperparameters.items() if k != "training")
+        table.add_row(m.path or "<root>", m.cls_qualname, hp)
     console.print(table)
+    s = mr.summary
+    console.print(f"{s['state_dict_entries']} tensors, {s['parameter_elements']:,} parameter elements, dtypes {s['dtypes']} "
+                  f"-> {case_dir / 'weights.safetensors'}")  # fmt: skip
+    if mr.inputs:
+        i = mr.inputs[0]
+        console.print(f"last input found in the heap: {i['shape']} {i['dtype']} at {i['address']} ({i['reason']})")
+    console.print("data flow recovered from forward bytecode: "
+                  + ", ".join(f"{a}->{b}" for a, b in mr.graph.get("dataflow", []) if ":" not in a + b)[:400])  # fmt: skip
 
-    console.rule("[bold]5. the model's own code, rebuilt from the image (never executed)")
+    console.rule("[bold]4. the model's own code, rebuilt from the image (never executed)")
+    space = open_space(image)
+    ip = Interpreter.open(space)
+    custom = {}
+    for m in mr.modules:
+        if not m.cls_module.startswith("torch."):
+            custom.setdefault(m.cls, int(m.address, 16))
     rebuilt = []
-    for t in custom_classes.values():
+    helper_globals = None
+    for cls, addr in custom.items():
+        t = ip.type_info(ip.type_of(addr))
         for name, v in dict_str_items(ip, t.dict_addr):
             if ip.kind(v) == "function":
-                rebuilt.append((f"{t.full_name}.{name}", read_function(ip, v)))
-    helper_globals = rebuilt[0][1].globals if rebuilt else None
+                f = read_function(ip, v)
+                rebuilt.append((f"{cls}.{name}", f))
+                helper_globals = f.globals
+    module_name = next(iter(custom)).rsplit(".", 1)[0] if custom else None
     if helper_globals:
         for name, v in dict_str_items(ip, helper_globals):
-            if ip.kind(v) == "function" and read_function(ip, v).module == custom_classes[next(iter(custom_classes))].module:
+            if ip.kind(v) == "function":
                 f = read_function(ip, v)
-                if f.qualname == name:
-                    rebuilt.append((f"{f.module}.{name}", f))
-    shown = 0
+                if f.module == module_name and f.qualname == name:
+                    rebuilt.append((f"{module_name}.{name}", f))
     for label, f in rebuilt:
-        if can_rebuild(ip):
-            code = rebuild_code(ip, f.code)
-            console.print(f"[bold]{label}[/bold]{_signature(code)}  ({code.co_filename}:{code.co_firstlineno})")
-            if f.qualname.endswith("forward") or f.qualname == "channel_shuffle":
-                if shown < 2:
-                    buf = io.StringIO()
-                    dis.dis(code, file=buf)
-                    console.print(buf.getvalue().rstrip(), markup=False)
-                    shown += 1
-        else:
+        if not can_rebuild(ip):
             console.print(f"[bold]{label}[/bold] (Python {ip.P.minor} code: listed, not rebuilt in this interpreter)")
-
-    console.rule("[bold]6. check against what the process said about itself")
-    found_classes = sorted({module_types[read_instance(ip, a).type].qualname for a in instances})
-    expected = sorted(set(truth["modules"].values()))
-    ok = truth["model_id"] in instances and found_classes == expected
-    console.print(
-        f"model object at {truth['model_id']:#x} found: {truth['model_id'] in instances}; "
-        f"module classes match: {found_classes == expected} ({', '.join(found_classes)})"
-    )
-    elapsed = time.perf_counter() - t_start
-    console.print(f"[bold]{'OK' if ok else 'MISMATCH'}[/bold]: demo finished in {elapsed:.1f} s; image: {image}")
+            continue
+        code = rebuild_code(ip, f.code)
+        args = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        console.print(f"[bold]{label}[/bold]({', '.join(args)})  ({code.co_filename}:{code.co_firstlineno})")
+        if f.qualname == "channel_shuffle":
+            buf = io.StringIO()
+            dis.dis(code, file=buf)
+            console.print(buf.getvalue().rstrip(), markup=False)
     space.close()
+
+    console.rule("[bold]5. check against what the process said about itself")
+    found_classes = sorted({m.cls_qualname for m in mr.modules})
+    expected = sorted(set(truth["modules"].values()))
+    exact = sum(1 for t in mr.tensors if t.sha256 == truth["state_sha256"].get(t.key))
+    ok = (mr.root.address == hex(truth["model_id"]) and found_classes == expected and exact == len(truth["state_sha256"])
+          and any(label.endswith(".channel_shuffle") for label, _ in rebuilt))  # fmt: skip
+    console.print(f"model object: {mr.root.address == hex(truth['model_id'])}; module classes match: {found_classes == expected}; "
+                  f"tensors bit-exact: {exact}/{len(truth['state_sha256'])}")  # fmt: skip
+    elapsed = time.perf_counter() - t_start
+    console.print(f"[bold]{'OK' if ok else 'MISMATCH'}[/bold]: demo finished in {elapsed:.1f} s; case: {case_dir}")
     if not keep:
         image.unlink(missing_ok=True)
-    return {"ok": ok, "seconds": elapsed, "image": str(image), "modules": len(instances), "functions": len(rebuilt)}
-
-
-def _signature(code) -> str:
-    args = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-    return f"({', '.join(args)})"
+    return {"ok": ok, "seconds": elapsed, "case": str(case_dir), "functions": len(rebuilt)}
