@@ -7,6 +7,7 @@ copy loaded with the recovered weights reproduces the process's recorded outputs
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -136,3 +137,25 @@ def test_recovery_is_deterministic(zoo_image, workdir):
     zen("recover", image, "-o", again, "--model", hex(t.truth["models"]["cnn"]["id"]))
     for name in ("mr.json", "weights.safetensors", "inputs.safetensors"):
         assert (case / name).read_bytes() == (again / name).read_bytes(), name
+
+
+def test_recover_live_process(workdir):
+    """`zen recover --pid`: the process is stopped while read and resumed; weights are exact."""
+    from conftest import start_target
+
+    from zen.memory.live import process_state
+
+    t = start_target("models_target.py", workdir / "live-zoo", "zoo")
+    try:
+        case = workdir / "case-live"
+        zen("recover", "--pid", t.pid, "-o", case, "--model", "#1")
+        assert process_state(t.pid) != "T"
+        mr = json.loads((case / "mr.json").read_text())
+        assert mr["root"]["address"] == hex(t.truth["models"]["cnn"]["id"])
+        state = torch.load(t.outdir / "cnn.state.pt", weights_only=True)
+        weights = load_file(case / "weights.safetensors")
+        assert list(weights) == list(state) and all(torch.equal(weights[k], state[k]) for k in state)
+        manifest = json.loads((case / "manifest.json").read_text())
+        assert manifest["evidence"]["live_pid"] == t.pid
+    finally:
+        t.stop()
