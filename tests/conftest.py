@@ -193,11 +193,42 @@ def hf_image(workdir):
 _cases: dict = {}  # (image, model) -> recovered case, shared by every test module
 
 
+def model_id(target, name) -> int:
+    models = target.truth.get("models") or target.truth.get("variants")
+    entry = models[name]
+    return entry.get("id", entry.get("model_id"))
+
+
 def recovered(image, target, name, workdir):
+    """Recover model `name` of a target's image once per session: (case dir, mr, manifest, result)."""
     key = (str(image), name)
     if key not in _cases:
         case = workdir / f"case-{image.stem}-{name}"
-        res = zen("recover", image, "-o", case, "--model", hex(target.truth["models"][name]["id"]), check=False)
+        res = zen("recover", image, "-o", case, "--model", hex(model_id(target, name)), check=False)
         assert res.returncode in (0, 5), res.stderr
         _cases[key] = (case, json.loads((case / "mr.json").read_text()), json.loads((case / "manifest.json").read_text()), res)
     return _cases[key]
+
+
+def _family_image(workdir, family, *extra):
+    label = family + ("-obf" if extra else "")
+    t = start_target("family_target.py", workdir / f"{label}-target", family, "--src", str(workdir / "families-src"), *extra)
+    img = workdir / f"{label}.core"
+    try:
+        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
+    finally:
+        t.stop()
+    return img, t
+
+
+@pytest.fixture(scope="session")
+def family_images(workdir):
+    """One imaged process per test family, plus a ConvNet process whose convnet_se fork is obfuscated."""
+    sys.path.insert(0, str(HERE))
+    from families import FAMILIES
+
+    images = {f: _family_image(workdir, f) for f in FAMILIES}
+    images["convnet-obf"] = _family_image(workdir, "convnet", "--obfuscate", "convnet_se")
+    yield images
+    for img, _ in images.values():
+        img.unlink(missing_ok=True)

@@ -261,6 +261,59 @@ def _render_recover(res) -> None:
 
 
 @app.command()
+def show(
+    case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    limit: int = typer.Option(40, help="Functions shown per module."),
+) -> None:
+    """Table-I-style counts, the model's own classes and functions by module, and its execution context."""
+    from zen.represent import case
+
+    manifest = case.load_manifest(case_dir)
+    mr = case.load_mr(case_dir)
+    pr = case.load_pr(case_dir)
+    by_module: dict[str, dict[str, list[str]]] = {}
+    for c in pr.classes:
+        by_module.setdefault(c.module, {"classes": [], "functions": []})["classes"].append(c.qualname)
+    for c in pr.codes:
+        if c.parent is None:
+            by_module.setdefault(c.module, {"classes": [], "functions": []})["functions"].append(c.fid.split(":", 1)[1])
+    summary = {"model": mr.root.cls, "status": manifest["status"], "counts": pr.counts, "modules": pr.modules,
+               "code": by_module, "dependencies": pr.dependencies, "context": pr.context}  # fmt: skip
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+        return
+    out.print(f"[bold]{case_dir}[/bold]: {mr.root.cls} at {mr.root.address} ({manifest['status']})")
+    t = Table("", "functions", "code objects", "classes", "modules")
+    sysc, modc = pr.counts["system"], pr.counts["model"]
+    t.add_row(
+        "system-wide", f"{sysc['functions']:,}", f"{sysc['code_objects']:,}", f"{sysc['classes']:,}", f"{sysc['modules']:,}"
+    )
+    t.add_row(
+        "model-specific", f"{modc['functions']:,}", f"{modc['code_objects']:,}", f"{modc['classes']:,}", f"{modc['modules']:,}"
+    )
+    out.print(t)
+    for module in sorted(by_module):
+        entry = by_module[module]
+        out.print(f"[bold]{module}[/bold]  {pr.modules.get(module) or ''}")
+        if entry["classes"]:
+            out.print("  classes: " + ", ".join(sorted(entry["classes"])))
+        funcs = sorted(entry["functions"])
+        for f in funcs[:limit]:
+            out.print(f"    {f}")
+        if len(funcs) > limit:
+            out.print(f"    ... {len(funcs) - limit} more")
+    deps = ", ".join(f"{k} ({v})" for k, v in sorted(pr.dependencies.items(), key=lambda kv: -kv[1])[:12])
+    out.print(f"calls into (not model code): {deps}")
+    ctx = pr.context
+    out.print(f"execution context: Python {ctx['runtime']['python']} on {ctx['runtime']['platform']}, "
+              f"devices {', '.join(ctx['hardware']['devices']) or '?'}, {ctx['runtime']['modules_loaded']} modules loaded")  # fmt: skip
+    out.print("requirements.txt:")
+    for line in ctx["requirements"]:
+        out.print(f"  {line}")
+
+
+@app.command()
 def demo(
     workdir: Path = typer.Option(Path("zen-demo"), "--dir", help="Where the demo writes its image and files."),
     keep: bool = typer.Option(False, "--keep", help="Keep the memory image afterwards."),

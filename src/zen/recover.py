@@ -102,7 +102,8 @@ def recover(
         # One pass over memory finds both the modules and every tensor object (inputs need those).
         tensor_types = {ti.addr for ti in heap.subclasses_of(TENSOR_BASE)}
         module_types = {ti.addr for ti in heap.subclasses_of(MODULE_BASE)}
-        found = heap.instances_of_types(tensor_types | module_types)
+        code_types = {ip.wk.types["function"], ip.wk.types["code"]}
+        found = heap.instances_of_types(tensor_types | module_types | code_types)
         index = ModuleIndex(ip, heap, found)
         root_addrs = index.roots()
         if not root_addrs:
@@ -140,6 +141,9 @@ def recover(
         mr.graph.update(dataflow_edges(ip, index, mr))
         mr.summary = summarize(mr)
         (out / case.MR_FILE).write_text(mr.dumps())
+        t = time.perf_counter()
+        _write_code(out, ip, heap, found, index, mr, space)
+        timings["code"] = time.perf_counter() - t
     except BaseException:
         space.close()
         raise
@@ -148,7 +152,8 @@ def recover(
         hasher.join()
     evidence = _evidence(space, image, pid, hasher)
     space.close()
-    files = {n: case.file_sha256(out / n) for n in (case.MR_FILE, case.WEIGHTS, case.INPUTS) if (out / n).exists()}
+    names = (case.MR_FILE, case.WEIGHTS, case.INPUTS, case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS)
+    files = {n: case.file_sha256(out / n) for n in names if (out / n).exists()}
     manifest = {
         "format": case.CASE_FORMAT,
         "kind": "zen-case",
@@ -166,6 +171,39 @@ def recover(
     }  # fmt: skip
     case.write_json(out / case.MANIFEST, manifest)
     return RecoverResult(out, manifest, mr, status, manifest["problems"])
+
+
+def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
+    """PR, UR, the rebuilt model code and requirements.txt (ZEN §IV-A)."""
+    import marshal
+
+    from zen.cpython.codebuild import can_rebuild, rebuild_code
+    from zen.cpython.context import execution_context
+    from zen.cpython.programmatic import build_pr, build_ur, model_closure
+    from zen.cpython.runtime import Runtime
+
+    rt = Runtime(ip, heap, found)
+    walk = index.walk(int(mr.root.address, 16))
+    seeds = sorted({node.type.addr for _, node in walk})
+    result = model_closure(rt, seeds)
+    info = getattr(space, "info", None)
+    machine = "x86_64" if info is not None else None
+    model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
+    context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
+    pr = build_pr(rt, result, context)
+    ur = build_ur(rt, [(path, node.type.addr) for path, node in walk], pr, result)
+    (out / case.PR_FILE).write_text(pr.dumps())
+    (out / case.UR_FILE).write_text(ur.dumps())
+    (out / case.REQUIREMENTS).write_text("\n".join(context["requirements"]) + "\n")
+    if can_rebuild(ip):
+        memo: dict = {}
+        codes = {}
+        for c in pr.codes:
+            try:
+                codes[c.address] = rebuild_code(ip, int(c.address, 16), memo)
+            except ZenError:
+                continue
+        (out / case.CODE_FILE).write_bytes(marshal.dumps(codes))
 
 
 def _submodule_root(index, reader, choice, refs):

@@ -50,7 +50,7 @@ def tree(model) -> list[dict]:
 
 def main(outdir: str, family: str) -> None:
     names = models_zoo.ZOO if family == "zoo" else models_zoo.HF
-    truth = {"pid": os.getpid(), "torch": torch.__version__, "models": {}}
+    truth = {"pid": os.getpid(), "torch": torch.__version__, "models": {}, "versions": {}}
     for name in names:
         model, x = models_zoo.build(name) if family == "zoo" else models_zoo.build_hf(name)[:2]
         with torch.no_grad():
@@ -70,6 +70,19 @@ def main(outdir: str, family: str) -> None:
         }  # fmt: skip
         KEEP.append((model, x, y))
     globals()["model"] = KEEP[0][0]  # the first model is referenced from __main__ by name
+    for pkg in ("torch", "transformers", "peft"):
+        if pkg in sys.modules:
+            truth["versions"][pkg] = sys.modules[pkg].__version__
+    import marshal
+
+    import code_truth
+
+    gt = code_truth.Truth()
+    for name, (model, _x, _y) in zip(names, KEEP):
+        info, codes = code_truth.model_truth(gt, model)
+        truth["models"][name]["code"] = info
+        with open(os.path.join(outdir, f"{name}.code.marshal"), "wb") as fh:
+            marshal.dump({str(i): c for i, c in codes.items()}, fh)
     with open(os.path.join(outdir, "truth.json"), "w") as fh:
         json.dump(truth, fh)
     print("READY", flush=True)

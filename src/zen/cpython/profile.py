@@ -100,6 +100,12 @@ class OpcodeTable:
     haslocal: frozenset[int]
     hasfree: frozenset[int]
     hascompare: frozenset[int]
+    name_arg_shift: dict[str, int] = field(default_factory=dict)
+    compare_arg_shift: int = 0
+    cmp_op: list[str] = field(default_factory=list)
+    binary_ops: list[str] = field(default_factory=list)
+    jump_base: str = "next"
+    backward_jumps: frozenset[int] = frozenset()
 
     @classmethod
     def from_json(cls, d: dict) -> OpcodeTable:
@@ -118,6 +124,12 @@ class OpcodeTable:
             haslocal=frozenset(d.get("haslocal", [])),
             hasfree=frozenset(d.get("hasfree", [])),
             hascompare=frozenset(d.get("hascompare", [])),
+            name_arg_shift=dict(d.get("name_arg_shift", {})),
+            compare_arg_shift=int(d.get("compare_arg_shift", 0)),
+            cmp_op=list(d.get("cmp_op", [])),
+            binary_ops=list(d.get("binary_ops", [])),
+            jump_base=d.get("jump_base", "next"),
+            backward_jumps=frozenset(d.get("backward_jumps", [])),
         )
 
     def base_op(self, op: int) -> int:

@@ -126,7 +126,8 @@ def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
     exact = sum(1 for t in mr.tensors if t.sha256 == truth["state_sha256"].get(t.key))
     ok = (mr.root.address == hex(truth["model_id"]) and found_classes == expected and exact == len(truth["state_sha256"])
           and any(label.endswith(".channel_shuffle") for label, _ in rebuilt))  # fmt: skip
-    console.print(f"model object: {mr.root.address == hex(truth['model_id'])}; module classes match: {found_classes == expected}; "
+    same_root = mr.root.address == hex(truth["model_id"])
+    console.print(f"model object: {same_root}; module classes match: {found_classes == expected}; "
                   f"tensors bit-exact: {exact}/{len(truth['state_sha256'])}")  # fmt: skip
     elapsed = time.perf_counter() - t_start
     console.print(f"[bold]{'OK' if ok else 'MISMATCH'}[/bold]: demo finished in {elapsed:.1f} s; case: {case_dir}")

@@ -2,6 +2,10 @@
 
     manifest.json        evidence (image path, size, sha256), versions, profiles, status, file hashes
     mr.json              the mathematical representation (module tree, tensors, graph)
+    pr.json              the programmatic representation (model code, Table I counts, context E)
+    ur.json              the mapping ϕ from module-tree nodes to classes and code
+    code.marshal         the model's code objects, rebuilt (zen's own output; reuse loads it)
+    requirements.txt     packages (with versions) the model code comes from and calls into
     weights.safetensors  every readable parameter and buffer, keyed by state_dict key
     inputs.safetensors   tensors found in the heap that fit the model's first layer
 
@@ -21,6 +25,7 @@ from zen.represent.mr import ModelMR
 
 CASE_FORMAT = 1
 MANIFEST, MR_FILE, WEIGHTS, INPUTS = "manifest.json", "mr.json", "weights.safetensors", "inputs.safetensors"
+PR_FILE, UR_FILE, CODE_FILE, REQUIREMENTS = "pr.json", "ur.json", "code.marshal", "requirements.txt"
 
 
 def file_sha256(path: Path) -> str:
@@ -67,3 +72,27 @@ def load_mr(case_dir: Path) -> ModelMR:
         return ModelMR.from_json(json.loads(p.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
         raise ZenError(f"{p} is not a valid MR: {exc}") from None
+
+
+def load_pr(case_dir: Path):
+    from zen.represent.pr import ProgrammaticRepresentation
+
+    p = Path(case_dir) / PR_FILE
+    if not p.is_file():
+        raise ZenError(f"{case_dir} has no {PR_FILE}", "recover the case again with this version of zen")
+    try:
+        return ProgrammaticRepresentation.from_json(json.loads(p.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ZenError(f"{p} is not a valid PR: {exc}") from None
+
+
+def load_ur(case_dir: Path):
+    from zen.represent.pr import UnifiedRepresentation
+
+    p = Path(case_dir) / UR_FILE
+    if not p.is_file():
+        raise ZenError(f"{case_dir} has no {UR_FILE}", "recover the case again with this version of zen")
+    try:
+        return UnifiedRepresentation.from_json(json.loads(p.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ZenError(f"{p} is not a valid UR: {exc}") from None

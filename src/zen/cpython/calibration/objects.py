@@ -327,6 +327,7 @@ class ObjectsMixin:
         kp = m.word(id(c1) + self.off("code", "co_localspluskinds"))
         kb = m.raw(kp + self.off("bytes", "ob_sval"), len(lp_names(c1)))
         self.check(kb[lp_names(c1).index("cellA")] == 0x40 and kb[lp_names(c1).index("l1")] == 0x20, "CO_FAST_* kinds on sample")
+        self._warmup(size)
         for flag in (
             "CO_OPTIMIZED",
             "CO_NEWLOCALS",
@@ -344,3 +345,26 @@ class ObjectsMixin:
                 self.provenance[f"constants.{flag}"] = "inspect module"
 
     # -- sets --------------------------------------------------------------------------------
+
+    def _warmup(self, size: int) -> None:
+        """3.11 counts a code object's first calls in `co_warmup` (from a negative start to 0, then
+        quickens it): find the 16-bit field that moves by one per call. Later versions differ; the
+        field is then simply absent from the profile."""
+        m = self.m
+        ns: dict = {}
+        exec(compile("def warm(x):\n    return x\n", "<zen-calibration>", "exec"), ns)  # our own sample
+        fn = ns["warm"]
+        before = m.raw(id(fn.__code__), size)
+        fn(1)
+        after = m.raw(id(fn.__code__), size)
+        fn(2)
+        later = m.raw(id(fn.__code__), size)
+        cands = []
+        for off in range(16, size - 1, 2):
+            a, b, c = (struct.unpack_from("<h", x, off)[0] for x in (before, after, later))
+            if a < 0 and b == a + 1 and c == a + 2:
+                cands.append((off, a))
+        if len(cands) == 1:
+            self.field("code", "co_warmup", cands[0][0], "i16")
+            self.constants["CODE_WARMUP_INITIAL"] = cands[0][1]
+            self.provenance["constants.CODE_WARMUP_INITIAL"] = "measured"

@@ -31,12 +31,13 @@ import struct
 import sys
 
 from zen.cpython.calibration.base import FORMAT, CalibrationFailed, CalibratorBase
+from zen.cpython.calibration.bytecode import BytecodeMixin
 from zen.cpython.calibration.objects import ObjectsMixin
 from zen.cpython.calibration.state import StateMixin
 from zen.cpython.calibration.values import ValuesMixin
 
 
-class Calibrator(ValuesMixin, ObjectsMixin, StateMixin, CalibratorBase):
+class Calibrator(ValuesMixin, ObjectsMixin, StateMixin, BytecodeMixin, CalibratorBase):
     def run(self) -> dict:
         gc.disable()
         try:

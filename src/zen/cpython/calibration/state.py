@@ -5,7 +5,6 @@ from __future__ import annotations
 import builtins
 import ctypes
 import gc
-import opcode
 import struct
 import sys
 import threading
@@ -183,58 +182,4 @@ class StateMixin:
             self.field("iframe", "prev_instr", pi[0], "ptr")
 
     # -- opcodes -------------------------------------------------------------------------------
-    @staticmethod
-    def opcodes() -> dict:
-        ops = {
-            "opname": list(opcode.opname),
-            "opmap": dict(opcode.opmap),
-            "have_argument": opcode.HAVE_ARGUMENT,
-            "extended_arg": opcode.EXTENDED_ARG,
-            "hasjrel": list(getattr(opcode, "hasjrel", [])),
-            "hasjabs": list(getattr(opcode, "hasjabs", [])),
-            "hasconst": list(opcode.hasconst),
-            "hasname": list(opcode.hasname),
-            "haslocal": list(opcode.haslocal),
-            "hasfree": list(opcode.hasfree),
-            "hascompare": list(opcode.hascompare),
-        }
-        specs = getattr(opcode, "_specializations", None)
-        if specs is None:
-            try:
-                from _opcode_metadata import _specializations as specs  # type: ignore  # 3.13+
-            except ImportError:
-                specs = {}
-        specialized = {}
-        import dis
-
-        specialized.update(getattr(dis, "_all_opmap", {}))  # 3.11/3.12: specialised ops fill free slots
-        try:
-            import _opcode_metadata  # type: ignore
-
-            specialized.update(getattr(_opcode_metadata, "_specialized_opmap", {}))
-        except ImportError:
-            pass
-        name_to_op = dict(opcode.opmap)
-        name_to_op.update(specialized)
-        for name in getattr(opcode, "_specialized_instructions", ()):
-            name_to_op.setdefault(name, None)
-        names = list(opcode.opname)
-        for op, name in enumerate(names):
-            name_to_op.setdefault(name, op)
-        deopt = {}
-        for base, variants in specs.items():
-            for v in variants:
-                if name_to_op.get(v) is not None and base in name_to_op:
-                    deopt[name_to_op[v]] = name_to_op[base]
-        ops["deopt"] = {str(k): v for k, v in sorted(deopt.items())}
-        ops["opname_full"] = {str(op): name for name, op in name_to_op.items() if op is not None}
-        cache = getattr(opcode, "_inline_cache_entries", None)
-        if isinstance(cache, dict):
-            ops["cache_entries"] = {str(name_to_op[n]): c for n, c in cache.items() if n in name_to_op}
-        elif cache is not None:
-            ops["cache_entries"] = {str(i): c for i, c in enumerate(cache) if c}
-        else:
-            ops["cache_entries"] = {}
-        return ops
-
     # -- all -------------------------------------------------------------------------------------

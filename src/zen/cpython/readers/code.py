@@ -121,3 +121,25 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
     info.cellvars = tuple(n for n, k in zip(lp_names, lp_kinds) if k & cell)
     info.freevars = tuple(n for n, k in zip(lp_names, lp_kinds) if k & free)
     return info
+
+
+def read_code_brief(ip: Interpreter, addr: int) -> tuple[str, str, int, bytes]:
+    """(qualname, filename, first line, de-specialised bytecode): what a system-wide table needs,
+    without reading constants, names and local tables."""
+    kind = ip.kind(addr)
+    if kind != "code":
+        raise ObjectError(addr, f"expected a code object, found {kind}")
+    C = ip.P.code
+    units = ip.space.i64(addr + ip.P.varobject.ob_size)
+    if not 0 < units <= MAX_CODE_UNITS:
+        raise ObjectError(addr, f"implausible code size of {units} units")
+    raw = ip.read_within(addr, C.co_code_adaptive + units * ip.P.constants.get("CODE_UNIT_SIZE", 2), addr, "code object")
+    f = C.reader("co_qualname", "co_filename", "co_firstlineno").unpack(raw)
+    adaptive = raw[C.co_code_adaptive :]
+    if C.has("co_warmup"):
+        # 3.11 quickens code (rewrites opcodes, fills caches) only once its warm-up counter reaches
+        # zero: before that the adaptive bytes are exactly co_code and need no de-specialisation.
+        warm = int.from_bytes(raw[C.co_warmup : C.co_warmup + 2], "little", signed=True)
+        if warm < 0:
+            return ip.str(f.co_qualname), ip.str(f.co_filename), f.co_firstlineno, adaptive
+    return ip.str(f.co_qualname), ip.str(f.co_filename), f.co_firstlineno, deoptimize(adaptive, ip.P.opcodes)

@@ -1,0 +1,123 @@
+"""Calibration of bytecode facts: opcode tables, de-specialisation map, cache sizes, and how
+arguments are encoded (name/compare packing, jump offsets) — measured on compiled samples with
+`dis`, so the decoder never hard-codes a version's quirks.
+"""
+
+from __future__ import annotations
+
+import dis
+import opcode
+
+from zen.cpython.calibration.base import CalibrationFailed
+
+_SAMPLE = """
+def sample(a, b, *items):
+    total = 0
+    for i in items:
+        if i < a and i > b:
+            total += abs(i) @ a - b
+        while total <= a:
+            total = total + len(str(i))
+    return obj.attr.method(total) + mod.name
+"""
+
+
+class BytecodeMixin:
+    @staticmethod
+    def opcodes() -> dict:
+        ops = {
+            "opname": list(opcode.opname),
+            "opmap": dict(opcode.opmap),
+            "have_argument": opcode.HAVE_ARGUMENT,
+            "extended_arg": opcode.EXTENDED_ARG,
+            "hasjrel": list(getattr(opcode, "hasjrel", [])),
+            "hasjabs": list(getattr(opcode, "hasjabs", [])),
+            "hasconst": list(opcode.hasconst),
+            "hasname": list(opcode.hasname),
+            "haslocal": list(opcode.haslocal),
+            "hasfree": list(opcode.hasfree),
+            "hascompare": list(opcode.hascompare),
+        }
+        specs = getattr(opcode, "_specializations", None)
+        if specs is None:
+            try:
+                from _opcode_metadata import _specializations as specs  # type: ignore  # 3.13+
+            except ImportError:
+                specs = {}
+        specialized = {}
+        import dis
+
+        specialized.update(getattr(dis, "_all_opmap", {}))  # 3.11/3.12: specialised ops fill free slots
+        try:
+            import _opcode_metadata  # type: ignore
+
+            specialized.update(getattr(_opcode_metadata, "_specialized_opmap", {}))
+        except ImportError:
+            pass
+        name_to_op = dict(opcode.opmap)
+        name_to_op.update(specialized)
+        for name in getattr(opcode, "_specialized_instructions", ()):
+            name_to_op.setdefault(name, None)
+        names = list(opcode.opname)
+        for op, name in enumerate(names):
+            name_to_op.setdefault(name, op)
+        deopt = {}
+        for base, variants in specs.items():
+            for v in variants:
+                if name_to_op.get(v) is not None and base in name_to_op:
+                    deopt[name_to_op[v]] = name_to_op[base]
+        ops["deopt"] = {str(k): v for k, v in sorted(deopt.items())}
+        ops["opname_full"] = {str(op): name for name, op in name_to_op.items() if op is not None}
+        cache = getattr(opcode, "_inline_cache_entries", None)
+        if isinstance(cache, dict):
+            ops["cache_entries"] = {str(name_to_op[n]): c for n, c in cache.items() if n in name_to_op}
+        elif cache is not None:
+            ops["cache_entries"] = {str(i): c for i, c in enumerate(cache) if c}
+        else:
+            ops["cache_entries"] = {}
+        ops.update(measure_arguments(ops))
+        return ops
+
+
+def measure_arguments(ops: dict) -> dict:
+    """Argument encodings of this version, measured against `dis` on a compiled sample."""
+    code = compile(_SAMPLE, "<zen-calibration>", "exec")
+    fn = next(c for c in code.co_consts if hasattr(c, "co_code"))
+    shifts: dict[str, set] = {}
+    jump_base = set()
+    cmp_shift = set()
+    for ins in dis.get_instructions(fn):
+        if ins.arg is None:
+            continue
+        if ins.opcode in opcode.hasname:
+            idx = fn.co_names.index(ins.argval)
+            shifts.setdefault(ins.opname, set()).update(s for s in (0, 1, 2, 4) if ins.arg >> s == idx)
+        if ins.opcode in opcode.hascompare:
+            ok = [s for s in (0, 4, 5) if ins.arg >> s < len(opcode.cmp_op) and opcode.cmp_op[ins.arg >> s] == ins.argval]
+            cmp_shift.update(ok)
+        if ins.opcode in opcode.hasjrel:
+            caches = ops["cache_entries"].get(str(ins.opcode), 0)
+            back = -1 if "BACKWARD" in ins.opname else 1
+            for base, extra in (("next", 0), ("after_caches", caches)):
+                if ins.offset + 2 + 2 * extra + back * 2 * ins.arg == ins.argval:
+                    jump_base.add(base)
+    name_shift = {}
+    for name, cands in shifts.items():
+        pick = min(cands) if cands else None
+        if pick is None:
+            raise CalibrationFailed(f"name argument encoding of {name} not found")
+        name_shift[name] = pick
+    if len(jump_base) != 1:
+        if jump_base == {"next", "after_caches"}:
+            jump_base = {"next"}  # no jump in the sample had caches: both readings agree
+        else:
+            raise CalibrationFailed(f"jump offset base ambiguous: {jump_base}")
+    nb_ops = [sym for _name, sym in getattr(dis, "_nb_ops", [])]
+    return {
+        "name_arg_shift": name_shift,
+        "compare_arg_shift": min(cmp_shift) if cmp_shift else 0,
+        "cmp_op": list(opcode.cmp_op),
+        "binary_ops": nb_ops,
+        "jump_base": jump_base.pop(),
+        "backward_jumps": sorted(op for name, op in opcode.opmap.items() if "BACKWARD" in name),
+    }

@@ -1,0 +1,268 @@
+"""Build the programmatic representation (PR) and the mapping ϕ (UR) from a model's classes.
+
+Input: the classes implementing each node of a model tree (from a framework front end). Output:
+`represent.pr` records. Code objects are described from memory only (never run): function ID
+(module:qualname(signature)), attributes, constants as stable display strings, bytecode hash,
+normalised listing, and the calls the interpreter had counted before specialising them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from zen.cpython.closure import Closure, ClosureResult
+from zen.cpython.instructions import decode
+from zen.cpython.listing import listing_sha256, normalise
+from zen.cpython.readers.code import CodeInfo, read_code_brief
+from zen.cpython.runtime import Runtime
+from zen.errors import ZenError
+from zen.represent.pr import ClassRecord, CodeRecord, NodeMapping, ProgrammaticRepresentation, Signature, UnifiedRepresentation
+
+MAX_CONST = 200
+
+
+def const_display(rt: Runtime, addr: int) -> str:
+    """A constant as it should appear in a listing: stable across processes (sets sorted, code by name)."""
+    kind = rt.kind(addr)
+    try:
+        if kind == "code":
+            ci = rt.code(addr)
+            return f"<code {ci.qualname}>" if ci else "<code ?>"
+        if kind in ("frozenset", "set"):
+            from zen.cpython.readers.containers import read_set
+
+            return "frozenset({" + ", ".join(sorted(const_display(rt, a) for a in read_set(rt.ip, addr))) + "})"
+        if kind == "tuple":
+            from zen.cpython.readers.containers import read_tuple
+
+            items = [const_display(rt, a) for a in read_tuple(rt.ip, addr)]
+            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        text = repr(rt.ip.value(addr, 2))
+    except ZenError as exc:
+        return f"<unreadable constant: {exc.reason if hasattr(exc, 'reason') else exc}>"
+    return text if len(text) <= MAX_CONST else text[: MAX_CONST - 3] + "..."
+
+
+def listing_of(rt: Runtime, ci: CodeInfo) -> list[str]:
+    consts = [const_display(rt, a) for a in ci.consts]
+    return normalise(decode(ci.code, ci.names, ci.localsplusnames, consts, rt.ip.P.opcodes))
+
+
+def _signature(rt: Runtime, ci: CodeInfo, f) -> Signature:
+    c = rt.ip.P.constants
+    n, k = ci.argcount, ci.kwonlyargcount
+    names = list(ci.varnames)
+    i = n + k
+    varargs = names[i] if ci.flags & c.get("CO_VARARGS", 4) else None
+    i += bool(varargs)
+    varkw = names[i] if ci.flags & c.get("CO_VARKEYWORDS", 8) else None
+    defaults = 0
+    kwdefaults: list[str] = []
+    if f is not None:
+        try:
+            if f.defaults and rt.kind(f.defaults) == "tuple":
+                from zen.cpython.readers.containers import read_tuple
+
+                defaults = len(read_tuple(rt.ip, f.defaults))
+            if f.kwdefaults and rt.kind(f.kwdefaults) == "dict":
+                kwdefaults = sorted(rt.namespace(f.kwdefaults))
+        except ZenError:
+            pass
+    return Signature(names[:n], ci.posonlyargcount, names[n : n + k], varargs, varkw, defaults, kwdefaults)
+
+
+def _calls(rt: Runtime, addr: int, ci: CodeInfo) -> dict:
+    """How often the interpreter saw this code run before specialising it (3.11: co_warmup)."""
+    C = rt.ip.P.code
+    out = {"specialised": ci.adaptive != ci.code}
+    if C.has("co_warmup"):
+        start = rt.ip.P.constants.get("CODE_WARMUP_INITIAL", -8)
+        w = int.from_bytes(rt.ip.space.read(addr + C.co_warmup, 2), "little", signed=True)
+        out["observed"] = max(0, w - start)
+        out["saturated"] = w >= 0
+    return out
+
+
+def _repr_plain(rt: Runtime, addr: int) -> str | None:
+    if not addr or rt.ip.is_none(addr):
+        return None
+    try:
+        return repr(rt.ip.value(addr, 3))
+    except ZenError:
+        return "<unreadable>"
+
+
+def code_record(rt: Runtime, code_addr: int, function: int | None, parent: int | None, children: list[int]) -> CodeRecord | None:
+    ci = rt.code(code_addr)
+    if ci is None:
+        return None
+    f = rt.function(function) if function else None
+    module = rt.module_name(f) if f else None
+    owners = rt.owners(function) if function else []
+    owner = None
+    if owners:
+        t = rt.type(owners[0])
+        owner = t.full_name if t else None
+    sig = _signature(rt, ci, f) if f else None
+    lines = listing_of(rt, ci)
+    closure = []
+    if f is not None and f.closure:
+        from zen.cpython.describe import describe
+        from zen.cpython.readers.containers import read_tuple
+        from zen.cpython.readers.functions import read_cell
+
+        try:
+            for cell in read_tuple(rt.ip, f.closure):
+                v = read_cell(rt.ip, cell)
+                d = describe(rt.ip, v) if v else {}
+                closure.append(d.get("value") or d.get("qualname") or d.get("name") or d.get("type", "?") if v else "<empty>")
+        except ZenError:
+            closure.append("<unreadable>")
+    return CodeRecord(
+        address=f"{code_addr:#x}",
+        function=f"{function:#x}" if function else None,
+        fid=f"{module or '?'}:{ci.qualname}{sig.text() if sig else ''}",
+        module=module or "?",
+        qualname=ci.qualname,
+        owner_class=owner,
+        signature=sig,
+        argcount=ci.argcount, posonlyargcount=ci.posonlyargcount, kwonlyargcount=ci.kwonlyargcount,
+        nlocals=ci.nlocals, stacksize=ci.stacksize, flags=ci.flags,
+        varnames=list(ci.varnames), cellvars=list(ci.cellvars), freevars=list(ci.freevars), names=list(ci.names),
+        consts=[const_display(rt, a) for a in ci.consts],
+        filename=ci.filename, firstlineno=ci.firstlineno, calls=_calls(rt, code_addr, ci),
+        bytecode_sha256=hashlib.sha256(ci.code).hexdigest(), listing_sha256=listing_sha256(lines), listing=lines,
+        parent=f"{parent:#x}" if parent else None, children=[f"{c:#x}" for c in children],
+        defaults=_repr_plain(rt, f.defaults) if f else None, kwdefaults=_repr_plain(rt, f.kwdefaults) if f else None,
+        closure=closure,
+    )  # fmt: skip
+
+
+def class_record(rt: Runtime, taddr: int, model: bool) -> ClassRecord | None:
+    t = rt.type(taddr)
+    if t is None:
+        return None
+
+    def name(a: int) -> str:
+        bt = rt.type(a)
+        return bt.full_name if bt else f"<type {a:#x}>"
+
+    return ClassRecord(f"{taddr:#x}", t.full_name, t.module, t.qualname, [name(b) for b in t.bases],
+                       [name(b) for b in t.mro_addrs], sorted({n for n, _ in rt.methods(t)}), model)  # fmt: skip
+
+
+def system_table(rt: Runtime) -> list[list]:
+    """[address, module, qualname, first line, bytecode sha256] for every code object in the image."""
+    ip = rt.ip
+    fields = ip.P.function.reader("func_code", "func_module")
+    module_of_code: dict[int, str] = {}
+    names: dict[int, str] = {}
+    for fa in rt.function_addrs:
+        try:
+            f = fields.unpack(ip.space.read(fa, fields.size))
+            if f.func_code in module_of_code:
+                continue
+            m = names.get(f.func_module)
+            if m is None:
+                m = names[f.func_module] = ip.str(f.func_module) if f.func_module and rt.kind(f.func_module) == "str" else "?"
+            module_of_code[f.func_code] = m
+        except ZenError:
+            continue
+    rows = []
+    for ca in rt.code_addrs:
+        try:
+            qualname, _filename, first, code = read_code_brief(ip, ca)
+        except ZenError:
+            continue
+        rows.append([f"{ca:#x}", module_of_code.get(ca, "?"), qualname, first, hashlib.sha256(code).hexdigest()[:32]])
+    return rows
+
+
+def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True) -> ProgrammaticRepresentation:
+    fns_of_code: dict[int, list[int]] = {}
+    for f, c in sorted(result.code_of_function.items()):
+        fns_of_code.setdefault(c, []).append(f)  # decorators make many functions share one code object
+    children: dict[int, list[int]] = {}
+    for c, parent in result.codes.items():
+        if parent:
+            children.setdefault(parent, []).append(c)
+    codes = []
+    for c in sorted(result.codes):
+        fns = fns_of_code.get(c, [])
+        rec = code_record(rt, c, fns[0] if fns else None, result.codes[c], sorted(children.get(c, [])))
+        if rec is not None:
+            rec.functions = [f"{f:#x}" for f in fns]
+        if rec is not None:
+            codes.append(rec)
+    classes = [r for r in (class_record(rt, t, True) for t in sorted(result.classes)) if r]
+    modules = {}
+    for name in sorted({c.module for c in codes if c.module != "?"} | {c.module for c in classes}):
+        addr = rt.modules.get(name)
+        file = None
+        if addr is not None:
+            v = rt.module_namespace(addr).get("__file__")
+            file = rt.ip.str(v) if v and rt.kind(v) == "str" else None
+        modules[name] = file
+    heap_types = sum(1 for t in rt.type_addrs if (ti := rt.type(t)) is not None and ti.is_heap)
+    counts = {
+        "system": {"functions": len(rt.function_addrs), "code_objects": len(rt.code_addrs), "classes": heap_types,
+                   "types": len(rt.type_addrs), "modules": len(rt.modules)},
+        "model": {"functions": len(result.functions), "code_objects": len(codes), "classes": len(classes),
+                  "modules": len(modules)},
+    }  # fmt: skip
+    return ProgrammaticRepresentation(
+        codes=codes, classes=classes, modules=modules, dependencies=dict(sorted(result.dependencies.items())),
+        counts=counts, context=context, system_codes=system_table(rt) if system else [],
+        exclusion=["torch.*", "numpy.*", "builtins", "the standard library"],
+    )  # fmt: skip
+
+
+def build_ur(
+    rt: Runtime, nodes: list[tuple[str, int]], pr: ProgrammaticRepresentation, full: ClosureResult
+) -> UnifiedRepresentation:
+    """ϕ for (path, class address) nodes in module-tree order.
+
+    Ownership, in two passes: a node first claims the methods of its own model-specific classes
+    (the first node of a class claims them); then each remaining code object of a node's closure
+    goes to the first node, in tree order, that reaches it.
+    """
+    known = {c.address for c in pr.codes}
+    per_class: dict[int, ClosureResult] = {}
+    rows = []
+    for path, taddr in nodes:
+        if taddr not in per_class:
+            per_class[taddr] = full.reach([("class", taddr)])
+        res = per_class[taddr]
+        t = rt.type(taddr)
+        model_classes = [a for a in (t.mro_addrs if t else []) if a in res.classes]
+        methods = set()
+        for a in model_classes:
+            ct = rt.type(a)
+            for _, f in rt.methods(ct) if ct else []:
+                code = res.code_of_function.get(f)
+                if code is not None and f"{code:#x}" in known:
+                    methods.add(f"{code:#x}")
+        closure = sorted(f"{c:#x}" for c in res.codes if f"{c:#x}" in known)
+        rows.append((path, t, model_classes, methods, closure))
+    owner: dict[str, str] = {}
+    for path, _, _, methods, _ in rows:
+        for c in sorted(methods):
+            owner.setdefault(c, path)
+    for path, _, _, _, closure in rows:
+        for c in closure:
+            owner.setdefault(c, path)
+    out = []
+    for path, t, model_classes, methods, closure in rows:
+        owned = [c for c in closure if owner.get(c) == path]
+        used = [c for c in closure if owner.get(c) != path]
+        out.append(NodeMapping(path, t.full_name if t else "?", [rt.type(a).full_name for a in model_classes],
+                               sorted(methods), owned, used))  # fmt: skip
+    shared = len({c for n in out for c in n.used})
+    return UnifiedRepresentation(out, shared)
+
+
+def model_closure(rt: Runtime, class_addrs: list[int]) -> ClosureResult:
+    cl = Closure(rt)
+    for t in class_addrs:
+        cl.add_class(t)
+    return cl.run()

@@ -1,0 +1,157 @@
+"""Runtime recovery (ZEN Fig. 1 ③-⑦): every function, code object, class and module in the image.
+
+The census finds the objects; this index reads them lazily and caches what is read, because the
+closure walk asks for the same namespaces and class dicts many times. It also builds the map from
+each function to the classes that hold it (directly, or wrapped in a staticmethod, classmethod or
+property), which the closure uses to resolve `self.method` and a fingerprint uses as the
+function's owner.
+"""
+
+from __future__ import annotations
+
+from zen.cpython.heap import Heap
+from zen.cpython.interp import Interpreter
+from zen.cpython.readers.code import CodeInfo, read_code
+from zen.cpython.readers.dicts import dict_str_items
+from zen.cpython.readers.functions import FunctionInfo, read_function, read_property, read_wrapped
+from zen.cpython.readers.types import TypeInfo, read_type
+from zen.errors import ZenError
+
+
+class Runtime:
+    def __init__(self, ip: Interpreter, heap: Heap | None = None, found: dict | None = None) -> None:
+        """`found` may carry census results from a scan shared with other types."""
+        self.ip = ip
+        self.heap = heap or Heap(ip)
+        wanted = [ip.wk.types["function"], ip.wk.types["code"]]
+        if found is None or not all(t in found for t in wanted):
+            found = self.heap.instances_of_types(wanted)
+        self.function_addrs: list[int] = found[ip.wk.types["function"]].tolist()
+        self.code_addrs: list[int] = found[ip.wk.types["code"]].tolist()
+        self.type_addrs: list[int] = self.heap.all_types()
+        try:
+            self.modules: dict[str, int] = self.heap.sys_modules()
+        except ZenError:
+            self.modules = {}
+        self._functions: dict[int, FunctionInfo | None] = {}
+        self._codes: dict[int, CodeInfo | None] = {}
+        self._namespaces: dict[int, dict[str, int]] = {}
+        self._owners: dict[int, list[int]] | None = None
+        self._module_dicts: dict[int, int] = {}
+
+    # -- cached readers -----------------------------------------------------------------------
+    def function(self, addr: int) -> FunctionInfo | None:
+        if addr not in self._functions:
+            try:
+                self._functions[addr] = read_function(self.ip, addr)
+            except ZenError:
+                self._functions[addr] = None
+        return self._functions[addr]
+
+    def code(self, addr: int) -> CodeInfo | None:
+        if addr not in self._codes:
+            try:
+                self._codes[addr] = read_code(self.ip, addr)
+            except ZenError:
+                self._codes[addr] = None
+        return self._codes[addr]
+
+    def namespace(self, dict_addr: int) -> dict[str, int]:
+        """A dict with str keys as {name: value address} (empty when unreadable)."""
+        ns = self._namespaces.get(dict_addr)
+        if ns is None:
+            try:
+                ns = dict(dict_str_items(self.ip, dict_addr)) if dict_addr else {}
+            except ZenError:
+                ns = {}
+            self._namespaces[dict_addr] = ns
+        return ns
+
+    def type(self, addr: int) -> TypeInfo | None:
+        try:
+            return read_type(self.ip, addr)
+        except ZenError:
+            return None
+
+    def module_namespace(self, module_addr: int) -> dict[str, int]:
+        """A module's namespace (its md_dict), read once."""
+        d = self._module_dicts.get(module_addr)
+        if d is None:
+            try:
+                if self.kind(module_addr) != "module":
+                    return {}
+                d = self.ip.ptr(module_addr + self.ip.P.module.md_dict)
+            except ZenError:
+                d = 0
+            self._module_dicts[module_addr] = d
+        return self.namespace(d)
+
+    def kind(self, addr: int) -> str | None:
+        try:
+            return self.ip.kind(addr)
+        except ZenError:
+            return None
+
+    # -- what a class attribute stands for ------------------------------------------------------
+    def functions_in(self, value: int) -> list[int]:
+        """Function objects a class attribute holds: itself, or inside staticmethod/classmethod/property."""
+        kind = self.kind(value)
+        try:
+            if kind == "function":
+                return [value]
+            if kind in ("staticmethod", "classmethod"):
+                inner = read_wrapped(self.ip, value)
+                return [inner] if self.kind(inner) == "function" else []
+            if kind == "property":
+                p = read_property(self.ip, value)
+                return [a for a in (p.fget, p.fset, p.fdel) if a and self.kind(a) == "function"]
+            if kind == "method":
+                from zen.cpython.readers.functions import read_method
+
+                f = read_method(self.ip, value).func
+                return [f] if self.kind(f) == "function" else []
+        except ZenError:
+            return []
+        return []
+
+    def methods(self, t: TypeInfo) -> list[tuple[str, int]]:
+        """(attribute name, function address) for every function a class's own dict holds."""
+        out = []
+        for name, v in self.namespace(t.dict_addr).items():
+            out += [(name, f) for f in self.functions_in(v)]
+        return out
+
+    def owners(self, function_addr: int) -> list[int]:
+        """Classes whose own dict holds the function (sorted by address)."""
+        if self._owners is None:
+            owners: dict[int, list[int]] = {}
+            for taddr in self.type_addrs:
+                t = self.type(taddr)
+                if t is None or not t.is_heap or not t.dict_addr:
+                    continue
+                for _, f in self.methods(t):
+                    owners.setdefault(f, []).append(taddr)
+            self._owners = owners
+        return self._owners.get(function_addr, [])
+
+    def lookup_attr(self, obj: int, name: str) -> int | None:
+        """`obj.name` for modules (their namespace) and classes (their MRO's dicts); None otherwise."""
+        kind = self.kind(obj)
+        if kind == "module":
+            return self.module_namespace(obj).get(name)
+        if kind == "type":
+            t = self.type(obj)
+            for base in t.mro_addrs if t else []:
+                bt = self.type(base)
+                if bt is not None and bt.dict_addr:
+                    v = self.namespace(bt.dict_addr).get(name)
+                    if v is not None:
+                        return v
+        return None
+
+    def module_name(self, f: FunctionInfo) -> str | None:
+        """A function's module: `__module__`, else its globals' `__name__`."""
+        if f.module:
+            return f.module
+        v = self.namespace(f.globals).get("__name__")
+        return self.ip.str(v) if v and self.kind(v) == "str" else None

@@ -1,0 +1,178 @@
+"""The programmatic representation (PR) and the unified representation (UR) of a recovered model.
+
+PR (ZEN Eq. 3): the classes, functions and code objects implementing the model, each code object
+with its function ID, attributes, a hash of its de-specialised bytecode and a version-normalised
+instruction listing; the system-wide census they were filtered from (Table I); the packages the
+code comes from (the execution context E, Eq. 6).
+
+UR (Eq. 4-5): ϕ maps every node of the module tree to exactly one class (its primary
+programmatic element), plus the code implementing it: the methods of its model-specific classes
+and everything those call. A helper reached from several nodes is *owned* by the first node (in
+module-tree order) that reaches it and *used* by the others, so every code object has exactly
+one owning node while each node still lists its full closure.
+
+Plain data; versioned (`"format": 1`); deterministic for one image.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PR_FORMAT = 1
+UR_FORMAT = 1
+
+
+@dataclass
+class Signature:
+    args: list[str]
+    posonly: int
+    kwonly: list[str]
+    varargs: str | None
+    varkw: str | None
+    defaults: int  # positional defaults present
+    kwdefaults: list[str]  # keyword-only names with defaults
+
+    def text(self) -> str:
+        parts = []
+        n_pos = len(self.args)
+        for i, a in enumerate(self.args):
+            d = "=…" if i >= n_pos - self.defaults else ""
+            parts.append(a + d)
+            if self.posonly and i == self.posonly - 1:
+                parts.append("/")
+        if self.varargs:
+            parts.append("*" + self.varargs)
+        elif self.kwonly:
+            parts.append("*")
+        parts += [k + ("=…" if k in self.kwdefaults else "") for k in self.kwonly]
+        if self.varkw:
+            parts.append("**" + self.varkw)
+        return "(" + ", ".join(parts) + ")"
+
+
+@dataclass
+class CodeRecord:
+    """One model-specific code object with everything a fingerprint compares."""
+
+    address: str
+    function: str | None  # the (first) function object holding this code (None for nested code)
+    fid: str  # function ID: module:qualname(signature)
+    module: str
+    qualname: str
+    owner_class: str | None
+    signature: Signature | None
+    argcount: int
+    posonlyargcount: int
+    kwonlyargcount: int
+    nlocals: int
+    stacksize: int
+    flags: int
+    varnames: list[str]
+    cellvars: list[str]
+    freevars: list[str]
+    names: list[str]
+    consts: list[str]  # display forms (code objects as <code qualname>, sets sorted)
+    filename: str
+    firstlineno: int
+    calls: dict[str, Any]  # {"observed": n (saturates), "saturated": bool, "specialised": bool}
+    bytecode_sha256: str
+    listing_sha256: str
+    listing: list[str]
+    functions: list[str] = field(default_factory=list)  # every model function using this code object
+    parent: str | None = None  # enclosing code object for nested code
+    children: list[str] = field(default_factory=list)
+    defaults: str | None = None  # repr of __defaults__ (plain values) for functions
+    kwdefaults: str | None = None
+    closure: list[str] = field(default_factory=list)  # display of closure cell contents
+
+
+@dataclass
+class ClassRecord:
+    address: str
+    name: str  # module.qualname
+    module: str
+    qualname: str
+    bases: list[str]
+    mro_names: list[str]  # (not "mro": a dataclass would take type.mro for a default)
+    methods: list[str]  # attribute names holding functions (incl. static/class methods, properties)
+    model_specific: bool
+
+
+@dataclass
+class ProgrammaticRepresentation:
+    codes: list[CodeRecord]
+    classes: list[ClassRecord]
+    modules: dict[str, str | None]  # model-specific module name -> file
+    dependencies: dict[str, int]  # excluded modules referenced by model code -> references
+    counts: dict[str, dict[str, int]]  # Table I: {"system": {...}, "model": {...}}
+    context: dict[str, Any]  # execution context E
+    system_codes: list[list]  # compact: [address, module, qualname, bytecode_sha256] for every code object
+    exclusion: list[str] = field(default_factory=list)  # what "not model code" meant here
+    format: int = PR_FORMAT
+
+    def to_json(self) -> dict[str, Any]:
+        # shallow conversion: dataclasses.asdict deep-copies and is 10x slower on thousands of records
+        d = dict(vars(self))
+        d["codes"] = [{**vars(c), "signature": vars(c.signature) if c.signature else None} for c in self.codes]
+        d["classes"] = [dict(vars(c)) for c in self.classes]
+        return {"format": d.pop("format"), "kind": "zen-pr", **d}
+
+    def dumps(self) -> str:
+        """Compact JSON (one code record per line): json's C encoder only runs without `indent`,
+        and a PR holds thousands of records; `jq .` pretty-prints it."""
+        d = self.to_json()
+        codes = d.pop("codes")
+        head = json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+        lines = ",\n".join(json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in codes)
+        return head[:-1] + ',"codes":[\n' + lines + "\n]}\n"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ProgrammaticRepresentation:
+        if d.get("kind") != "zen-pr" or d.get("format") != PR_FORMAT:
+            raise ValueError(f"not a zen PR (format {PR_FORMAT})")
+        codes = []
+        for c in d["codes"]:
+            c = dict(c)
+            c["signature"] = Signature(**c["signature"]) if c.get("signature") else None
+            codes.append(CodeRecord(**c))
+        return cls(
+            codes=codes, classes=[ClassRecord(**c) for c in d["classes"]], modules=d["modules"],
+            dependencies=d["dependencies"], counts=d["counts"], context=d["context"], system_codes=d["system_codes"],
+            exclusion=d.get("exclusion", []),
+        )  # fmt: skip
+
+
+@dataclass
+class NodeMapping:
+    path: str
+    cls: str  # ϕ(node): the one primary programmatic element
+    classes: list[str]  # model-specific classes in the node class's MRO
+    methods: list[str]  # code addresses of those classes' methods
+    owned: list[str]  # closure code objects this node owns (first to reach them)
+    used: list[str]  # closure code objects owned by an earlier node
+
+
+@dataclass
+class UnifiedRepresentation:
+    """ϕ as a list of node mappings. By construction every node maps to exactly one class (its
+    `cls`) and every code object is owned by exactly one node (Eq. 4); `shared_code_objects`
+    counts the helpers other nodes also use."""
+
+    nodes: list[NodeMapping]
+    shared_code_objects: int = 0
+    format: int = UR_FORMAT
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"format": d.pop("format"), "kind": "zen-ur", **d}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> UnifiedRepresentation:
+        if d.get("kind") != "zen-ur" or d.get("format") != UR_FORMAT:
+            raise ValueError(f"not a zen UR (format {UR_FORMAT})")
+        return cls(nodes=[NodeMapping(**n) for n in d["nodes"]], shared_code_objects=d.get("shared_code_objects", 0))
