@@ -306,8 +306,9 @@ def show(
     deps = ", ".join(f"{k} ({v})" for k, v in sorted(pr.dependencies.items(), key=lambda kv: -kv[1])[:12])
     out.print(f"calls into (not model code): {deps}")
     ctx = pr.context
+    devices = ", ".join(ctx["hardware"]["devices"]) or "?"
     out.print(f"execution context: Python {ctx['runtime']['python']} on {ctx['runtime']['platform']}, "
-              f"devices {', '.join(ctx['hardware']['devices']) or '?'}, {ctx['runtime']['modules_loaded']} modules loaded")  # fmt: skip
+              f"devices {devices}, {ctx['runtime']['modules_loaded']} modules loaded")  # fmt: skip
     out.print("requirements.txt:")
     for line in ctx["requirements"]:
         out.print(f"  {line}")
