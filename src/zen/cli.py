@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from zen import __version__
+from zen import __version__, cli_library
 from zen.errors import ZenError
 
 app = typer.Typer(
@@ -28,6 +28,8 @@ app = typer.Typer(
 )
 profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles (struct offsets) for a Python version.")
 app.add_typer(profile_app, name="profile")
+app.add_typer(cli_library.library_app, name="library")
+app.command("attribute")(cli_library.attribute)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -142,6 +142,15 @@ def build_hf(name: str):
                                        num_key_value_heads=2, vocab_size=97, max_position_embeddings=64, bos_token_id=0,
                                        eos_token_id=0, pad_token_id=0)  # fmt: skip
         return transformers.LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (1, 11))
+    if name in ("mistral", "qwen2"):  # real third-party derivatives of the Llama architecture
+        torch.manual_seed(13)
+        common = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=97, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
+        if name == "mistral":
+            cfg = transformers.MistralConfig(sliding_window=None, **common)
+            return transformers.MistralForCausalLM(cfg).eval(), torch.randint(0, 97, (1, 11))
+        cfg = transformers.Qwen2Config(**common)
+        return transformers.Qwen2ForCausalLM(cfg).eval(), torch.randint(0, 97, (1, 11))
     if name == "lora":
         import peft
 
@@ -157,4 +166,4 @@ def build_hf(name: str):
     raise KeyError(name)
 
 
-HF = ["gpt2", "llama", "lora"]
+HF = ["gpt2", "llama", "lora", "mistral", "qwen2"]

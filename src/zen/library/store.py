@@ -1,0 +1,289 @@
+"""The Base Model Library (ZEN §IV-B a): fingerprints of known base models in SQLite.
+
+One row per base model: its name (the ground truth), metadata (source image hash, versions, date),
+and its MR, PR (model-specific code only) and UR as compressed JSON. Every code object's
+de-specialised bytecode hash and normalised-listing hash is also stored in an indexed table, so
+Algorithm 1's candidate selection ("which bases share any function with this model?") is one
+indexed query, not a scan of every entry.
+
+The database runs in WAL mode with a busy timeout; each `add` is one IMMEDIATE transaction, so
+several processes can add concurrently without losing entries. The schema is versioned and
+migrated forward on open (`MIGRATIONS`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zen.errors import ZenError
+from zen.represent.mr import ModelMR
+from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
+
+SCHEMA_VERSION = 2
+# Statements that bring a database from version N-1 to N (index N-1). Version 1 is the original
+# layout; version 2 added free-text notes and a per-model index for fast removal.
+MIGRATIONS: list[list[str]] = [
+    [
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE models (
+            id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, created TEXT NOT NULL, source_sha256 TEXT,
+            python TEXT, torch TEXT, root_class TEXT, summary TEXT NOT NULL,
+            mr BLOB NOT NULL, pr BLOB NOT NULL, ur BLOB NOT NULL)""",
+        """CREATE TABLE code_hashes (
+            model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+            kind TEXT NOT NULL, hash TEXT NOT NULL, code TEXT NOT NULL)""",
+        "CREATE INDEX code_hashes_lookup ON code_hashes(kind, hash)",
+    ],
+    [
+        "ALTER TABLE models ADD COLUMN notes TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX code_hashes_model ON code_hashes(model_id)",
+    ],
+]
+
+
+class LibraryError(ZenError):
+    pass
+
+
+def default_library_path() -> Path:
+    env = os.environ.get("ZEN_LIBRARY")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "zen" / "library.sqlite"
+
+
+def _pack(obj: dict) -> bytes:
+    return zlib.compress(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode(), 6)
+
+
+def _unpack(blob: bytes) -> dict:
+    return json.loads(zlib.decompress(blob))
+
+
+@dataclass
+class Entry:
+    """A base model as stored in the library."""
+
+    id: int
+    name: str
+    created: str
+    source_sha256: str | None
+    python: str | None
+    torch: str | None
+    root_class: str | None
+    summary: dict
+    notes: str
+    _mr: bytes
+    _pr: bytes
+    _ur: bytes
+
+    @property
+    def mr(self) -> ModelMR:
+        return ModelMR.from_json(_unpack(self._mr))
+
+    @property
+    def pr(self) -> ProgrammaticRepresentation:
+        return ProgrammaticRepresentation.from_json(_unpack(self._pr))
+
+    @property
+    def ur(self) -> UnifiedRepresentation:
+        return UnifiedRepresentation.from_json(_unpack(self._ur))
+
+    def export(self) -> dict[str, Any]:
+        return {"name": self.name, "created": self.created, "source_sha256": self.source_sha256, "python": self.python,
+                "torch": self.torch, "root_class": self.root_class, "summary": self.summary, "notes": self.notes,
+                "mr": _unpack(self._mr), "pr": _unpack(self._pr), "ur": _unpack(self._ur)}  # fmt: skip
+
+
+class Library:
+    """A base-model library file; use as a context manager or call `close()`."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True) -> None:
+        self.path = Path(path) if path is not None else default_library_path()
+        if not self.path.exists():
+            if not create:
+                raise LibraryError(f"no base model library at {self.path}", "add a model with `zen library add CASE --name NAME`")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db.execute("PRAGMA busy_timeout = 60000")
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise LibraryError(f"{self.path} is not a usable zen library: {exc}") from None
+
+    # -- schema ---------------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        has_meta = self.db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        if not has_meta:
+            return 0
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            current = self.schema_version()
+            if current > SCHEMA_VERSION:
+                raise LibraryError(f"{self.path} has schema {current}, newer than this zen ({SCHEMA_VERSION})",
+                                   "upgrade zen to read this library")  # fmt: skip
+            for version in range(current, SCHEMA_VERSION):
+                for stmt in MIGRATIONS[version]:
+                    self.db.execute(stmt)
+                self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(version + 1),))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Library:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- entries --------------------------------------------------------------------------------
+    def add(self, name: str, mr: ModelMR, pr: ProgrammaticRepresentation, ur: UnifiedRepresentation, *,
+            source_sha256: str | None = None, python: str | None = None, torch: str | None = None,
+            notes: str = "", replace: bool = False, created: str | None = None) -> int:  # fmt: skip
+        """Store a base model under `name`; returns its id."""
+        if not name or name.strip() != name:
+            raise LibraryError(f"invalid model name {name!r}", "use a non-empty name without surrounding spaces")
+        pr_json = pr.to_json()
+        pr_json["system_codes"] = []  # the system-wide table is evidence, not fingerprint: not stored
+        summary = {"modules": len(mr.modules), "tensors": len(mr.tensors), "code_objects": len(pr.codes),
+                   "classes": len(pr.classes), "layer_types": len(mr.layer_types),
+                   "parameter_elements": mr.summary.get("parameter_elements")}  # fmt: skip
+        created = created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            exists = self.db.execute("SELECT id FROM models WHERE name=?", (name,)).fetchone()
+            if exists and not replace:
+                raise LibraryError(f"the library already has a model named {name!r}", "use --replace or another name")
+            if exists:
+                self.db.execute("DELETE FROM models WHERE id=?", (exists[0],))
+            cur = self.db.execute(
+                "INSERT INTO models(name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur, notes)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (name, created, source_sha256, python, torch, mr.root.cls, json.dumps(summary),
+                 _pack(mr.to_json()), _pack(pr_json), _pack(ur.to_json()), notes),
+            )  # fmt: skip
+            mid = cur.lastrowid
+            rows = [(mid, "bytecode", c.bytecode_sha256, c.address) for c in pr.codes]
+            rows += [(mid, "listing", c.listing_sha256, c.address) for c in pr.codes]
+            self.db.executemany("INSERT INTO code_hashes(model_id, kind, hash, code) VALUES (?,?,?,?)", rows)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return mid
+
+    def add_case(self, case_dir: Path, name: str, *, replace: bool = False, notes: str = "") -> int:
+        from zen.represent import case
+
+        manifest = case.load_manifest(case_dir)
+        return self.add(name, case.load_mr(case_dir), case.load_pr(case_dir), case.load_ur(case_dir),
+                        source_sha256=manifest.get("evidence", {}).get("sha256"),
+                        python=manifest.get("python", {}).get("version"), torch=manifest.get("torch", {}).get("version"),
+                        notes=notes, replace=replace)  # fmt: skip
+
+    def _entry(self, row) -> Entry:
+        (mid, name, created, sha, python, torch, root, summary, mr, pr, ur, notes) = row
+        return Entry(mid, name, created, sha, python, torch, root, json.loads(summary), notes, mr, pr, ur)
+
+    _COLUMNS = "id, name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur, notes"
+
+    def get(self, name: str) -> Entry:
+        row = self.db.execute(f"SELECT {self._COLUMNS} FROM models WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise LibraryError(f"no model named {name!r} in {self.path}", "`zen library list` shows the names")
+        return self._entry(row)
+
+    def entries(self, names: Iterable[str] | None = None) -> list[Entry]:
+        if names is None:
+            rows = self.db.execute(f"SELECT {self._COLUMNS} FROM models ORDER BY name").fetchall()
+        else:
+            wanted = list(names)
+            rows = []
+            for i in range(0, len(wanted), 500):
+                part = wanted[i : i + 500]
+                q = f"SELECT {self._COLUMNS} FROM models WHERE name IN ({','.join('?' * len(part))}) ORDER BY name"
+                rows += self.db.execute(q, part).fetchall()
+        return [self._entry(r) for r in rows]
+
+    def list(self) -> list[dict]:
+        rows = self.db.execute("SELECT name, created, python, torch, root_class, summary, notes FROM models ORDER BY name")
+        return [{"name": n, "created": c, "python": p, "torch": t, "root_class": r, "summary": json.loads(s), "notes": no}
+                for n, c, p, t, r, s, no in rows]  # fmt: skip
+
+    def remove(self, name: str) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            cur = self.db.execute("DELETE FROM models WHERE name=?", (name,))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        if cur.rowcount == 0:
+            raise LibraryError(f"no model named {name!r} in {self.path}")
+
+    def __len__(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM models").fetchone()[0]
+
+    # -- candidate selection (Algorithm 1, lines 3-7) -----------------------------------------
+    def sharing(self, kind: str, hashes: Iterable[str]) -> dict[str, int]:
+        """Library model name -> number of the given hashes it also has (one indexed query)."""
+        hashes = sorted(set(hashes))
+        out: dict[str, int] = {}
+        for i in range(0, len(hashes), 500):
+            part = hashes[i : i + 500]
+            q = (f"SELECT m.name, COUNT(DISTINCT h.hash) FROM code_hashes h JOIN models m ON m.id = h.model_id "
+                 f"WHERE h.kind=? AND h.hash IN ({','.join('?' * len(part))}) GROUP BY m.name")  # fmt: skip
+            for name, n in self.db.execute(q, [kind, *part]):
+                out[name] = out.get(name, 0) + n
+        return out
+
+    def document_frequency(self, kind: str, hashes: Iterable[str]) -> dict[str, int]:
+        """For each hash: in how many library models it occurs (for weighting shared library code)."""
+        hashes = sorted(set(hashes))
+        out: dict[str, int] = {}
+        for i in range(0, len(hashes), 500):
+            part = hashes[i : i + 500]
+            q = (f"SELECT hash, COUNT(DISTINCT model_id) FROM code_hashes WHERE kind=? "
+                 f"AND hash IN ({','.join('?' * len(part))}) GROUP BY hash")  # fmt: skip
+            out.update(dict(self.db.execute(q, [kind, *part]).fetchall()))
+        return out
+
+    # -- sharing libraries ------------------------------------------------------------------------
+    def export(self, path: Path, names: Iterable[str] | None = None) -> int:
+        items = [e.export() for e in self.entries(names)]
+        Path(path).write_text(json.dumps({"format": 1, "kind": "zen-library-export", "models": items}, ensure_ascii=False))
+        return len(items)
+
+    def import_(self, path: Path, *, replace: bool = False) -> list[str]:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise LibraryError(f"cannot read library export {path}: {exc}") from None
+        if data.get("kind") != "zen-library-export" or data.get("format") != 1:
+            raise LibraryError(f"{path} is not a zen library export")
+        names = []
+        for item in data["models"]:
+            self.add(item["name"], ModelMR.from_json(item["mr"]), ProgrammaticRepresentation.from_json(item["pr"]),
+                     UnifiedRepresentation.from_json(item["ur"]), source_sha256=item.get("source_sha256"),
+                     python=item.get("python"), torch=item.get("torch"), notes=item.get("notes", ""), replace=replace,
+                     created=item.get("created"))  # fmt: skip
+            names.append(item["name"])
+        return names

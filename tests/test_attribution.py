@@ -1,0 +1,165 @@
+"""Base Model Library and attribution (issue 5) on real process images.
+
+Library: the three test-family bases plus transformers GPT-2 and Llama, each recovered from its
+own imaged process. Every customised fork and every real derivative must be attributed to its
+base, top-1; a base compared with its own image scores 1.0 on MR, PR and UR.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from conftest import HERE, recovered, zen
+
+from zen.attribute.algorithm import NO_SHARED_CODE, attribute
+from zen.attribute.mr_similarity import mr_similarity
+from zen.attribute.pr_similarity import attr_ss, code_similarity, ibss, views
+from zen.library.store import MIGRATIONS, SCHEMA_VERSION, Library
+from zen.represent import case
+
+BASES = {"convnet": "convnet", "mobile": "mobile", "gptmini": "gptmini", "gpt2": "hf", "llama": "hf"}
+FORKS = {
+    "convnet_se": ("convnet", "convnet"), "convnet_wide": ("convnet", "convnet"), "convnet_renamed": ("convnet", "convnet"),
+    "mobile_ghost": ("mobile", "mobile"), "mobile_wide": ("mobile", "mobile"),
+    "gptmini_lora": ("gptmini", "gptmini"), "gptmini_rope": ("gptmini", "gptmini"),
+    "lora": ("hf", "gpt2"), "mistral": ("hf", "llama"), "qwen2": ("hf", "llama"),
+}  # fmt: skip
+
+
+def case_of(name, source, family_images, hf_image, workdir):
+    image, target = hf_image if source == "hf" else family_images[source]
+    return recovered(image, target, name, workdir)[0]
+
+
+@pytest.fixture(scope="session")
+def base_library(family_images, hf_image, workdir):
+    path = workdir / "bases.sqlite"
+    with Library(path) as lib:
+        for name, source in BASES.items():
+            lib.add_case(case_of(name, source, family_images, hf_image, workdir), name)
+    return path
+
+
+@pytest.mark.parametrize("fork", sorted(FORKS))
+def test_forks_attributed_to_their_base(base_library, family_images, hf_image, workdir, fork):
+    source, expected = FORKS[fork]
+    c = case_of(fork, source, family_images, hf_image, workdir)
+    res = json.loads(zen("attribute", c, "--library", base_library, "--json").stdout)
+    print(f"\n{fork}: " + ", ".join(f"{x['name']} UR {x['ur']} (MR {x['mr']}, PR {x['pr']})" for x in res["candidates"][:3]))
+    assert res["attributed"] == expected
+    urs = [x["ur"] for x in res["candidates"]]
+    assert urs == sorted(urs, reverse=True) and res["candidates"][0]["name"] == expected
+    assert expected in res["explanation"]
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_base_scores_one_against_itself(base_library, family_images, hf_image, workdir, base):
+    c = case_of(base, BASES[base], family_images, hf_image, workdir)
+    with Library(base_library) as lib:
+        res = attribute(case.load_mr(c), case.load_pr(c), lib)
+    top = res.candidates[0]
+    assert res.attributed == base and (round(top.mr.mrss, 9), round(top.pr, 9), round(top.ur, 9)) == (1.0, 1.0, 1.0)
+
+
+def test_deterministic_and_symmetric(base_library, family_images, hf_image, workdir):
+    c = case_of("convnet_se", "convnet", family_images, hf_image, workdir)
+    a = zen("attribute", c, "--library", base_library, "--json").stdout
+    b = zen("attribute", c, "--library", base_library, "--json").stdout
+    assert a == b
+    other = case_of("convnet_wide", "convnet", family_images, hf_image, workdir)
+    x, y = case.load_mr(c), case.load_mr(other)
+    assert mr_similarity(x, y) == mr_similarity(y, x)
+
+
+def test_no_shared_code(base_library, zoo_image, workdir):
+    c = recovered(*zoo_image, "cnn", workdir)[0]
+    res = json.loads(zen("attribute", c, "--library", base_library, "--json").stdout)
+    assert res["attributed"] is None and res["message"] == NO_SHARED_CODE
+    assert {x["name"] for x in res["candidates"]} == set(BASES) and all(x["method"] == "mr-only" for x in res["candidates"])
+    assert NO_SHARED_CODE in zen("attribute", c, "--library", base_library).stdout
+
+
+def test_similarity_measures_on_real_code(family_images, hf_image, workdir):
+    """Identity scores 1.0; scores stay in [0, 1]; greedy and optimal agree on identical code."""
+    a = case.load_pr(case_of("convnet", "convnet", family_images, hf_image, workdir))
+    b = case.load_pr(case_of("convnet_se", "convnet", family_images, hf_image, workdir))
+    va, vb = views(a), views(b)
+    for v in va:
+        assert attr_ss(v, v) == 1.0 and ibss(v, v) == 1.0
+    same = code_similarity(va, views(a))
+    assert same.cos == 1.0 and same.optimal_cos == 1.0 and same.exact == len(va)
+    diff = code_similarity(vb, va)
+    assert 0.0 < diff.cos < 1.0 and 0.0 < diff.optimal_cos <= 1.0
+    assert {c.qualname for c in diff.added} == {"SEBlock.__init__", "SEBlock.forward", "se_gate"}
+
+
+def test_library_commands(base_library, workdir, tmp_path):
+    lib = tmp_path / "copy.sqlite"
+    exported = tmp_path / "export.json"
+    zen("library", "export", "--library", base_library, "-o", exported, "--name", "convnet", "--name", "gpt2")
+    zen("library", "import", exported, "--library", lib)
+    listing = json.loads(zen("library", "list", "--library", lib, "--json").stdout)
+    assert [r["name"] for r in listing] == ["convnet", "gpt2"]
+    shown = json.loads(zen("library", "show", "gpt2", "--library", lib, "--json").stdout)
+    assert shown["root_class"].endswith("GPT2LMHeadModel") and "transformers.models.gpt2.modeling_gpt2" in shown["modules"]
+    again = zen("library", "import", exported, "--library", lib, check=False)
+    assert again.returncode != 0 and "already has a model named" in again.stderr
+    zen("library", "remove", "convnet", "--library", lib)
+    assert [r["name"] for r in json.loads(zen("library", "list", "--library", lib, "--json").stdout)] == ["gpt2"]
+    with Library(lib) as db:  # removal also removed the entry's code hashes
+        assert db.db.execute("SELECT COUNT(DISTINCT model_id) FROM code_hashes").fetchone()[0] == 1
+    missing = zen("library", "list", "--library", tmp_path / "none.sqlite", check=False)
+    assert missing.returncode != 0 and "no base model library" in missing.stderr
+
+
+def test_schema_migration(tmp_path, base_library):
+    """A version-1 library (as first released) is migrated to the current schema, data kept."""
+    old = tmp_path / "v1.sqlite"
+    db = sqlite3.connect(old)
+    for stmt in MIGRATIONS[0]:
+        db.execute(stmt)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    src = sqlite3.connect(base_library)
+    row = src.execute("SELECT name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur FROM models "
+                      "WHERE name='convnet'").fetchone()  # fmt: skip
+    db.execute("INSERT INTO models(name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur) "
+               "VALUES (?,?,?,?,?,?,?,?,?,?)", row)  # fmt: skip
+    db.commit()
+    db.close()
+    with Library(old) as lib:
+        assert lib.schema_version() == SCHEMA_VERSION
+        assert lib.get("convnet").notes == "" and lib.get("convnet").mr.root.cls == "convnet.ConvNet"
+
+
+def _add_copies(args):
+    path, case_dir, prefix, n = args
+    with Library(path) as lib:
+        for i in range(n):
+            lib.add_case(case_dir, f"{prefix}-{i}")
+
+
+def test_concurrent_adds_lose_nothing(family_images, hf_image, workdir, tmp_path):
+    path = tmp_path / "concurrent.sqlite"
+    c = case_of("convnet", "convnet", family_images, hf_image, workdir)
+    jobs = [(path, c, f"w{w}", 6) for w in range(4)]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        pool.map(_add_copies, jobs)
+    with Library(path) as lib:
+        assert sorted(r["name"] for r in lib.list()) == sorted(f"w{w}-{i}" for w in range(4) for i in range(6))
+        assert lib.db.execute("SELECT COUNT(*) FROM code_hashes").fetchone()[0] == 24 * 2 * 6
+
+
+def test_library_build_from_recipe(family_images, hf_image, workdir, tmp_path):
+    lib = tmp_path / "built.sqlite"
+    res = subprocess.run([sys.executable, "-m", "zen", "library", "build", str(HERE / "recipes" / "families.toml"),
+                          "--library", str(lib), "--only", "mobile"], capture_output=True, text=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    c = case_of("mobile_ghost", "mobile", family_images, hf_image, workdir)
+    out = json.loads(zen("attribute", c, "--library", lib, "--json").stdout)
+    assert out["attributed"] == "mobile"
