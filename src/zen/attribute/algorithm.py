@@ -1,7 +1,8 @@
 """Model attribution: ZEN's Algorithm 1 over a base model library.
 
-1. Candidate selection (lines 3-7): the library models sharing at least one identical code object
-   (same normalised listing, see pr_similarity) with the recovered model, found with one indexed query. They are ranked by the share of
+1. Candidate selection (lines 3-7): the library models sharing at least one identical code
+   object (same normalised listing, see pr_similarity) with the recovered model, found with one
+   indexed query. They are ranked by the share of
    code they have in common, and the first `FULL_COMPARE` are compared in full; the rest keep an
    index-based estimate (flagged as such), which keeps attribution time nearly flat in library size.
 2. For each candidate (lines 9-30): MRSS (mr_similarity), the δ→γ code matching and COs
