@@ -106,13 +106,11 @@ def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, 
         return Attribution(None, cands, NO_SHARED_CODE, f"{NO_SHARED_CODE}; MR-only similarities are listed.", size)
     sizes = {e["name"]: max(1, e["summary"].get("code_objects", 1)) for e in library.list()}
     ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), n))
-    df = library.document_frequency("listing", {c.listing_sha256 for c in pr.codes})
-    delta = views(pr, df, primary_modules(mr))
+    delta = views(pr, primary_modules(mr))
     cands: list[Candidate] = []
     for entry in library.entries(ranked[:FULL_COMPARE]):
         base_pr, base_mr = entry.pr, entry.mr
-        base_df = library.document_frequency("listing", {c.listing_sha256 for c in base_pr.codes})
-        gamma = views(base_pr, base_df, primary_modules(base_mr))
+        gamma = views(base_pr, primary_modules(base_mr))
         match = code_similarity(delta, gamma, optimal=optimal)
         cls = class_similarity(delta, gamma, match.pairs)
         cands.append(Candidate(entry.name, mr_similarity(mr, base_mr), "algorithm-1", match.cos, cls, match.optimal_cos,

@@ -21,10 +21,10 @@ functions (PreTrainedModel, accelerate, huggingface_hub) that every transformers
 counted equally they would make any two such models look alike. The code that identifies a model
 is the code of the modules defining its layers (the modules of its module classes: "model code").
 So model code is matched against model code and framework code against framework code, and
-COs = 0.8·COs(model code) + 0.2·COs(framework code) (or just the one that exists). Within each,
-code objects are weighted by rarity across the library (1 / number of library models holding the
-same listing) and COs is the weighted sum of pair scores over the larger side's total weight, so
-it is 1.0 for a model compared with itself.
+COs = 0.8·COs(model code) + 0.2·COs(framework code) (or just the one that exists), each being the
+sum of pair scores over the larger side's number of code objects: 1.0 for a model compared with
+itself, and independent of what else the library holds. (Weighting code by its rarity across the
+library was tried and dropped: near-duplicate library entries make rare code look important.)
 
 """
 
@@ -101,10 +101,9 @@ class MatchResult:
         return sum(p.exact for p in self.pairs)
 
 
-def views(pr: ProgrammaticRepresentation, df: dict[str, int] | None = None, primary: set[str] | None = None) -> list[CodeView]:
-    """Comparison views of a PR's code objects, weighted (see module docstring)."""
-    df = df or {}
-    return [CodeView(c, 1.0 / max(1, df.get(c.listing_sha256, 1)), primary is None or c.module in primary) for c in pr.codes]
+def views(pr: ProgrammaticRepresentation, primary: set[str] | None = None) -> list[CodeView]:
+    """Comparison views of a PR's code objects, marked as model code (in `primary`) or framework code."""
+    return [CodeView(c, 1.0, primary is None or c.module in primary) for c in pr.codes]
 
 
 def greedy_match(delta: list[CodeView], gamma: list[CodeView]) -> MatchResult:

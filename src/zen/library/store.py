@@ -255,17 +255,6 @@ class Library:
                 out[name] = out.get(name, 0) + n
         return out
 
-    def document_frequency(self, kind: str, hashes: Iterable[str]) -> dict[str, int]:
-        """For each hash: in how many library models it occurs (for weighting shared library code)."""
-        hashes = sorted(set(hashes))
-        out: dict[str, int] = {}
-        for i in range(0, len(hashes), 500):
-            part = hashes[i : i + 500]
-            q = (f"SELECT hash, COUNT(DISTINCT model_id) FROM code_hashes WHERE kind=? "
-                 f"AND hash IN ({','.join('?' * len(part))}) GROUP BY hash")  # fmt: skip
-            out.update(dict(self.db.execute(q, [kind, *part]).fetchall()))
-        return out
-
     # -- sharing libraries ------------------------------------------------------------------------
     def export(self, path: Path, names: Iterable[str] | None = None) -> int:
         items = [e.export() for e in self.entries(names)]
