@@ -124,11 +124,16 @@ def recover(
                 )
             chosen, how = sub, f"--model {model}"
         mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types)
+        from zen.frontends.pytorch.state import module_states
+
+        extra = module_states(ip, index, reader, mr, slots, tensor_types)
         space.release()
         timings["model"] = time.perf_counter() - t
         t = time.perf_counter()
         problems = list(space.problems)
-        _write_weights(out, reader, slots, problems, progress)
+        _write_tensors(out / case.WEIGHTS, reader, slots, progress)
+        if extra:
+            _write_tensors(out / case.EXTRA, reader, extra, None)
         timings["weights"] = time.perf_counter() - t
         t = time.perf_counter()
         from zen.frontends.pytorch.inputs import recover_inputs
@@ -148,11 +153,12 @@ def recover(
         space.close()
         raise
     status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
+    problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
     if hasher:
         hasher.join()
     evidence = _evidence(space, image, pid, hasher)
     space.close()
-    names = (case.MR_FILE, case.WEIGHTS, case.INPUTS, case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS)
+    names = (case.MR_FILE, case.WEIGHTS, case.INPUTS, case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS, case.EXTRA)
     files = {n: case.file_sha256(out / n) for n in names if (out / n).exists()}
     manifest = {
         "format": case.CASE_FORMAT,
@@ -179,7 +185,7 @@ def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
 
     from zen.cpython.codebuild import can_rebuild, rebuild_code
     from zen.cpython.context import execution_context
-    from zen.cpython.programmatic import build_pr, build_ur, model_closure
+    from zen.cpython.programmatic import build_pr, build_ur, model_closure, module_globals
     from zen.cpython.runtime import Runtime
 
     rt = Runtime(ip, heap, found)
@@ -191,6 +197,7 @@ def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
     model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
     context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
     pr = build_pr(rt, result, context)
+    pr.module_globals = module_globals(rt, pr)
     ur = build_ur(rt, [(path, node.type.addr) for path, node in walk], pr, result)
     (out / case.PR_FILE).write_text(pr.dumps())
     (out / case.UR_FILE).write_text(ur.dumps())
@@ -217,8 +224,8 @@ def _submodule_root(index, reader, choice, refs):
     return root_record(index, reader, addr, refs.get(addr, []))
 
 
-def _write_weights(out: Path, reader: TensorReader, slots, problems: list[str], progress: Progress | None) -> None:
-    """Stream every tensor whose data is present into weights.safetensors, in state_dict order."""
+def _write_tensors(path: Path, reader: TensorReader, slots, progress: Progress | None) -> None:
+    """Stream every tensor whose data is present into a safetensors file, in the slots' order."""
     space = reader.ip.space
     writable = []
     for s in slots:
@@ -235,20 +242,18 @@ def _write_weights(out: Path, reader: TensorReader, slots, problems: list[str], 
     tied = {s.key: s.record.tied_to for s in writable if s.record.tied_to}
     if tied:
         meta["zen_tied"] = ",".join(f"{k}={v}" for k, v in tied.items())
-    w = SafetensorsWriter(
-        out / case.WEIGHTS, [Entry(s.key, s.meta.safetensors, s.meta.shape, s.meta.nbytes) for s in writable], meta
-    )
+    w = SafetensorsWriter(path, [Entry(s.key, s.meta.safetensors, s.meta.shape, s.meta.nbytes) for s in writable], meta)
     done = 0
     try:
         for s in writable:
             s.record.sha256 = w.write(s.key, reader.iter_bytes(s.meta))
             done += s.meta.nbytes
             if progress:
-                progress("weights", done, total)
+                progress(path.stem, done, total)
         w.close()
     except TensorDataMissing as exc:
         w.abort()
-        raise ZenError(f"tensor data became unreadable while writing weights: {exc}") from None
+        raise ZenError(f"tensor data became unreadable while writing {path.name}: {exc}") from None
     except BaseException:
         w.abort()
         raise

@@ -261,6 +261,30 @@ def build_ur(
     return UnifiedRepresentation(out, shared)
 
 
+def module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, dict]:
+    """For each model module: the globals its model code loads (LOAD_GLOBAL), encoded for rebuilding."""
+    from zen.cpython.snapshot import Encoder
+
+    enc = Encoder(rt.ip)
+    by_addr = {c.address: c for c in pr.codes}
+    out: dict[str, dict] = {}
+    for c in pr.codes:
+        top = c
+        while top.parent and top.parent in by_addr:
+            top = by_addr[top.parent]
+        f = rt.function(int(top.function, 16)) if top.function else None
+        if f is None:
+            continue
+        ns = rt.namespace(f.globals)
+        names = out.setdefault(top.module, {})
+        for line in c.listing:
+            if line.startswith("LOAD_GLOBAL "):
+                name = line.split(" ", 1)[1]
+                if name not in names and name in ns:
+                    names[name] = enc.encode(ns[name])
+    return {m: dict(sorted(v.items())) for m, v in sorted(out.items())}
+
+
 def model_closure(rt: Runtime, class_addrs: list[int]) -> ClosureResult:
     cl = Closure(rt)
     for t in class_addrs:

@@ -8,6 +8,7 @@
     requirements.txt     packages (with versions) the model code comes from and calls into
     weights.safetensors  every readable parameter and buffer, keyed by state_dict key
     inputs.safetensors   tensors found in the heap that fit the model's first layer
+    extra.safetensors    tensors the model holds outside state_dict (non-persistent buffers, attributes)
 
 Everything but manifest.json's "run" section (start time, durations) is deterministic: the same
 image gives byte-identical files.
@@ -26,6 +27,7 @@ from zen.represent.mr import ModelMR
 CASE_FORMAT = 1
 MANIFEST, MR_FILE, WEIGHTS, INPUTS = "manifest.json", "mr.json", "weights.safetensors", "inputs.safetensors"
 PR_FILE, UR_FILE, CODE_FILE, REQUIREMENTS = "pr.json", "ur.json", "code.marshal", "requirements.txt"
+EXTRA = "extra.safetensors"
 
 
 def file_sha256(path: Path) -> str:

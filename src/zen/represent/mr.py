@@ -46,6 +46,11 @@ class ModuleRecord:
     none_entries: list[str] = field(default_factory=list)  # parameters/buffers/children registered as None
     children: list[str] = field(default_factory=list)  # child names in registration order
     unregistered_tensors: list[str] = field(default_factory=list)  # plain attributes holding tensors
+    # for rebuilding the object graph (reuse): every instance attribute, encoded (cpython.snapshot),
+    # and where each registered parameter/buffer's data is (weights or extra tensors; None entries kept)
+    state: dict[str, Any] = field(default_factory=dict)
+    parameter_keys: dict[str, str | None] = field(default_factory=dict)
+    buffer_keys: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def cls(self) -> str:
@@ -85,6 +90,7 @@ class ModelMR:
     graph: dict[str, Any] = field(default_factory=dict)
     inputs: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    extra_tensors: list[TensorRecord] = field(default_factory=list)  # not in state_dict (extra.safetensors)
     format: int = MR_FORMAT
 
     def module(self, path: str) -> ModuleRecord:
@@ -122,4 +128,5 @@ class ModelMR:
             graph=d.get("graph", {}),
             inputs=d.get("inputs", []),
             summary=d.get("summary", {}),
+            extra_tensors=[TensorRecord(**t) for t in d.get("extra_tensors", [])],
         )

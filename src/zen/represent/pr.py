@@ -110,6 +110,8 @@ class ProgrammaticRepresentation:
     context: dict[str, Any]  # execution context E
     system_codes: list[list]  # compact: [address, module, qualname, bytecode_sha256] for every code object
     exclusion: list[str] = field(default_factory=list)  # what "not model code" meant here
+    # module -> {global name referenced by its model code (LOAD_GLOBAL) -> encoded value (cpython.snapshot)}
+    module_globals: dict[str, dict[str, Any]] = field(default_factory=dict)
     format: int = PR_FORMAT
 
     def to_json(self) -> dict[str, Any]:
@@ -140,7 +142,7 @@ class ProgrammaticRepresentation:
         return cls(
             codes=codes, classes=[ClassRecord(**c) for c in d["classes"]], modules=d["modules"],
             dependencies=d["dependencies"], counts=d["counts"], context=d["context"], system_codes=d["system_codes"],
-            exclusion=d.get("exclusion", []),
+            exclusion=d.get("exclusion", []), module_globals=d.get("module_globals", {}),
         )  # fmt: skip
 
 

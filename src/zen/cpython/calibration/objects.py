@@ -230,7 +230,12 @@ class ObjectsMixin:
                 )
             self.field("function", field, one(f"function.{field}", hits), "ptr")
         cell = fn.__closure__[0]
-        self.field("cell", "ob_ref", one("cell.ob_ref", m.find_word(id(cell), 24, id(cell.cell_contents), 16)), "ptr")
+        self.field(
+            "cell",
+            "ob_ref",
+            one("cell.ob_ref", m.find_word(id(cell), type(cell).__basicsize__, id(cell.cell_contents), 16)),
+            "ptr",
+        )
 
         class K:
             def meth(self):
@@ -238,21 +243,56 @@ class ObjectsMixin:
 
         k = K()
         bound = k.meth
-        self.field("method", "im_func", one("method.im_func", m.find_word(id(bound), 48, id(K.meth), 16)), "ptr")
-        self.field("method", "im_self", one("method.im_self", m.find_word(id(bound), 48, id(k), 16)), "ptr")
+        self.field(
+            "method", "im_func", one("method.im_func", m.find_word(id(bound), type(bound).__basicsize__, id(K.meth), 16)), "ptr"
+        )
+        self.field(
+            "method", "im_self", one("method.im_self", m.find_word(id(bound), type(bound).__basicsize__, id(k), 16)), "ptr"
+        )
         for kind, obj in (("staticmethod", _Props.__dict__["st"]), ("classmethod", _Props.__dict__["cl"])):
             obj.__dict__["mark"] = 1
-            self.field(kind, "callable", one(f"{kind}.callable", m.find_word(id(obj), 48, id(obj.__func__), 16)), "ptr")
-            self.field(kind, "dict", one(f"{kind}.dict", m.find_word(id(obj), 48, id(obj.__dict__), 16)), "ptr")
+            self.field(
+                kind,
+                "callable",
+                one(f"{kind}.callable", m.find_word(id(obj), type(obj).__basicsize__, id(obj.__func__), 16)),
+                "ptr",
+            )
+            self.field(
+                kind, "dict", one(f"{kind}.dict", m.find_word(id(obj), type(obj).__basicsize__, id(obj.__dict__), 16)), "ptr"
+            )
         prop = _Props.__dict__["prop_attr"]
-        self.field("property", "fget", one("property.fget", m.find_word(id(prop), 80, id(prop.fget), 16)), "ptr")
-        self.field("property", "doc", one("property.doc", m.find_word(id(prop), 80, id(prop.__doc__), 16)), "ptr")
+        self.field(
+            "property", "fget", one("property.fget", m.find_word(id(prop), type(prop).__basicsize__, id(prop.fget), 16)), "ptr"
+        )
+        self.field(
+            "property", "doc", one("property.doc", m.find_word(id(prop), type(prop).__basicsize__, id(prop.__doc__), 16)), "ptr"
+        )
         fset = self.off("property", "fget") + 8
         self.field("property", "fset", fset, "ptr", "derived: follows fget")
         self.field("property", "fdel", fset + 8, "ptr", "derived: follows fset")
         mod = sys.modules[__name__] if __name__ in sys.modules else sys.modules["__main__"]
-        self.field("module", "md_dict", one("module.md_dict", m.find_word(id(mod), 64, id(mod.__dict__), 16)), "ptr")
+        self.field(
+            "module", "md_dict", one("module.md_dict", m.find_word(id(mod), type(mod).__basicsize__, id(mod.__dict__), 16)), "ptr"
+        )
         self.size("module", type(mod).__basicsize__)
+        # builtin functions (PyCFunctionObject): the PyMethodDef (whose first field is the C name)
+        # and the module the function belongs to (m_module: a str or module object)
+        import math as _math
+
+        b = _math.gcd
+        bsize = type(b).__basicsize__
+        mdefs = []
+        for off in range(16, bsize, 8):
+            p = m.word(id(b) + off)
+            if m.readable(p, 8) and m.readable(m.word(p), 4) and m.cstring(m.word(p)) == b"gcd":
+                mdefs.append(off)
+        self.field("cfunction", "m_ml", one("cfunction.m_ml", mdefs), "ptr")
+        self.field("cfunction", "m_self", one("cfunction.m_self", m.find_word(id(b), bsize, id(b.__self__), 16)), "ptr")
+        known = (self.off("cfunction", "m_ml"), self.off("cfunction", "m_self"))
+        targets = (id(b.__module__), id(sys.modules[b.__module__]))
+        modname = [off for off in range(16, bsize, 8) if off not in known and m.word(id(b) + off) in targets]
+        self.field("cfunction", "m_module", one("cfunction.m_module", modname), "ptr")
+        self.field("methoddef", "ml_name", 0, "ptr", "derived: first field of PyMethodDef")
 
     # -- code objects ---------------------------------------------------------------------------
     def code(self) -> None:

@@ -149,7 +149,7 @@ class ValuesMixin:
         self.field("bytearray", "ob_bytes", one("bytearray.ob_bytes", m.find_word(id(ba), 64, addr - 3)), "ptr")
         alloc = [
             o
-            for o in range(16, 64, 8)
+            for o in range(16, bytearray.__basicsize__, 8)  # inside the object only
             if o not in (16, start, self.off("bytearray", "ob_bytes"))
             and m.word(id(ba) + o) >= len(ba) + 3
             and m.word(id(ba) + o) < 1 << 20
@@ -185,7 +185,7 @@ class ValuesMixin:
         bk = list(big)
         gk = list(gen)
         keys_field = []
-        for o in range(16, 64, 8):
+        for o in range(16, dict.__basicsize__, 8):  # inside the object only
             p = m.word(id(small) + o)
             blk = m.try_raw(p, 256) if p else None
             if blk and struct.pack("<QQ", id(sk[0]), id(small[sk[0]])) in blk:

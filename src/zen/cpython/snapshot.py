@@ -1,0 +1,176 @@
+"""Encode objects of an image as JSON so that a live process can rebuild them (model reuse).
+
+Rebuilding a model "from the image alone" needs more than hyper-parameters: modules hold config
+objects, enums, function references, dtypes, dicts of adapters... Every value is encoded by what it
+*is*, never by running anything:
+
+    {"lit": "(3, 3)"}                    plain value (exact builtin types), Python literal syntax
+    {"tuple"|"list"|"set"|"frozenset": [...]}, {"dict": [[k, v], ...], "type": "collections:OrderedDict"}
+    {"cls": "module:qualname"}           a class            {"func": "module:qualname"}  a function
+    {"module": "name"}                   a module           {"enum": "module:qualname", "name": "X"}
+    {"dtype": "float32"}                 a torch dtype (found by address among torch's dtypes)
+    {"obj": "module:qualname", "id": n, "state": {...}, "slots": {...}}   an instance, by its __dict__
+    {"ref": n}                           an instance already encoded (shared or cyclic)
+    {"tensor": KEY} / {"module_ref": PATH}   supplied by the framework front end (hooks)
+    {"unsupported": "why"}               anything else (reuse reports it if the attribute is used)
+
+Depth and size are bounded; unreadable objects become {"unsupported": ...}, never an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from zen.cpython.interp import Interpreter
+from zen.errors import ZenError
+
+PLAIN = frozenset({"none", "bool", "int", "float", "complex", "str", "bytes", "ellipsis"})
+CONTAINERS = frozenset({"tuple", "list", "set", "frozenset"})
+MAX_DEPTH = 12
+MAX_ITEMS = 20_000
+
+Hook = Callable[[int], dict | None]
+
+
+class Encoder:
+    """Encodes objects; shared instances are encoded once per encoder and referenced after."""
+
+    def __init__(self, ip: Interpreter, *, tensor: Hook | None = None, module: Hook | None = None) -> None:
+        self.ip = ip
+        self.tensor_hook = tensor
+        self.module_hook = module
+        self._ids: dict[int, int] = {}
+        self._dtypes: dict[int, str] | None = None
+
+    def encode(self, addr: int, depth: int = 0) -> dict[str, Any]:
+        try:
+            return self._encode(addr, depth)
+        except ZenError as exc:
+            return {"unsupported": f"unreadable: {exc}"}
+
+    def _encode(self, addr: int, depth: int) -> dict[str, Any]:
+        ip = self.ip
+        if depth > MAX_DEPTH:
+            return {"unsupported": "nested too deep"}
+        for hook in (self.module_hook, self.tensor_hook):
+            if hook is not None:
+                found = hook(addr)
+                if found is not None:
+                    return found
+        tp = ip.type_of(addr)
+        kind = ip.kind_of_type(tp)
+        exact = ip.wk.kind_by_type.get(tp) == kind
+        t = ip.type_info(tp)
+        if kind in PLAIN and exact:
+            return {"lit": repr(ip.value(addr, 1))}
+        if self._is_enum(t):
+            return self._enum(addr, t)
+        if kind in CONTAINERS:
+            from zen.cpython.readers.containers import read_list, read_set, read_tuple
+
+            items = read_tuple(ip, addr) if kind == "tuple" else read_list(ip, addr) if kind == "list" else read_set(ip, addr)
+            if len(items) > MAX_ITEMS:
+                return {"unsupported": f"{kind} of {len(items)} items"}
+            out: dict[str, Any] = {kind: [self.encode(a, depth + 1) for a in items]}
+            return out if exact else {**out, "type": self._name(t)}
+        if kind == "dict":
+            from zen.cpython.readers.dicts import read_dict
+
+            items = read_dict(ip, addr)
+            if len(items) > MAX_ITEMS:
+                return {"unsupported": f"dict of {len(items)} items"}
+            out = {"dict": [[self.encode(k, depth + 1), self.encode(v, depth + 1)] for k, v in items]}
+            return out if exact else {**out, "type": self._name(t)}
+        if kind == "type":
+            return {"cls": self._name(ip.type_info(addr))}
+        if kind == "function":
+            from zen.cpython.readers.functions import read_function
+
+            f = read_function(ip, addr)
+            if "<locals>" in f.qualname or not f.module:
+                return {"unsupported": f"function {f.qualname} cannot be imported by name"}
+            return {"func": f"{f.module}:{f.qualname}"}
+        if kind == "builtin_function":
+            return self._builtin(addr)
+        if kind == "module":
+            from zen.cpython.readers.modules import read_module
+
+            return {"module": read_module(ip, addr).name}
+        if t.full_name == "torch.dtype":
+            name = self._dtype_names().get(addr)
+            return {"dtype": name} if name else {"unsupported": "unknown torch.dtype"}
+        if kind == "instance" and t.is_heap:
+            return self._instance(addr, t, depth)
+        return {"unsupported": t.full_name}
+
+    # -- kinds that need more than one reader -------------------------------------------------
+    def _name(self, t) -> str:
+        return f"{t.module}:{t.qualname}"
+
+    def _is_enum(self, t) -> bool:
+        for a in t.mro_addrs[1:]:
+            try:
+                if self.ip.type_info(a).full_name == "enum.Enum":
+                    return True
+            except ZenError:
+                continue
+        return False
+
+    def _enum(self, addr: int, t) -> dict[str, Any]:
+        from zen.cpython.readers.instances import read_instance
+
+        name = read_instance(self.ip, addr).attrs.get("_name_")
+        if name is None or self.ip.kind(name) != "str":
+            return {"unsupported": f"enum member of {t.full_name} without a name"}
+        return {"enum": self._name(t), "name": self.ip.str(name)}
+
+    def _builtin(self, addr: int) -> dict[str, Any]:
+        ip = self.ip
+        F = ip.P.cfunction
+        ml, self_obj, module = ip.ptr(addr + F.m_ml), ip.ptr(addr + F.m_self), ip.ptr(addr + F.m_module)
+        name = ip.space.cstring(ip.ptr(ml + ip.P.methoddef.ml_name), 256).decode("utf-8", "replace")
+        if module and ip.kind(module) == "str":
+            return {"func": f"{ip.str(module)}:{name}"}
+        if self_obj and ip.kind(self_obj) == "module":
+            from zen.cpython.readers.modules import read_module
+
+            return {"func": f"{read_module(ip, self_obj).name}:{name}"}
+        return {"unsupported": f"builtin method {name} bound to an object"}
+
+    def _dtype_names(self) -> dict[int, str]:
+        """Addresses of torch's dtype objects -> their names, from the torch module's namespace."""
+        if self._dtypes is None:
+            self._dtypes = {}
+            try:
+                from zen.cpython.heap import Heap
+                from zen.cpython.readers.dicts import dict_str_items
+                from zen.cpython.readers.modules import read_module
+
+                torch = Heap(self.ip).sys_modules().get("torch")
+                if torch:
+                    for name, v in dict_str_items(self.ip, read_module(self.ip, torch).dict):
+                        try:
+                            if self.ip.type_name(v) == "torch.dtype":
+                                self._dtypes.setdefault(v, name)
+                        except ZenError:
+                            continue
+            except ZenError:
+                pass
+        return self._dtypes
+
+    def _instance(self, addr: int, t, depth: int) -> dict[str, Any]:
+        if addr in self._ids:
+            return {"ref": self._ids[addr]}
+        from zen.cpython.readers.instances import read_instance
+
+        n = self._ids[addr] = len(self._ids) + 1
+        inst = read_instance(self.ip, addr)
+        out: dict[str, Any] = {
+            "obj": self._name(t),
+            "id": n,
+            "state": {k: self.encode(v, depth + 1) for k, v in inst.attrs.items()},
+        }
+        if inst.slots:
+            out["slots"] = {k: self.encode(v, depth + 1) for k, v in inst.slots.items() if v}
+        return out

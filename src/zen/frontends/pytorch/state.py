@@ -1,0 +1,82 @@
+"""The full state of every module, for rebuilding the model object graph (reuse).
+
+Each module's instance attributes are encoded with `zen.cpython.snapshot` except the four the
+rebuild restores structurally (`_parameters`, `_buffers`, `_modules`, `_non_persistent_buffers_set`).
+References to modules of the tree become `{"module_ref": path}`; tensors become `{"tensor": key}`:
+state_dict tensors by their key, anything else (non-persistent buffers, tensors held in plain
+attributes, e.g. a rotary embedding's `original_inv_freq`) as an *extra tensor* under
+`PATH.NAME`, written to extra.safetensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zen.cpython.interp import Interpreter
+from zen.cpython.snapshot import Encoder
+from zen.errors import ZenError
+from zen.frontends.pytorch.modules import ModuleIndex
+from zen.frontends.pytorch.mr import TensorSlot, tensor_record
+from zen.frontends.pytorch.tensors import TensorReader
+from zen.represent.mr import ModelMR
+
+STRUCTURAL = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+
+
+def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr: ModelMR, slots: list[TensorSlot],
+                  tensor_types: set[int]) -> list[TensorSlot]:  # fmt: skip
+    """Fill `state` of every MR module record; return the extra (non-state_dict) tensors."""
+    walk = index.walk(int(mr.root.address, 16))
+    paths = {node.addr: path for path, node in walk}
+    state_key: dict[int, str] = {}
+    for s in slots:
+        state_key.setdefault(s.addr, s.key)  # a tied tensor keeps its first key
+    extra: list[TensorSlot] = []
+    extra_key: dict[int, str] = {}
+    context = {"where": ""}
+
+    def tensor_hook(addr: int) -> dict | None:
+        try:
+            if ip.type_of(addr) not in tensor_types:
+                return None
+        except ZenError:
+            return None
+        if addr in state_key:
+            return {"tensor": state_key[addr], "file": "weights"}
+        if addr not in extra_key:
+            key = context["where"]
+            try:
+                meta = reader.meta(addr)
+                rec = tensor_record(key, "extra", addr, meta)
+            except ZenError as exc:
+                meta, rec = None, tensor_record(key, "extra", addr, None, str(exc))
+            extra_key[addr] = key
+            extra.append(TensorSlot(key, addr, "extra", meta, rec))
+        return {"tensor": extra_key[addr], "file": "extra"}
+
+    def module_hook(addr: int) -> dict | None:
+        path = paths.get(addr)
+        return None if path is None else {"module_ref": path}
+
+    enc = Encoder(ip, tensor=tensor_hook, module=module_hook)
+    by_path = {m.path: m for m in mr.modules}
+    for path, node in walk:
+        rec = by_path.get(path)
+        if rec is None:
+            continue
+        # non-persistent buffers are not in state_dict: they travel as extra tensors
+        for name, a in node.buffers:
+            if a and name in node.non_persistent:
+                context["where"] = f"{path}.{name}" if path else name
+                tensor_hook(a)
+        state: dict[str, Any] = {}
+        for name, v in node.attrs.items():
+            if name in STRUCTURAL:
+                continue
+            context["where"] = f"{path}.{name}" if path else name
+            state[name] = enc.encode(v)
+        rec.state = state
+        rec.buffer_keys = {n: (state_key.get(a) or extra_key.get(a)) if a else None for n, a in node.buffers}
+        rec.parameter_keys = {n: state_key.get(a) if a else None for n, a in node.parameters}
+    mr.extra_tensors = [s.record for s in extra]
+    return extra
