@@ -92,17 +92,45 @@ def _repr_plain(rt: Runtime, addr: int) -> str | None:
         return "<unreadable>"
 
 
+def _enc(rt: Runtime, addr: int) -> dict | None:
+    if not addr or rt.ip.is_none(addr):
+        return None
+    from zen.cpython.snapshot import Encoder
+
+    return Encoder(rt.ip).encode(addr)
+
+
+def _closure_enc(rt: Runtime, f) -> list[dict]:
+    """Contents of the function's closure cells, encoded ({"empty": True} for an empty cell)."""
+    if not f.closure or rt.ip.is_none(f.closure):
+        return []
+    from zen.cpython.readers.containers import read_tuple
+    from zen.cpython.readers.functions import read_cell
+    from zen.cpython.snapshot import Encoder
+
+    enc = Encoder(rt.ip)
+    out = []
+    try:
+        for cell in read_tuple(rt.ip, f.closure):
+            v = read_cell(rt.ip, cell)
+            out.append(enc.encode(v) if v else {"empty": True})
+    except ZenError as exc:
+        return [{"unsupported": f"closure unreadable: {exc}"}]
+    return out
+
+
 def code_record(rt: Runtime, code_addr: int, function: int | None, parent: int | None, children: list[int]) -> CodeRecord | None:
     ci = rt.code(code_addr)
     if ci is None:
         return None
     f = rt.function(function) if function else None
     module = rt.module_name(f) if f else None
-    owners = rt.owners(function) if function else []
-    owner = None
-    if owners:
-        t = rt.type(owners[0])
+    holders = rt.holders(function) if function else []
+    owner = attr = binding = None
+    if holders:
+        t = rt.type(holders[0][0])
         owner = t.full_name if t else None
+        attr, binding = holders[0][1], holders[0][2]
     sig = _signature(rt, ci, f) if f else None
     lines = listing_of(rt, ci)
     closure = []
@@ -134,8 +162,34 @@ def code_record(rt: Runtime, code_addr: int, function: int | None, parent: int |
         bytecode_sha256=hashlib.sha256(ci.code).hexdigest(), listing_sha256=listing_sha256(lines), listing=lines,
         parent=f"{parent:#x}" if parent else None, children=[f"{c:#x}" for c in children],
         defaults=_repr_plain(rt, f.defaults) if f else None, kwdefaults=_repr_plain(rt, f.kwdefaults) if f else None,
-        closure=closure,
+        closure=closure, attr=attr, binding=binding,
+        defaults_enc=_enc(rt, f.defaults) if f else None, kwdefaults_enc=_enc(rt, f.kwdefaults) if f else None,
+        closure_enc=_closure_enc(rt, f) if f else [], dict_enc=_enc(rt, f.dict) if f and f.dict else None,
+        globals_module=_globals_module(rt, f),
     )  # fmt: skip
+
+
+def _globals_module(rt: Runtime, f) -> str | None:
+    if f is None:
+        return None
+    g = rt.globals_name(f)
+    return g if g != rt.module_name(f) else None
+
+
+def other_function(rt: Runtime, function: int) -> dict:
+    """Where and with what state one more function object using a shared code object lives."""
+    f = rt.function(function)
+    holders = rt.holders(function)
+    owner = attr = binding = None
+    if holders:
+        t = rt.type(holders[0][0])
+        owner = t.full_name if t else None
+        attr, binding = holders[0][1], holders[0][2]
+    return {"function": f"{function:#x}", "qualname": f.qualname if f else None, "module": rt.module_name(f) if f else None,
+            "globals_module": _globals_module(rt, f),
+            "owner": owner, "attr": attr, "binding": binding,
+            "defaults_enc": _enc(rt, f.defaults) if f else None, "kwdefaults_enc": _enc(rt, f.kwdefaults) if f else None,
+            "closure_enc": _closure_enc(rt, f) if f else [], "dict_enc": _enc(rt, f.dict) if f and f.dict else None}  # fmt: skip
 
 
 def class_record(rt: Runtime, taddr: int, model: bool) -> ClassRecord | None:
@@ -147,8 +201,20 @@ def class_record(rt: Runtime, taddr: int, model: bool) -> ClassRecord | None:
         bt = rt.type(a)
         return bt.full_name if bt else f"<type {a:#x}>"
 
+    from zen.cpython.snapshot import Encoder
+
+    enc = Encoder(rt.ip)
+    skip = {"__module__", "__qualname__", "__dict__", "__weakref__"}
+    attributes = {}
+    for key, v in rt.namespace(t.dict_addr).items():
+        if key in skip or rt.functions_in(v):
+            continue
+        attributes[key] = enc.encode(v)
+    meta = rt.type(t.metatype)
+    metaclass = None if meta is None or meta.full_name == "type" else f"{meta.module}:{meta.qualname}"
     return ClassRecord(f"{taddr:#x}", t.full_name, t.module, t.qualname, [name(b) for b in t.bases],
-                       [name(b) for b in t.mro_addrs], sorted({n for n, _ in rt.methods(t)}), model)  # fmt: skip
+                       [name(b) for b in t.mro_addrs], sorted({n for n, _ in rt.methods(t)}), model,
+                       dict(sorted(attributes.items())), metaclass)  # fmt: skip
 
 
 def system_table(rt: Runtime) -> list[list]:
@@ -192,7 +258,7 @@ def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool 
         rec = code_record(rt, c, fns[0] if fns else None, result.codes[c], sorted(children.get(c, [])))
         if rec is not None:
             rec.functions = [f"{f:#x}" for f in fns]
-        if rec is not None:
+            rec.others = [other_function(rt, f) for f in fns[1:]]
             codes.append(rec)
     classes = [r for r in (class_record(rt, t, True) for t in sorted(result.classes)) if r]
     modules = {}
@@ -265,7 +331,7 @@ def module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, dic
     """For each model module: the globals its model code loads (LOAD_GLOBAL), encoded for rebuilding."""
     from zen.cpython.snapshot import Encoder
 
-    enc = Encoder(rt.ip)
+    encoders: dict[str, Encoder] = {}  # one per module: shared objects are references within a module only
     by_addr = {c.address: c for c in pr.codes}
     out: dict[str, dict] = {}
     for c in pr.codes:
@@ -281,7 +347,7 @@ def module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, dic
             if line.startswith("LOAD_GLOBAL "):
                 name = line.split(" ", 1)[1]
                 if name not in names and name in ns:
-                    names[name] = enc.encode(ns[name])
+                    names[name] = encoders.setdefault(top.module, Encoder(rt.ip, home=top.module)).encode(ns[name])
     return {m: dict(sorted(v.items())) for m, v in sorted(out.items())}
 
 

@@ -36,7 +36,7 @@ class Runtime:
         self._functions: dict[int, FunctionInfo | None] = {}
         self._codes: dict[int, CodeInfo | None] = {}
         self._namespaces: dict[int, dict[str, int]] = {}
-        self._owners: dict[int, list[int]] | None = None
+        self._owners: dict[int, list[tuple[int, str, str]]] | None = None
         self._module_dicts: dict[int, int] = {}
 
     # -- cached readers -----------------------------------------------------------------------
@@ -93,44 +93,58 @@ class Runtime:
             return None
 
     # -- what a class attribute stands for ------------------------------------------------------
-    def functions_in(self, value: int) -> list[int]:
-        """Function objects a class attribute holds: itself, or inside staticmethod/classmethod/property."""
+    def bound_functions(self, value: int) -> list[tuple[int, str]]:
+        """(function, binding) a class attribute holds. Binding says how it sits in the class:
+        "function", "staticmethod", "classmethod", "property.fget"/"fset"/"fdel" or "method"."""
         kind = self.kind(value)
         try:
             if kind == "function":
-                return [value]
+                return [(value, "function")]
             if kind in ("staticmethod", "classmethod"):
                 inner = read_wrapped(self.ip, value)
-                return [inner] if self.kind(inner) == "function" else []
+                return [(inner, kind)] if self.kind(inner) == "function" else []
             if kind == "property":
                 p = read_property(self.ip, value)
-                return [a for a in (p.fget, p.fset, p.fdel) if a and self.kind(a) == "function"]
+                return [(a, f"property.{n}") for a, n in ((p.fget, "fget"), (p.fset, "fset"), (p.fdel, "fdel"))
+                        if a and self.kind(a) == "function"]  # fmt: skip
             if kind == "method":
                 from zen.cpython.readers.functions import read_method
 
                 f = read_method(self.ip, value).func
-                return [f] if self.kind(f) == "function" else []
+                return [(f, "method")] if self.kind(f) == "function" else []
         except ZenError:
             return []
         return []
 
+    def functions_in(self, value: int) -> list[int]:
+        """Function objects a class attribute holds: itself, or inside staticmethod/classmethod/property."""
+        return [f for f, _ in self.bound_functions(value)]
+
     def methods(self, t: TypeInfo) -> list[tuple[str, int]]:
         """(attribute name, function address) for every function a class's own dict holds."""
+        return [(name, f) for name, f, _ in self.bindings(t)]
+
+    def bindings(self, t: TypeInfo) -> list[tuple[str, int, str]]:
+        """(attribute name, function address, binding) for every function a class's own dict holds."""
         out = []
         for name, v in self.namespace(t.dict_addr).items():
-            out += [(name, f) for f in self.functions_in(v)]
+            out += [(name, f, b) for f, b in self.bound_functions(v)]
         return out
 
     def owners(self, function_addr: int) -> list[int]:
         """Classes whose own dict holds the function (sorted by address)."""
+        return [c for c, _, _ in self.holders(function_addr)]
+
+    def holders(self, function_addr: int) -> list[tuple[int, str, str]]:
+        """(class, attribute name, binding) for each place a class dict holds the function."""
         if self._owners is None:
-            owners: dict[int, list[int]] = {}
+            owners: dict[int, list[tuple[int, str, str]]] = {}
             for taddr in self.type_addrs:
                 t = self.type(taddr)
                 if t is None or not t.is_heap or not t.dict_addr:
                     continue
-                for _, f in self.methods(t):
-                    owners.setdefault(f, []).append(taddr)
+                for name, f, b in self.bindings(t):
+                    owners.setdefault(f, []).append((taddr, name, b))
             self._owners = owners
         return self._owners.get(function_addr, [])
 
@@ -148,6 +162,12 @@ class Runtime:
                     if v is not None:
                         return v
         return None
+
+    def globals_name(self, f: FunctionInfo) -> str | None:
+        """`__name__` of a function's globals: the module its code really runs in (a decorator's
+        wrapper carries the decorated function's `__module__` but runs in the decorator's module)."""
+        v = self.namespace(f.globals).get("__name__")
+        return self.ip.str(v) if v and self.kind(v) == "str" else None
 
     def module_name(self, f: FunctionInfo) -> str | None:
         """A function's module: `__module__`, else its globals' `__name__`."""

@@ -6,11 +6,17 @@ objects, enums, function references, dtypes, dicts of adapters... Every value is
 
     {"lit": "(3, 3)"}                    plain value (exact builtin types), Python literal syntax
     {"tuple"|"list"|"set"|"frozenset": [...]}, {"dict": [[k, v], ...], "type": "collections:OrderedDict"}
-    {"cls": "module:qualname"}           a class            {"func": "module:qualname"}  a function
+    {"cls": "module:qualname"}           a class
+    {"func": "module:qualname", "fn": ADDR}   a function (ADDR: the function object in the image,
+                                         which tells a decorated function from the wrapper holding its name)
     {"module": "name"}                   a module           {"enum": "module:qualname", "name": "X"}
     {"dtype": "float32"}                 a torch dtype (found by address among torch's dtypes)
     {"obj": "module:qualname", "id": n, "state": {...}, "slots": {...}}   an instance, by its __dict__
     {"ref": n}                           an instance already encoded (shared or cyclic)
+    {"global": "module:name"}            an instance its class's module holds under a name (a
+                                         registry, a singleton): the live process imports it
+    {"logger": "name"}                   a logging.Logger (logging.getLogger(name))
+    {"method": "name", "self": {...}}    a bound method (getattr of the decoded object)
     {"tensor": KEY} / {"module_ref": PATH}   supplied by the framework front end (hooks)
     {"unsupported": "why"}               anything else (reuse reports it if the attribute is used)
 
@@ -36,12 +42,19 @@ Hook = Callable[[int], dict | None]
 class Encoder:
     """Encodes objects; shared instances are encoded once per encoder and referenced after."""
 
-    def __init__(self, ip: Interpreter, *, tensor: Hook | None = None, module: Hook | None = None) -> None:
+    def __init__(
+        self, ip: Interpreter, *, tensor: Hook | None = None, module: Hook | None = None, home: str | None = None
+    ) -> None:
+        """`home`: the module whose globals are being encoded; its own instances are encoded by
+        state, not as references to its globals (which the rebuild is about to create)."""
         self.ip = ip
+        self.home = home
         self.tensor_hook = tensor
         self.module_hook = module
         self._ids: dict[int, int] = {}
         self._dtypes: dict[int, str] | None = None
+        self._globals: dict[str, dict[int, str]] = {}
+        self._sys_modules: dict[str, int] | None = None
 
     def encode(self, addr: int, depth: int = 0) -> dict[str, Any]:
         try:
@@ -88,9 +101,16 @@ class Encoder:
             from zen.cpython.readers.functions import read_function
 
             f = read_function(ip, addr)
-            if "<locals>" in f.qualname or not f.module:
-                return {"unsupported": f"function {f.qualname} cannot be imported by name"}
-            return {"func": f"{f.module}:{f.qualname}"}
+            if not f.module:
+                return {"unsupported": f"function {f.qualname} has no module"}
+            return {"func": f"{f.module}:{f.qualname}", "fn": f"{addr:#x}"}
+        if kind == "method":
+            from zen.cpython.readers.functions import read_function, read_method
+
+            m = read_method(ip, addr)
+            if ip.kind(m.func) != "function":
+                return {"unsupported": "method of a builtin function"}
+            return {"method": read_function(ip, m.func).name, "self": self.encode(m.self, depth + 1)}
         if kind == "builtin_function":
             return self._builtin(addr)
         if kind == "module":
@@ -159,10 +179,39 @@ class Encoder:
                 pass
         return self._dtypes
 
+    def _module_global(self, addr: int, module: str) -> str | None:
+        """The name under which `module` (the instance's class's module) holds this object."""
+        if module not in self._globals:
+            names: dict[int, str] = {}
+            try:
+                from zen.cpython.heap import Heap
+                from zen.cpython.readers.dicts import dict_str_items
+                from zen.cpython.readers.modules import read_module
+
+                if self._sys_modules is None:
+                    self._sys_modules = Heap(self.ip).sys_modules()
+                mod = self._sys_modules.get(module)
+                if mod:
+                    for name, v in dict_str_items(self.ip, read_module(self.ip, mod).dict):
+                        if not name.startswith("__"):
+                            names.setdefault(v, name)
+            except ZenError:
+                pass
+            self._globals[module] = names
+        return self._globals[module].get(addr)
+
     def _instance(self, addr: int, t, depth: int) -> dict[str, Any]:
         if addr in self._ids:
             return {"ref": self._ids[addr]}
         from zen.cpython.readers.instances import read_instance
+
+        if t.full_name in ("logging.Logger", "logging.RootLogger", "logging.PlaceHolder"):
+            name = read_instance(self.ip, addr).attrs.get("name")
+            if name and self.ip.kind(name) == "str":
+                return {"logger": self.ip.str(name)}
+        held = self._module_global(addr, t.module) if t.module != self.home else None
+        if held is not None:
+            return {"global": f"{t.module}:{held}"}
 
         n = self._ids[addr] = len(self._ids) + 1
         inst = read_instance(self.ip, addr)

@@ -51,6 +51,7 @@ class ModuleRecord:
     state: dict[str, Any] = field(default_factory=dict)
     parameter_keys: dict[str, str | None] = field(default_factory=dict)
     buffer_keys: dict[str, str | None] = field(default_factory=dict)
+    child_paths: dict[str, str | None] = field(default_factory=dict)  # child name -> path of that module (shared: first)
 
     @property
     def cls(self) -> str:

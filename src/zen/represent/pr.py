@@ -81,6 +81,17 @@ class CodeRecord:
     listing_sha256: str
     listing: list[str]
     functions: list[str] = field(default_factory=list)  # every model function using this code object
+    attr: str | None = None  # the owner class's dict key holding the function
+    binding: str | None = None  # "function", "staticmethod", "classmethod", "property.fget", ...
+    defaults_enc: dict | None = None  # encoded __defaults__ / __kwdefaults__ / closure cells (cpython.snapshot)
+    kwdefaults_enc: dict | None = None
+    closure_enc: list[dict] = field(default_factory=list)
+    globals_module: str | None = None  # __name__ of the function's globals, when not `module`
+    dict_enc: dict | None = None  # the function's __dict__ (e.g. __wrapped__ of a decorator's wrapper)
+    # the other model functions sharing this code object (one decorator's wrapper on many methods):
+    # per function {function, qualname, module, globals_module, owner, attr, binding, defaults_enc, kwdefaults_enc,
+    # closure_enc, dict_enc}
+    others: list[dict] = field(default_factory=list)
     parent: str | None = None  # enclosing code object for nested code
     children: list[str] = field(default_factory=list)
     defaults: str | None = None  # repr of __defaults__ (plain values) for functions
@@ -98,6 +109,8 @@ class ClassRecord:
     mro_names: list[str]  # (not "mro": a dataclass would take type.mro for a default)
     methods: list[str]  # attribute names holding functions (incl. static/class methods, properties)
     model_specific: bool
+    attributes: dict[str, Any] = field(default_factory=dict)  # other class-dict entries, encoded
+    metaclass: str | None = None  # module:qualname when not `type`
 
 
 @dataclass

@@ -78,5 +78,6 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
         rec.state = state
         rec.buffer_keys = {n: (state_key.get(a) or extra_key.get(a)) if a else None for n, a in node.buffers}
         rec.parameter_keys = {n: state_key.get(a) if a else None for n, a in node.parameters}
+        rec.child_paths = {n: paths.get(c) if c else None for n, c in node.children}
     mr.extra_tensors = [s.record for s in extra]
     return extra

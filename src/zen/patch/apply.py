@@ -1,0 +1,501 @@
+"""Apply a verified patch in this process (ZEN §IV-D, Fig. 2). This EXECUTES recovered code.
+
+Only `zen reuse` / `zen verify` and the packages they write call this; analysis never does.
+
+Order matters, because recovered objects refer to each other:
+
+1. modules: a patch target (the base model's module) is imported; a recovered module with no base
+   counterpart is imported when it is installed here (its functions are then *verified* against
+   the image and replaced where they differ), else synthesised as `zen_rebuilt.<name>`;
+   self-contained patches synthesise every model module;
+2. added classes, bases before subclasses, with their methods; `__class__` cells (for `super()`)
+   are filled with the new class;
+3. functions: a changed function gets the recovered `__code__` in place (every reference to it,
+   decorators' closures included, sees the change); when its free variables differ a new function
+   takes its place (class/module attribute, or the decorator closure cell holding it); added
+   functions are created with `types.FunctionType` in their module's globals and bound where the
+   image had them (plain, staticmethod, classmethod, property accessor);
+4. values, once every class and function exists: defaults, keyword defaults, closure cells,
+   class attributes and module globals, decoded through the patch's name maps.
+
+A module global that the base already has is only replaced by a recovered class, function, module
+or plain constant that differs; recovered *instances* (loggers, registries) never replace the base's.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from zen.patch.format import PatchError, code_of
+from zen.reuse.decode import Decoder, Resolver, ReuseError, Unrecovered
+
+SYNTH_PREFIX = "zen_rebuilt"
+VALUE_KINDS = frozenset({"lit", "tuple", "list", "set", "frozenset", "dict", "cls", "func", "module", "enum", "dtype"})
+_APPLIED: dict[str, str] = {}  # module name -> content sha of the patch that changed it (one patch per process)
+
+
+@dataclass
+class Applied:
+    """What applying a patch did, for the reuse report."""
+
+    resolver: Resolver
+    modules: dict[str, str]  # recovered module -> module name live in this process
+    synthesised: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)  # functions and classes made from recovered code
+    replaced: list[str] = field(default_factory=list)  # functions whose code was replaced
+    verified: list[str] = field(default_factory=list)  # installed functions identical to the image's
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"modules": self.modules, "synthesised": self.synthesised, "created": len(self.created),
+                "replaced": self.replaced, "verified_identical": len(self.verified), "warnings": self.warnings}  # fmt: skip
+
+
+def same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Same bytecode, names, arguments and constants (nested code compared the same way); line
+    tables and file names are ignored: an installed file at another path is still the same code."""
+    fields = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount", "co_posonlyargcount",
+              "co_kwonlyargcount", "co_flags")  # fmt: skip
+    if any(getattr(a, f) != getattr(b, f) for f in fields) or len(a.co_consts) != len(b.co_consts):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts):
+        if isinstance(x, types.CodeType) or isinstance(y, types.CodeType):
+            if not (isinstance(x, types.CodeType) and isinstance(y, types.CodeType) and same_code(x, y)):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _unwrap(raw: Any, binding: str) -> Any:
+    if binding in ("staticmethod", "classmethod", "method"):
+        return getattr(raw, "__func__", None)
+    if binding.startswith("property."):
+        return getattr(raw, binding.split(".", 1)[1], None)
+    return raw
+
+
+def _bind(holder: Any, attr: str, binding: str, f: types.FunctionType) -> None:
+    """Put `f` where the image had it: plain, staticmethod, classmethod or a property accessor."""
+    if binding == "staticmethod":
+        value: Any = staticmethod(f)
+    elif binding == "classmethod":
+        value = classmethod(f)
+    elif binding.startswith("property."):
+        part = binding.split(".", 1)[1]
+        current = vars(holder).get(attr) if isinstance(holder, type) else None
+        if isinstance(current, property):
+            value = {"fget": current.getter, "fset": current.setter, "fdel": current.deleter}[part](f)
+        else:
+            value = property(**{part: f})
+    else:
+        value = f
+    setattr(holder, attr, value)
+
+
+class Patcher:
+    def __init__(self, data: dict) -> None:
+        self.data = data
+        self.self_contained = data["mode"] == "self-contained"
+        self.entries = {e["id"]: e for e in data["functions"]}
+        self.live: dict[int, types.FunctionType] = {}  # entry id -> the function now in use
+        self.fresh: set[int] = set()  # entries whose function was created here (their cells need values)
+        self.made_classes: dict[str, type] = {}  # class entry key -> class
+        self.installed: set[str] = set()  # recovered modules used as installed here (verify, don't trust)
+        self.report: Applied | None = None
+
+    # -- 1. modules -------------------------------------------------------------------------------
+    def modules(self) -> dict[str, str]:
+        live: dict[str, str] = {}
+        for rec, target in sorted(self.data["modules"].items()):
+            if target is not None:
+                self._import(target, f"base module of {rec}")
+                live[rec] = target
+                continue
+            if not self.self_contained:
+                try:
+                    importlib.import_module(rec)
+                    live[rec] = rec
+                    self.installed.add(rec)
+                    continue
+                except Exception:  # noqa: BLE001 - any failure to import means: not usable here
+                    pass
+            live[rec] = self._synthesise(rec)
+        return live
+
+    def _import(self, name: str, why: str) -> types.ModuleType:
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001
+            hint = "install the base model's code (see the case's requirements.txt) or rebuild without --base"
+            raise PatchError(f"cannot import {name} ({why}): {exc}", hint) from None
+
+    def _synthesise(self, rec: str) -> str:
+        if SYNTH_PREFIX not in sys.modules:
+            pkg = types.ModuleType(SYNTH_PREFIX, "Modules rebuilt by zen from recovered code.")
+            pkg.__path__ = []
+            sys.modules[SYNTH_PREFIX] = pkg
+        name = f"{SYNTH_PREFIX}.{rec}"
+        mod = sys.modules.get(name)
+        if mod is None:
+            mod = types.ModuleType(name, f"Rebuilt by zen from the code of module {rec!r} recovered from a memory image.")
+            mod.__dict__["__builtins__"] = builtins
+            sys.modules[name] = mod
+        self.report.synthesised.append(name)
+        return name
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _module(self, name: str) -> types.ModuleType:
+        return self.report.resolver.module(name)
+
+    def _function(self, e: dict, module: types.ModuleType) -> types.FunctionType:
+        code = code_of(self.data, e["code"])
+        closure = tuple(types.CellType() for _ in code.co_freevars) or None
+        f = types.FunctionType(code, self._globals_of(e, module), code.co_name, None, closure)
+        f.__qualname__ = e["qualname"]
+        f.__module__ = module.__name__
+        self._live(e, f)
+        self.fresh.add(e["id"])
+        self.report.created.append(f"{module.__name__}:{e['qualname']}")
+        return f
+
+    def _globals_of(self, e: dict, module: types.ModuleType) -> dict:
+        """The namespace the code runs in: a decorator's wrapper runs in the decorator's module."""
+        g = e.get("globals_module")
+        if not g:
+            return module.__dict__
+        try:
+            return self._module(g).__dict__
+        except ReuseError as exc:
+            self.report.warnings.append(f"{e['recovered']}: globals module {g} unavailable ({exc}); using {module.__name__}")
+            return module.__dict__
+
+    def _live(self, e: dict, f: types.FunctionType) -> None:
+        self.live[e["id"]] = f
+        if e.get("function"):
+            self.report.resolver.by_function[e["function"]] = f
+
+    def _holder(self, module: types.ModuleType, qualname: str) -> Any:
+        obj: Any = module
+        for part in qualname.split(".")[:-1]:
+            if part == "<locals>":
+                return None
+            obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
+            if obj is None:
+                return None
+        return obj
+
+    def _locate(self, e: dict, module: types.ModuleType):
+        """(holder, raw attribute, function, wrapper that holds it or None) for an existing function."""
+        try:
+            holder = self.report.resolver.cls(e["owner"]) if e.get("owner") else self._holder(module, e["qualname"])
+        except ReuseError:
+            return None
+        if holder is None:
+            return None
+        raw = vars(holder).get(e["attr"])
+        f, parent = _unwrap(raw, e["binding"]) if raw is not None else None, None
+        want = e.get("match") or e["qualname"]  # the code's own qualname (co_qualname)
+        for _ in range(8):  # decorators: follow __wrapped__ to the function with this code
+            if f is None or not isinstance(f, types.FunctionType):
+                return None
+            if f.__code__.co_qualname == want or (
+                parent is None
+                and f.__qualname__ == want
+                and not hasattr(f, "__wrapped__")
+                and f.__code__.co_name == want.rsplit(".", 1)[-1]
+            ):
+                return holder, raw, f, parent
+            parent, f = f, getattr(f, "__wrapped__", None)
+        return None
+
+    # -- 2. classes -------------------------------------------------------------------------------
+    def classes(self) -> None:
+        for c in self.data["classes"]:
+            module = self._module(c["module"])
+            existing = vars(module).get(c["name"]) if "." not in c["qualname"] else None
+            if c["recovered_module"] in self.installed and isinstance(existing, type) and existing.__qualname__ == c["qualname"]:
+                self.made_classes[c["key"]] = existing  # installed: its methods are verified below
+                continue
+            self.made_classes[c["key"]] = self._make_class(c, module)
+
+    def _make_class(self, c: dict, module: types.ModuleType) -> type:
+        r = self.report.resolver
+        try:
+            bases = tuple(r.cls(b) for b in c["bases"]) or (object,)
+            meta = r.cls(c["metaclass"]) if c.get("metaclass") else None
+        except ReuseError as exc:
+            raise PatchError(f"cannot create class {c['key']}: {exc}") from None
+        ns: dict[str, Any] = {"__module__": module.__name__, "__qualname__": c["qualname"]}
+        for name, enc in c["attributes"].items():  # plain values now; references once everything exists
+            if "lit" in enc and name not in ("__module__", "__qualname__"):
+                ns[name] = Decoder(r).decode(enc, f"{c['key']}.{name}")
+        methods = []
+        for m in c["methods"]:
+            e = self.entries[m["function"]]
+            f = self._function(e, module)
+            methods.append((m["attr"], m["binding"], f))
+        for attr, binding, f in methods:  # properties merge their accessors
+            _bind_ns(ns, attr, binding, f)
+        try:
+            cls = types.new_class(c["name"], bases, {"metaclass": meta} if meta else {}, lambda body: body.update(ns))
+        except Exception as exc:  # noqa: BLE001 - a recovered class body the framework rejects
+            raise PatchError(f"cannot create class {c['key']}: {type(exc).__name__}: {exc}") from None
+        for _, _, f in methods:
+            _fill_class_cell(f, cls)
+        holder = self._holder(module, c["qualname"])
+        setattr(holder if holder is not None else module, c["name"], cls)
+        self.report.created.append(f"{module.__name__}:{c['qualname']}")
+        return cls
+
+    # -- 3. functions -----------------------------------------------------------------------------
+    def functions(self) -> None:
+        in_classes = {m["function"] for c in self.data["classes"] for m in c["methods"]}
+        for c in self.data["classes"]:  # methods of installed classes: verify, replace if different
+            if c["key"] in self.made_classes and c["recovered_module"] in self.installed:
+                for m in c["methods"]:
+                    e = self.entries[m["function"]]
+                    if e["id"] not in self.live:
+                        self._add(e)
+        for e in self.data["functions"]:
+            if e["id"] in in_classes:
+                continue
+            if e["op"] == "replace":
+                self._replace(e)
+            else:
+                self._add(e)
+
+    def _replace(self, e: dict) -> None:
+        module = self._module(e["module"])
+        found = self._locate(e, module)
+        if found is None:
+            self.report.warnings.append(f"{e['module']}:{e['qualname']} not found in the base code; added instead")
+            self._add(e)
+            return
+        holder, raw, f, parent = found
+        code = code_of(self.data, e["code"])
+        if code.co_freevars == f.__code__.co_freevars:
+            f.__code__ = code
+            self._live(e, f)
+        else:
+            new = self._function(e, module)
+            old_cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
+            if new.__closure__:
+                for name, cell in zip(code.co_freevars, new.__closure__):
+                    if name in old_cells:
+                        cell.cell_contents = old_cells[name].cell_contents
+            new.__defaults__, new.__kwdefaults__, new.__dict__ = f.__defaults__, f.__kwdefaults__, dict(f.__dict__)
+            self._put_instead(holder, e, raw, f, parent, new)
+        self.report.replaced.append(f"{e['module']}:{e['qualname']}")
+
+    def _put_instead(self, holder: Any, e: dict, raw: Any, old: types.FunctionType, parent, new: types.FunctionType) -> None:
+        if parent is None:
+            _bind(holder, e["attr"], e["binding"], new)
+            return
+        for cell in parent.__closure__ or ():  # a decorator's wrapper holds the function in a cell
+            try:
+                if cell.cell_contents is old:
+                    cell.cell_contents = new
+            except ValueError:
+                continue
+        parent.__wrapped__ = new
+
+    def _add(self, e: dict) -> None:
+        module = self._module(e["module"])
+        if "<locals>" in e["qualname"] and not e.get("owner"):
+            # made inside another function (a decorator's wrapper): no name to put it under; other
+            # recovered functions reach it by its address in the image (closure cells, __wrapped__)
+            if e["module"] not in self.installed:
+                self._function(e, module)
+            return
+        found = self._locate(e, module)
+        if found is not None:  # installed already: keep it when it is the image's code
+            holder, raw, f, parent = found
+            if same_code(f.__code__, code_of(self.data, e["code"])):
+                self._live(e, f)
+                self.report.verified.append(f"{e['module']}:{e['qualname']}")
+                return
+            self._replace({**e, "op": "replace"})
+            return
+        holder = self.report.resolver.cls(e["owner"]) if e.get("owner") else self._holder(module, e["qualname"])
+        if holder is None:
+            self.report.warnings.append(f"{e['recovered']}: no place for {e['qualname']} in {module.__name__}; not added")
+            return
+        f = self._function(e, module)
+        if isinstance(holder, type):
+            _fill_class_cell(f, holder)
+        if e["attr"] in vars(holder):
+            return  # the name holds a decorator's wrapper made from the image: f is reached through it
+        _bind(holder, e["attr"], e["binding"], f)
+
+    # -- 4. values --------------------------------------------------------------------------------
+    def values(self) -> None:
+        r = self.report.resolver
+        dec = Decoder(r)
+        for c in self.data["classes"]:
+            cls = self.made_classes.get(c["key"])
+            if cls is None or c["recovered_module"] in self.installed:
+                continue
+            for name, enc in c["attributes"].items():
+                if "lit" not in enc:
+                    self._set_attr(cls, name, enc, dec, f"{c['key']}.{name}")
+        for target, attrs in self.data.get("class_changes", {}).items():
+            try:
+                cls = r.cls(target)
+            except ReuseError as exc:
+                self.report.warnings.append(f"class attributes of {target} not applied: {exc}")
+                continue
+            for name, enc in attrs.items():
+                self._set_attr(cls, name, enc, dec, f"{target}.{name}")
+        for e in self.data["functions"]:
+            f = self.live.get(e["id"])
+            if f is None:
+                continue
+            where = f"{e['module']}:{e['qualname']}"
+            if e.get("defaults") is not None or e["op"] != "replace" or e["id"] in self.fresh:
+                f.__defaults__ = self._tuple(dec, e.get("defaults"), f"{where} defaults")
+            if e.get("kwdefaults") is not None or e["id"] in self.fresh:
+                kw = dec.decode(e["kwdefaults"], f"{where} kwdefaults") if e.get("kwdefaults") else None
+                f.__kwdefaults__ = kw if isinstance(kw, dict) else None
+            if e["id"] in self.fresh:
+                self._cells(f, e, dec, where)
+                if e.get("dict"):
+                    attrs = dec.decode(e["dict"], f"{where} __dict__")
+                    if isinstance(attrs, dict):
+                        f.__dict__.update({k: v for k, v in attrs.items() if not isinstance(v, Unrecovered)})
+        self._globals(dec)
+        self.report.warnings += dec.unrecovered
+        self.report.warnings += [f"{ref}: not in the recovered code; taken from the installed package" for ref in
+                                 sorted(set(self.report.resolver.fell_back))]  # fmt: skip
+
+    def _tuple(self, dec: Decoder, enc: dict | None, where: str) -> tuple | None:
+        if not enc:
+            return None
+        v = dec.decode(enc, where)
+        return v if isinstance(v, tuple) else None
+
+    def _cells(self, f: types.FunctionType, e: dict, dec: Decoder, where: str) -> None:
+        for name, cell, enc in zip(f.__code__.co_freevars, f.__closure__ or (), e.get("closure") or []):
+            if name == "__class__":
+                continue
+            try:
+                cell.cell_contents  # noqa: B018 - already filled (kept from the replaced function)
+                continue
+            except ValueError:
+                pass
+            if enc.get("empty"):
+                continue
+            cell.cell_contents = dec.decode(enc, f"{where} closure {name}")
+
+    def _set_attr(self, obj: Any, name: str, enc: dict, dec: Decoder, where: str) -> None:
+        if "unsupported" in enc:
+            self.report.warnings.append(f"{where}: {enc['unsupported']} (left as the base has it)")
+            return
+        try:
+            v = dec.decode(enc, where)
+            if not isinstance(v, Unrecovered):
+                setattr(obj, name, v)
+        except (ReuseError, TypeError, AttributeError) as exc:
+            self.report.warnings.append(f"{where}: not restored ({exc})")
+
+    def _globals(self, dec: Decoder) -> None:
+        for rec_mod, names in self.data.get("globals", {}).items():
+            if rec_mod not in self.report.modules:
+                continue
+            module = self._module(rec_mod)
+            ns = module.__dict__
+            for name, enc in names.items():
+                kind = next(iter(enc), "")
+                if name in ns and not _value_like(enc):
+                    continue  # keep the base's instance (a logger, a registry)
+                try:
+                    v = dec.decode(enc, f"{module.__name__}.{name}")
+                except (ReuseError, TypeError, ValueError) as exc:
+                    if name not in ns:
+                        self.report.warnings.append(f"global {module.__name__}.{name}: {exc}")
+                    continue
+                if isinstance(v, Unrecovered) and name in ns:
+                    continue
+                if name in ns and (ns[name] is v or (kind == "lit" and type(ns[name]) is type(v) and ns[name] == v)):
+                    continue
+                ns[name] = v
+
+    # -- all of it ----------------------------------------------------------------------------------
+    def run(self) -> Applied:
+        self.report = Applied(Resolver(), {})
+        live = self.modules()
+        self.report.modules = live
+        self._claim(live)
+        self.report.resolver = Resolver(self.data.get("class_map", {}), self.data.get("function_map", {}), live)
+        self.report.resolver.installed_fallback = {rec for rec, name in live.items() if name.startswith(SYNTH_PREFIX + ".")}
+        self.classes()
+        self.functions()
+        self.values()
+        return self.report
+
+    def _claim(self, live: dict[str, str]) -> None:
+        """One patch per process: a second, different patch of the same modules would mix two models' code."""
+        sha = self.data["content_sha256"]
+        for name in set(live.values()):
+            other = _APPLIED.get(name)
+            if other is not None and other != sha:
+                raise PatchError(f"module {name} was already patched in this process by another patch ({other[:12]}...)",
+                                 "load each rebuilt model in its own Python process")  # fmt: skip
+        for name in set(live.values()):
+            _APPLIED[name] = sha
+
+
+def _value_like(enc: Any, depth: int = 0) -> bool:
+    """Only plain values and references by name (classes, functions, modules, enums, dtypes)."""
+    if depth > 16:
+        return False
+    if isinstance(enc, list):
+        return all(_value_like(x, depth + 1) for x in enc)
+    if not isinstance(enc, dict):
+        return True
+    kind = next((k for k in enc if k in VALUE_KINDS), None)
+    if kind is None:
+        return False
+    if kind in ("tuple", "list", "set", "frozenset", "dict"):
+        return _value_like(enc[kind], depth + 1)
+    return True
+
+
+def _bind_ns(ns: dict, attr: str, binding: str, f: types.FunctionType) -> None:
+    if binding == "staticmethod":
+        ns[attr] = staticmethod(f)
+    elif binding == "classmethod":
+        ns[attr] = classmethod(f)
+    elif binding.startswith("property."):
+        part = binding.split(".", 1)[1]
+        cur = ns.get(attr)
+        ns[attr] = ({"fget": cur.getter, "fset": cur.setter, "fdel": cur.deleter}[part](f)
+                    if isinstance(cur, property) else property(**{part: f}))  # fmt: skip
+    else:
+        ns[attr] = f
+
+
+def _fill_class_cell(f: types.FunctionType, cls: type) -> None:
+    """`super()` without arguments reads the `__class__` cell: point it at the class now holding f."""
+    for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+        if name == "__class__":
+            cell.cell_contents = cls
+
+
+def apply_patch(data: dict) -> Applied:
+    """Apply a patch read with `read_patch` (verified). Idempotent per process for the same patch."""
+    sha = data["content_sha256"]
+    cached = _DONE.get(sha)
+    if cached is not None:
+        return cached
+    applied = Patcher(data).run()
+    _DONE[sha] = applied
+    return applied
+
+
+_DONE: dict[str, Applied] = {}

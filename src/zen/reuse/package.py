@@ -1,0 +1,127 @@
+"""`zen reuse`: write an importable package that rebuilds the recovered model (AiP §3.4).
+
+Writing the package executes nothing: it computes the patch (differential analysis against a
+base from the library, or a self-contained rebuild) and copies the case's tensors. Loading it
+(`import PKG; PKG.load()`) applies the patch, which EXECUTES code recovered from the image.
+
+    PKG/__init__.py        load(), load_with_report(), inputs()  (a fixed template, no recovered code)
+    PKG/patch.json         the patch (zen.patch.format), hash-protected
+    PKG/mr.json            the MR the object graph is rebuilt from
+    PKG/weights.safetensors, extra.safetensors, inputs.safetensors   the case's tensors
+    PKG/reuse.json         provenance: case, image sha256, base, diff summary, Python/torch versions
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from zen import __version__
+from zen.errors import ZenError
+from zen.represent import case
+
+TEMPLATE = '''"""{title}
+
+Rebuilt by zen {version} from a memory image (evidence sha256 {sha}).
+Importing this package runs nothing. `load()` applies patch.json to the code importable here and
+rebuilds the model from mr.json and the safetensors files: it EXECUTES CODE RECOVERED FROM THE
+IMAGE. Run it in an isolated environment, one rebuilt model per Python process.
+"""
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(*, eval_mode=True):
+    """The rebuilt model (an nn.Module; in eval mode unless eval_mode=False)."""
+    return load_with_report(eval_mode=eval_mode)[0]
+
+
+def load_with_report(*, eval_mode=True):
+    """(model, report): what the patch created/replaced/verified and what could not be restored."""
+    from zen.reuse.runtime import load_package
+
+    return load_package(HERE, eval_mode=eval_mode)
+
+
+def inputs():
+    """Tensors found in the image that fit the model's first layer (name -> tensor)."""
+    from zen.reuse.runtime import load_tensors
+
+    return load_tensors(HERE / "inputs.safetensors")
+'''
+
+
+def _code(case_dir: Path, manifest: dict) -> dict:
+    p = case_dir / case.CODE_FILE
+    if not p.is_file():
+        py = (manifest.get("python") or {}).get("version", "?")
+        raise ZenError(f"{case_dir} has no rebuilt code ({case.CODE_FILE})",
+                       f"the image runs Python {py}: recover the case with zen running under that Python version")  # fmt: skip
+    try:
+        data = marshal.loads(p.read_bytes())  # zen's own output: code objects are built, never run here
+    except (ValueError, EOFError, TypeError) as exc:
+        raise ZenError(f"{p} is unreadable ({exc})", "recover the case again with this Python and zen version") from None
+    if not isinstance(data, dict):
+        raise ZenError(f"{p} is not a zen code file")
+    return data
+
+
+def make_patch(case_dir: Path, base=None) -> tuple[dict, Any]:
+    """(patch document, DiffResult or None). `base`: a library Entry, or None for self-contained."""
+    from zen.attribute.algorithm import primary_modules
+    from zen.diff.differ import diff
+    from zen.patch.format import build_patch, build_self_contained
+
+    case_dir = Path(case_dir)
+    manifest = case.load_manifest(case_dir)
+    mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
+    code = _code(case_dir, manifest)
+    source = {"case": case_dir.name, "image_sha256": (manifest.get("evidence") or {}).get("sha256"),
+              "model": mr.root.cls, "python": (manifest.get("python") or {}).get("version"),
+              "torch": (manifest.get("torch") or {}).get("version")}  # fmt: skip
+    if base is None:
+        return build_self_contained(pr, code, source, primary_modules(mr)), None
+    d = diff(mr, pr, base.name, base.mr, base.pr, rebuilt=set(code))
+    return build_patch(d, pr, code, source), d
+
+
+def _place(src: Path, dst: Path) -> None:
+    """Hard-link when possible (weights can be GBs), else copy."""
+    if not src.is_file():
+        return
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | None) -> Path:
+    from zen.patch.format import write_patch
+
+    case_dir, out = Path(case_dir), Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "reuse.json").exists())):
+        raise ZenError(f"{out} exists and is not an empty directory or a zen reuse package", "choose a new directory")
+    if not out.name.isidentifier():
+        raise ZenError(f"package directory name {out.name!r} is not a Python identifier", "name it like rebuilt_model")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = case.load_manifest(case_dir)
+    sha = (manifest.get("evidence") or {}).get("sha256") or "unknown"
+    title = f"{patch['source'].get('model')}: " + (f"base {patch['base']} + patch" if patch["base"] else "self-contained rebuild")
+    (out / "__init__.py").write_text(TEMPLATE.format(title=title, version=__version__, sha=sha))
+    write_patch(patch, out / "patch.json")
+    shutil.copyfile(case_dir / case.MR_FILE, out / case.MR_FILE)
+    for name in (case.WEIGHTS, case.EXTRA, case.INPUTS):
+        _place(case_dir / name, out / name)
+    info = {"kind": "zen-reuse", "format": 1, "tool": f"zen {__version__}", "case": str(case_dir.resolve()),
+            "evidence_sha256": sha, "mode": patch["mode"], "base": patch["base"], "python": patch["python"],
+            "patch_sha256": patch["content_sha256"], "diff": diff_summary,
+            "executes_recovered_code": True}  # fmt: skip
+    (out / "reuse.json").write_text(json.dumps(info, indent=1) + "\n")
+    return out

@@ -1,0 +1,77 @@
+"""Loading a reuse package in the investigator's process. EXECUTES code recovered from an image.
+
+Called by the `load()` of packages `zen reuse` writes, and by `zen verify`. Needs torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from zen.errors import ZenError
+from zen.represent import case
+
+
+def load_tensors(path: Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a bad file
+        raise ZenError(f"{path} is not a readable safetensors file: {exc}") from None
+
+
+def load_package(pkg_dir: Path, *, eval_mode: bool = True) -> tuple[Any, dict]:
+    """(model, report). Verifies the patch (hashes, Python version) before anything runs."""
+    from zen.patch.apply import apply_patch
+    from zen.patch.format import read_patch
+    from zen.reuse.graph import rebuild
+
+    pkg_dir = Path(pkg_dir)
+    patch = read_patch(pkg_dir / "patch.json")
+    applied = apply_patch(patch)
+    mr = case.load_mr(pkg_dir)
+    model, graph = rebuild(mr, applied.resolver, pkg_dir, eval_mode=eval_mode)
+    return model, {"patch": applied.to_json(), "graph": graph.to_json()}
+
+
+def import_package(pkg_dir: Path):
+    """Import a reuse package from its directory (whatever its parent is on sys.path or not)."""
+    pkg_dir = Path(pkg_dir).resolve()
+    init = pkg_dir / "__init__.py"
+    if not init.is_file() or not (pkg_dir / "patch.json").is_file():
+        raise ZenError(
+            f"{pkg_dir} is not a zen reuse package (no __init__.py/patch.json)", "write one with `zen reuse CASE -o DIR`"
+        )
+    name = pkg_dir.name
+    if name in sys.modules and Path(getattr(sys.modules[name], "__file__", "") or "").resolve() == init:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(pkg_dir)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def first_tensor(out: Any):
+    """The tensor a model output stands for: itself, `.logits`, or the first tensor inside."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        for x in out:
+            t = first_tensor(x)
+            if t is not None:
+                return t
+    return None
