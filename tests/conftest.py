@@ -232,3 +232,24 @@ def family_images(workdir):
     yield images
     for img, _ in images.values():
         img.unlink(missing_ok=True)
+
+
+BASES = {"convnet": "convnet", "mobile": "mobile", "gptmini": "gptmini", "gpt2": "hf", "llama": "hf"}  # name -> image
+
+
+def case_of(name, source, family_images, hf_image, workdir):
+    """The recovered case of model `name` from the family image `source` (or "hf")."""
+    image, target = hf_image if source == "hf" else family_images[source]
+    return recovered(image, target, name, workdir)[0]
+
+
+@pytest.fixture(scope="session")
+def base_library(family_images, hf_image, workdir):
+    """A library of the three test-family bases plus transformers GPT-2 and Llama."""
+    from zen.library.store import Library
+
+    path = workdir / "bases.sqlite"
+    with Library(path) as lib:
+        for name, source in BASES.items():
+            lib.add_case(case_of(name, source, family_images, hf_image, workdir), name)
+    return path

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HERE, recovered, zen
+from conftest import BASES, HERE, case_of, recovered, zen
 
 from zen.attribute.algorithm import NO_SHARED_CODE, attribute
 from zen.attribute.mr_similarity import mr_similarity
@@ -22,27 +22,12 @@ from zen.attribute.pr_similarity import attr_ss, code_similarity, ibss, views
 from zen.library.store import MIGRATIONS, SCHEMA_VERSION, Library
 from zen.represent import case
 
-BASES = {"convnet": "convnet", "mobile": "mobile", "gptmini": "gptmini", "gpt2": "hf", "llama": "hf"}
 FORKS = {
     "convnet_se": ("convnet", "convnet"), "convnet_wide": ("convnet", "convnet"), "convnet_renamed": ("convnet", "convnet"),
     "mobile_ghost": ("mobile", "mobile"), "mobile_wide": ("mobile", "mobile"),
     "gptmini_lora": ("gptmini", "gptmini"), "gptmini_rope": ("gptmini", "gptmini"),
     "lora": ("hf", "gpt2"), "mistral": ("hf", "llama"), "qwen2": ("hf", "llama"),
 }  # fmt: skip
-
-
-def case_of(name, source, family_images, hf_image, workdir):
-    image, target = hf_image if source == "hf" else family_images[source]
-    return recovered(image, target, name, workdir)[0]
-
-
-@pytest.fixture(scope="session")
-def base_library(family_images, hf_image, workdir):
-    path = workdir / "bases.sqlite"
-    with Library(path) as lib:
-        for name, source in BASES.items():
-            lib.add_case(case_of(name, source, family_images, hf_image, workdir), name)
-    return path
 
 
 @pytest.mark.parametrize("fork", sorted(FORKS))
@@ -134,6 +119,9 @@ def test_schema_migration(tmp_path, base_library):
     with Library(old) as lib:
         assert lib.schema_version() == SCHEMA_VERSION
         assert lib.get("convnet").notes == "" and lib.get("convnet").mr.root.cls == "convnet.ConvNet"
+        assert lib.code("convnet") is None  # a version-1 entry has no stored code; diff then shows listings
+    with Library(base_library) as lib:
+        assert lib.code("convnet")  # entries added now keep the base's rebuilt code
 
 
 def _add_copies(args):

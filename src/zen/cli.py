@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from zen import __version__, cli_library
+from zen import __version__, cli_library, cli_reuse
 from zen.errors import ZenError
 
 app = typer.Typer(
@@ -30,6 +30,9 @@ profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles 
 app.add_typer(profile_app, name="profile")
 app.add_typer(cli_library.library_app, name="library")
 app.command("attribute")(cli_library.attribute)
+app.command("diff")(cli_reuse.diff)
+app.command("reuse")(cli_reuse.reuse)
+app.command("verify")(cli_reuse.verify)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -17,7 +17,7 @@ objects, enums, function references, dtypes, dicts of adapters... Every value is
                                          registry, a singleton): the live process imports it
     {"logger": "name"}                   a logging.Logger (logging.getLogger(name))
     {"method": "name", "self": {...}}    a bound method (getattr of the decoded object)
-    {"tensor": KEY} / {"module_ref": PATH}   supplied by the framework front end (hooks)
+    {"tensor": KEY} / {"module_ref": PATH} / {"device": "cuda:0"}   supplied by the framework front end (hooks)
     {"unsupported": "why"}               anything else (reuse reports it if the attribute is used)
 
 Depth and size are bounded; unreadable objects become {"unsupported": ...}, never an exception.
@@ -42,15 +42,15 @@ Hook = Callable[[int], dict | None]
 class Encoder:
     """Encodes objects; shared instances are encoded once per encoder and referenced after."""
 
-    def __init__(
-        self, ip: Interpreter, *, tensor: Hook | None = None, module: Hook | None = None, home: str | None = None
-    ) -> None:
+    def __init__(self, ip: Interpreter, *, tensor: Hook | None = None, module: Hook | None = None, home: str | None = None,
+                 value: Hook | None = None) -> None:  # fmt: skip
         """`home`: the module whose globals are being encoded; its own instances are encoded by
         state, not as references to its globals (which the rebuild is about to create)."""
         self.ip = ip
         self.home = home
         self.tensor_hook = tensor
         self.module_hook = module
+        self.value_hook = value  # framework values (a torch.device), tried after the tensor/module hooks
         self._ids: dict[int, int] = {}
         self._dtypes: dict[int, str] | None = None
         self._globals: dict[str, dict[int, str]] = {}
@@ -66,7 +66,7 @@ class Encoder:
         ip = self.ip
         if depth > MAX_DEPTH:
             return {"unsupported": "nested too deep"}
-        for hook in (self.module_hook, self.tensor_hook):
+        for hook in (self.module_hook, self.tensor_hook, self.value_hook):
             if hook is not None:
                 found = hook(addr)
                 if found is not None:

@@ -63,6 +63,7 @@ class DiffResult:
     classes_added: list[ClassRecord] = field(default_factory=list)
     classes_removed: list[str] = field(default_factory=list)
     methods_added: list[str] = field(default_factory=list)  # "Class.method" added to an existing class
+    added_class_methods: list[FunctionDiff] = field(default_factory=list)  # methods of added classes (made with them)
     unchanged: int = 0
     class_changes: dict[str, dict[str, Any]] = field(default_factory=dict)  # mapped class -> {attribute: encoded value}
     excluded: list[dict[str, str]] = field(default_factory=list)
@@ -190,6 +191,8 @@ def diff(mr: ModelMR, pr: ProgrammaticRepresentation, base_name: str, base_mr: M
             continue
         owner_r = _owner_key(r, rec_classes)
         if owner_r in added_class_keys:
+            target_module = module_map.get(r.module) or r.module
+            res.added_class_methods.append(FunctionDiff("add", r, None, target_module, r.qualname, class_map.get(owner_r)))
             continue  # created with its class
         target_module = module_map.get(r.module) or r.module
         owner = class_map.get(owner_r) if owner_r else None

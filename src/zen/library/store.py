@@ -27,9 +27,10 @@ from zen.errors import ZenError
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Statements that bring a database from version N-1 to N (index N-1). Version 1 is the original
-# layout; version 2 added free-text notes and a per-model index for fast removal.
+# layout; version 2 added free-text notes and a per-model index for fast removal; version 3 the
+# base's rebuilt code objects (compressed code.marshal), so `zen diff` can decompile both sides.
 MIGRATIONS: list[list[str]] = [
     [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -46,6 +47,7 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE models ADD COLUMN notes TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX code_hashes_model ON code_hashes(model_id)",
     ],
+    ["ALTER TABLE models ADD COLUMN code BLOB"],
 ]
 
 
@@ -157,7 +159,7 @@ class Library:
     # -- entries --------------------------------------------------------------------------------
     def add(self, name: str, mr: ModelMR, pr: ProgrammaticRepresentation, ur: UnifiedRepresentation, *,
             source_sha256: str | None = None, python: str | None = None, torch: str | None = None,
-            notes: str = "", replace: bool = False, created: str | None = None) -> int:  # fmt: skip
+            notes: str = "", replace: bool = False, created: str | None = None, code: bytes | None = None) -> int:  # fmt: skip
         """Store a base model under `name`; returns its id."""
         if not name or name.strip() != name:
             raise LibraryError(f"invalid model name {name!r}", "use a non-empty name without surrounding spaces")
@@ -175,10 +177,10 @@ class Library:
             if exists:
                 self.db.execute("DELETE FROM models WHERE id=?", (exists[0],))
             cur = self.db.execute(
-                "INSERT INTO models(name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur, notes)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO models(name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur, notes, code)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (name, created, source_sha256, python, torch, mr.root.cls, json.dumps(summary),
-                 _pack(mr.to_json()), _pack(pr_json), _pack(ur.to_json()), notes),
+                 _pack(mr.to_json()), _pack(pr_json), _pack(ur.to_json()), notes, zlib.compress(code, 6) if code else None),
             )  # fmt: skip
             mid = cur.lastrowid
             rows = [(mid, "bytecode", c.bytecode_sha256, c.address) for c in pr.codes]
@@ -194,10 +196,18 @@ class Library:
         from zen.represent import case
 
         manifest = case.load_manifest(case_dir)
+        code_file = Path(case_dir) / case.CODE_FILE
         return self.add(name, case.load_mr(case_dir), case.load_pr(case_dir), case.load_ur(case_dir),
                         source_sha256=manifest.get("evidence", {}).get("sha256"),
                         python=manifest.get("python", {}).get("version"), torch=manifest.get("torch", {}).get("version"),
-                        notes=notes, replace=replace)  # fmt: skip
+                        notes=notes, replace=replace, code=code_file.read_bytes() if code_file.is_file() else None)  # fmt: skip
+
+    def code(self, name: str) -> bytes | None:
+        """The base's rebuilt code objects (a case's code.marshal) when they were stored."""
+        row = self.db.execute("SELECT code FROM models WHERE name=?", (name,)).fetchone()
+        if row is None:
+            raise LibraryError(f"no model named {name!r} in {self.path}")
+        return zlib.decompress(row[0]) if row[0] else None
 
     def _entry(self, row) -> Entry:
         (mid, name, created, sha, python, torch, root, summary, mr, pr, ur, notes) = row
@@ -257,7 +267,12 @@ class Library:
 
     # -- sharing libraries ------------------------------------------------------------------------
     def export(self, path: Path, names: Iterable[str] | None = None) -> int:
+        import base64
+
         items = [e.export() for e in self.entries(names)]
+        for item in items:
+            code = self.code(item["name"])
+            item["code_marshal"] = base64.b64encode(code).decode() if code else None
         Path(path).write_text(json.dumps({"format": 1, "kind": "zen-library-export", "models": items}, ensure_ascii=False))
         return len(items)
 
@@ -273,6 +288,7 @@ class Library:
             self.add(item["name"], ModelMR.from_json(item["mr"]), ProgrammaticRepresentation.from_json(item["pr"]),
                      UnifiedRepresentation.from_json(item["ur"]), source_sha256=item.get("source_sha256"),
                      python=item.get("python"), torch=item.get("torch"), notes=item.get("notes", ""), replace=replace,
-                     created=item.get("created"))  # fmt: skip
+                     created=item.get("created"),
+                     code=__import__("base64").b64decode(item["code_marshal"]) if item.get("code_marshal") else None)  # fmt: skip
             names.append(item["name"])
         return names

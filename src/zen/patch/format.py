@@ -24,12 +24,14 @@ import json
 import marshal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zen import __version__
-from zen.diff.differ import DiffResult
 from zen.errors import ZenError
-from zen.represent.pr import ClassRecord, CodeRecord, ProgrammaticRepresentation
+
+if TYPE_CHECKING:  # the loader of a reuse package imports this module: keep it light
+    from zen.diff.differ import DiffResult
+    from zen.represent.pr import ClassRecord, CodeRecord, ProgrammaticRepresentation
 
 PATCH_FORMAT = 1
 

@@ -155,6 +155,10 @@ class Decoder:
             import torch
 
             return getattr(torch, enc["dtype"])
+        if "device" in enc:
+            import torch
+
+            return torch.device(enc["device"])
         if "tensor" in enc:
             key = (enc.get("file", "weights"), enc["tensor"])
             if key not in self.tensors:

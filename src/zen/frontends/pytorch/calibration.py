@@ -136,6 +136,17 @@ class TorchCalibrator(CalibratorBase):
         for idx, name in C10_DEVICE_TYPES.items():
             self.device_types.setdefault(str(idx), name)
         self.provenance["device_types"] = "cpu and meta measured; others from c10/core/DeviceType.h"
+        # torch.device objects (THPDevice: PyObject_HEAD, c10::Device): a meta device and cuda:5
+        # (constructible without the hardware) locate {type, index}
+        meta_type = rm[pos]
+        d_meta, d_cuda = torch.device("meta"), torch.device("cuda", 5)
+        r_meta, r_cuda = m.raw(id(d_meta), 64), m.raw(id(d_cuda), 64)
+        at = next((i for i in range(16, 63) if (r_meta[i], r_meta[i + 1]) == (meta_type, 0xFF)
+                   and (r_cuda[i], r_cuda[i + 1]) == (1, 5)), None)  # fmt: skip
+        if at is None:
+            raise CalibrationFailed("c10::Device not found in a torch.device object")
+        self.field("thpdevice", "type", at, "u8")
+        self.field("thpdevice", "index", at + 1, "i8")
         st = cpu.untyped_storage()
         self.field("storageimpl", "data", one("StorageImpl.data_ptr_", m.find_word(st._cdata, 128, st.data_ptr())[:1]), "ptr")
         sizes = [

@@ -58,7 +58,20 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
         path = paths.get(addr)
         return None if path is None else {"module_ref": path}
 
-    enc = Encoder(ip, tensor=tensor_hook, module=module_hook)
+    device_type: list[int | None] = [None]
+
+    def value_hook(addr: int) -> dict | None:
+        try:
+            tp = ip.type_of(addr)
+            if device_type[0] is None and ip.type_name(addr) == "torch.device":
+                device_type[0] = tp
+            if tp != device_type[0]:
+                return None
+            return {"device": reader.device_object(addr)}
+        except ZenError:
+            return None
+
+    enc = Encoder(ip, tensor=tensor_hook, module=module_hook, value=value_hook)
     by_path = {m.path: m for m in mr.modules}
     for path, node in walk:
         rec = by_path.get(path)

@@ -87,6 +87,14 @@ class TensorReader:
         )
         self._span = max(T.sizes + 8 * 2 * prof.constants["SIZES_INLINE"], T.device_index + 1)
 
+    def device_object(self, addr: int) -> str:
+        """The device a `torch.device` object names ("cpu", "cuda:1", "meta")."""
+        D = self.tp.thpdevice
+        raw = self.ip.read_within(addr + D.type, 2, addr, "torch.device")
+        name = self.tp.device_types.get(raw[0], f"device{raw[0]}")
+        index = raw[1] - 256 if raw[1] > 127 else raw[1]
+        return f"{name}:{index}" if index >= 0 else name
+
     def meta(self, addr: int) -> TensorMeta:
         ip, tp = self.ip, self.tp
         impl = ip.ptr(addr + tp.variable.cdata)

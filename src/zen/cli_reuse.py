@@ -1,0 +1,179 @@
+"""`zen diff`, `zen reuse`, `zen verify`: what a model changed, and a runnable copy of it.
+
+`diff` and `reuse` analyse and write files; they never run recovered code. `verify` (and the
+`load()` of a package `reuse` writes) EXECUTES code recovered from the image, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from zen.cli_library import LIB_OPT, _open
+from zen.errors import ZenError
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+EXECUTES = "load() and `zen verify` EXECUTE code recovered from the image: run them in an isolated environment."
+
+
+def _base(library: Path | None, name: str):
+    with _open(library, create=False) as lib:
+        entry = lib.get(name)
+        code = lib.code(name)
+    return entry, code
+
+
+def diff(
+    case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
+    base: str = typer.Option(..., "--base", help="Name of the base model in the library (see `zen attribute`)."),
+    library: Path | None = LIB_OPT,
+    patch: Path | None = typer.Option(None, "-o", "--patch", help="Also write the patch file (JSON) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
+    source: bool = typer.Option(True, "--source/--listing", help="Diff decompiled source (depyf) where possible."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds allowed for decompilation."),
+) -> None:
+    """What the recovered model changed relative to a base model (ZEN Algorithm 2)."""
+    from zen.diff.view import change_summary, function_views
+    from zen.patch.format import write_patch
+    from zen.reuse.package import _code, make_patch
+
+    entry, base_blob = _base(library, base)
+    from zen.represent import case
+
+    data, d = make_patch(case_dir, entry)
+    rec_code = _code(Path(case_dir), case.load_manifest(case_dir))
+    base_code = None
+    if base_blob:
+        try:
+            base_code = marshal.loads(base_blob)
+        except (ValueError, EOFError, TypeError):
+            base_code = None  # stored under another Python version: listings only
+    views = function_views(d, rec_code, base_code, decompile=source, timeout=timeout)
+    if patch is not None:
+        write_patch(data, patch)
+    if as_json:
+        out.print_json(json.dumps({**d.summary(), "functions": [v.to_json() for v in views],
+                                   "patch": str(patch) if patch else None}))  # fmt: skip
+        return
+    s = d.summary()
+    out.print(f"[bold]{escape(str(case_dir))}[/bold] against base [bold]{escape(base)}[/bold]: "
+              f"{s['changed']} changed, {s['added']} added, {s['unchanged']} unchanged functions")  # fmt: skip
+    t = Table("recovered module", "base module")
+    for m, b in d.module_map.items():
+        t.add_row(m, b or "[italic](new: synthesised on reuse)[/italic]")
+    out.print(t)
+    for label, items in (("classes added", s["classes_added"]), ("classes removed", s["classes_removed"]),
+                         ("methods added to base classes", s["methods_added"]),
+                         ("class attributes changed", s["class_attributes_changed"])):  # fmt: skip
+        if items:
+            out.print(f"{label}: " + ", ".join(escape(x) for x in items))
+    for x in d.excluded:
+        out.print(f"[yellow]excluded (corrupt): {escape(x['function'])}: {escape(x['reason'])}[/yellow]")
+    for v in views:
+        mark = "~" if v.op == "changed" else "+"
+        score = f" (match {v.score})" if v.score is not None else ""
+        out.print(f"\n[bold]{mark} {escape(v.target)}[/bold] <- {escape(v.recovered)}{score}")
+        if v.changes:
+            out.print(f"  {escape(change_summary(v.changes))}")
+        out.print(f"  [dim]{v.shown_as} diff:[/dim]")
+        for line in v.unified:
+            style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim" if line.startswith("@") else ""
+            out.print(f"[{style}]{escape(line)}[/{style}]" if style else escape(line), soft_wrap=True)
+    if patch is not None:
+        out.print(f"\npatch written to {escape(str(patch))} ({len(data['functions'])} functions, {len(data['classes'])} classes)")
+
+
+def reuse(
+    case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
+    output: Path = typer.Option(..., "-o", "--output", help="Package directory to write (a Python identifier)."),
+    base: str | None = typer.Option(
+        None,
+        "--base",
+        help="Base model in the library whose installed code is patched; "
+        "omit for a self-contained rebuild from the recovered code alone.",
+    ),  # fmt: skip
+    library: Path | None = LIB_OPT,
+) -> None:
+    """Write an importable package that rebuilds the recovered model: `import PKG; PKG.load()`."""
+    from zen.reuse.package import make_patch, write_package
+
+    entry = _base(library, base)[0] if base else None
+    data, d = make_patch(case_dir, entry)
+    pkg = write_package(case_dir, output, data, d.summary() if d else None)
+    how = f"base {base} + patch" if base else "self-contained (modules synthesised from recovered code)"
+    out.print(f"wrote {escape(str(pkg))}: {how}; {len(data['functions'])} functions, {len(data['classes'])} classes")
+    out.print(f"use: import {pkg.name}; model = {pkg.name}.load()   (with {escape(str(pkg.parent))} on sys.path)")
+    err.print(f"[yellow]warning:[/yellow] {EXECUTES}")
+
+
+def verify(
+    package: Path = typer.Argument(..., help="A package written by `zen reuse`."),
+    inputs: Path | None = typer.Option(None, "--inputs", help="safetensors file of inputs (default: the package's)."),
+    expect: Path | None = typer.Option(None, "--expect", help="safetensors file of expected outputs, same keys."),
+    save: Path | None = typer.Option(None, "-o", "--save", help="Write the outputs here (safetensors)."),
+    threads: int = typer.Option(1, "--threads", help="torch threads (1 makes CPU results reproducible)."),
+    as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+) -> None:
+    """Run the rebuilt model on each input tensor and compare with expected outputs (bit-exact)."""
+    try:
+        import torch
+    except ImportError:
+        raise ZenError("zen verify needs torch", "pip install torch==2.13.0 (see the README)") from None
+    from zen.reuse.runtime import first_tensor, import_package, load_tensors
+
+    err.print(f"[yellow]warning:[/yellow] {EXECUTES}")
+    torch.set_num_threads(threads)
+    pkg = import_package(package)
+    model, report = pkg.load_with_report()
+    xs = load_tensors(inputs if inputs is not None else Path(package) / "inputs.safetensors")
+    if not xs:
+        raise ZenError("no input tensors to run", "pass --inputs FILE.safetensors")
+    want = load_tensors(expect) if expect is not None else {}
+    rows, outputs = [], {}
+    for key in sorted(xs):
+        try:
+            with torch.no_grad():
+                y = first_tensor(model(xs[key]))
+        except Exception as exc:  # noqa: BLE001 - recovered code or a wrong input: report, don't crash
+            rows.append({"input": key, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        if y is None:
+            rows.append({"input": key, "error": "the model returned no tensor"})
+            continue
+        outputs[key] = y.detach().contiguous()
+        row = {"input": key, "shape": list(y.shape), "dtype": str(y.dtype).replace("torch.", "")}
+        if key in want:
+            e = want[key]
+            row["equal"] = bool(e.shape == y.shape and e.dtype == y.dtype and torch.equal(e, y))
+            if not row["equal"] and e.shape == y.shape:
+                row["max_abs_diff"] = float((e.double() - y.double()).abs().max())
+        elif want:
+            row["error"] = "no expected output with this key"
+        rows.append(row)
+    if save is not None:
+        from safetensors.torch import save_file
+
+        save_file(outputs, str(save))
+    failed = [r for r in rows if "error" in r or r.get("equal") is False]
+    if as_json:
+        out.print_json(json.dumps({"results": rows, "report": report, "ok": not failed}))
+    else:
+        t = Table("input", "output", "dtype", "bit-identical", "note")
+        for r in rows:
+            eq = {True: "[green]yes[/green]", False: "[red]NO[/red]", None: "-"}[r.get("equal")]
+            note = r.get("error") or (f"max |diff| {r['max_abs_diff']:.3g}" if "max_abs_diff" in r else "")
+            t.add_row(r["input"], str(r.get("shape", "")), r.get("dtype", ""), eq, escape(note))
+        out.print(t)
+        for w in report["patch"]["warnings"][:20]:
+            err.print(f"[dim]note: {escape(w)}[/dim]")
+    if failed:
+        err.print(f"[red]{len(failed)} of {len(rows)} inputs failed or differ[/red]")
+        raise typer.Exit(1)
