@@ -1,18 +1,22 @@
-"""`zen demo`: image a real model-serving process and show what zen recovers from the image alone.
+"""`zen demo`: the whole method on real processes, checked against what they say about themselves.
 
-The demo starts `deployed_model.py` (a small classifier with custom code) as its own process,
-images it with zen's acquisition, then works only on the image file: finds the interpreter,
-recovers the model (module tree, hyper-parameters, every tensor) into a case directory, and
-rebuilds the code of the model's own classes and helpers. Nothing recovered is executed; the
-rebuilt code is shown disassembled. The process's self-description (truth.json: its module
-classes and a sha256 of every state_dict tensor) is used only for the check at the end.
+1. a *base* model process (tiny_base.py: the public code) is imaged and recovered, and its
+   fingerprint added to a fresh base-model library in the demo directory;
+2. the *deployed* process (deployed_model.py: a customised fork) is imaged; everything after
+   works on that image file alone: the interpreter is found, the model recovered (module tree,
+   hyper-parameters, every tensor) with the code implementing it;
+3. the model is attributed to the library's base, and diffed against it (what the fork changed);
+4. a reuse package is written (base code + patch + recovered weights) and, in a separate process
+   because this step EXECUTES recovered code, rebuilt and run on the request the deployed process
+   served: its output must be bit-identical to the response the process returned.
+
+The processes' self-descriptions (truth.json, request/response files) are used only for checks.
 """
 
 from __future__ import annotations
 
-import dis
-import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,49 +27,62 @@ from rich.table import Table
 
 from zen.errors import ZenError
 
+BASE_NAME = "tiny-base"
 
-def _start(workdir: Path, console: Console) -> tuple[Path, dict]:
-    """Run the deployed model process, image it, stop it; returns (image, its truth.json)."""
+
+def _serve_and_image(cmd: list[str], outdir: Path, image: Path, console: Console, what: str) -> dict:
+    """Run a model process, image it (lean), stop it; returns its truth.json."""
     from zen.acquire import acquire
 
-    script = Path(__file__).with_name("deployed_model.py")
-    console.rule("[bold]1. a deployed model process")
-    proc = subprocess.Popen([sys.executable, str(script), str(workdir)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    outdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(cmd + [str(outdir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
     try:
-        with console.status("starting the model process (imports torch, builds a classifier, runs inference)..."):
+        with console.status(f"starting the {what} process (imports torch, builds the model, serves a request)..."):
             line = proc.stdout.readline().strip()
         if line != "READY":
-            raise ZenError(f"the demo model process failed to start: {proc.stderr.read()[-500:]}",
+            raise ZenError(f"the demo's {what} process failed to start: {proc.stderr.read()[-500:]}",
                            "is torch installed? (the README's install command installs it)")  # fmt: skip
-        console.print(f"PID {proc.pid} is serving a model; zen now images it")
-        image = workdir / "deployed.core"
-        console.rule("[bold]2. acquisition")
         res = acquire(proc.pid, image, lean=True)
-        console.print(f"wrote {image} ({res.bytes_written / 1e6:,.0f} MB, lean) in {res.seconds:.2f} s; the process kept running")
+        console.print(f"PID {proc.pid} ({what}) imaged to {image.name}: {res.bytes_written / 1e6:,.0f} MB (lean) "
+                      f"in {res.seconds:.2f} s; the process kept running")  # fmt: skip
     finally:
         if proc.poll() is None:
             proc.stdin.close()
             proc.wait(30)
-    return image, json.loads((workdir / "truth.json").read_text())
+    return json.loads((outdir / "truth.json").read_text())
 
 
-def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
-    """Run the demo in `workdir`; returns a summary dict (also printed)."""
-    from zen.cpython.codebuild import can_rebuild, rebuild_code
-    from zen.cpython.interp import Interpreter
-    from zen.cpython.readers.dicts import dict_str_items
-    from zen.cpython.readers.functions import read_function
-    from zen.memory import open_space
+def _library(workdir: Path, console: Console, keep: bool) -> Path:
+    from zen.library.store import Library
     from zen.recover import recover
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
-    image, truth = _start(workdir, console)
+    console.rule("[bold]1. the public base model, into a base-model library")
+    image = workdir / "base.core"
+    _serve_and_image([sys.executable, "-c", "import sys; from zen.demo.tiny_base import serve; serve(sys.argv[1])"],
+                     workdir / "base-process", image, console, "base model")  # fmt: skip
+    res = recover(image, None, workdir / "base-case")
+    if not keep:
+        image.unlink(missing_ok=True)
+    lib_path = workdir / "library.sqlite"
+    lib_path.unlink(missing_ok=True)
+    with Library(lib_path) as lib:
+        lib.add_case(workdir / "base-case", BASE_NAME)
+    console.print(f"recovered {res.mr.root.cls} ({len(res.mr.modules)} modules) and added it as {BASE_NAME!r} to {lib_path}")
+    return lib_path
 
-    console.rule("[bold]3. recovery from the image alone")
+
+def _recover(workdir: Path, console: Console, keep: bool):
+    from zen.recover import recover
+
+    console.rule("[bold]2. the deployed model process, recovered from its image alone")
+    image = workdir / "deployed.core"
+    truth = _serve_and_image([sys.executable, str(Path(__file__).with_name("deployed_model.py"))], workdir / "deployed-process",
+                             image, console, "deployed model")  # fmt: skip
     case_dir = workdir / "case"
     res = recover(image, None, case_dir)
+    if not keep:
+        image.unlink(missing_ok=True)
     mr = res.mr
     console.print(f"Python {res.manifest['python']['version']}, torch {res.manifest['torch']['version']}; "
                   f"{len(mr.roots)} model root(s); chose {mr.root.cls} at {mr.root.address} "
@@ -78,59 +95,82 @@ def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
     s = mr.summary
     console.print(f"{s['state_dict_entries']} tensors, {s['parameter_elements']:,} parameter elements, dtypes {s['dtypes']} "
                   f"-> {case_dir / 'weights.safetensors'}")  # fmt: skip
-    if mr.inputs:
-        i = mr.inputs[0]
-        console.print(f"last input found in the heap: {i['shape']} {i['dtype']} at {i['address']} ({i['reason']})")
-    console.print("data flow recovered from forward bytecode: "
-                  + ", ".join(f"{a}->{b}" for a, b in mr.graph.get("dataflow", []) if ":" not in a + b)[:400])  # fmt: skip
+    from zen.represent import case
 
-    console.rule("[bold]4. the model's own code, rebuilt from the image (never executed)")
-    space = open_space(image)
-    ip = Interpreter.open(space)
-    custom = {}
-    for m in mr.modules:
-        if not m.cls_module.startswith("torch."):
-            custom.setdefault(m.cls, int(m.address, 16))
-    rebuilt = []
-    helper_globals = None
-    for cls, addr in custom.items():
-        t = ip.type_info(ip.type_of(addr))
-        for name, v in dict_str_items(ip, t.dict_addr):
-            if ip.kind(v) == "function":
-                f = read_function(ip, v)
-                rebuilt.append((f"{cls}.{name}", f))
-                helper_globals = f.globals
-    module_name = next(iter(custom)).rsplit(".", 1)[0] if custom else None
-    if helper_globals:
-        for name, v in dict_str_items(ip, helper_globals):
-            if ip.kind(v) == "function":
-                f = read_function(ip, v)
-                if f.module == module_name and f.qualname == name:
-                    rebuilt.append((f"{module_name}.{name}", f))
-    for label, f in rebuilt:
-        if not can_rebuild(ip):
-            console.print(f"[bold]{label}[/bold] (Python {ip.P.minor} code: listed, not rebuilt in this interpreter)")
-            continue
-        code = rebuild_code(ip, f.code)
-        args = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-        console.print(f"[bold]{label}[/bold]({', '.join(args)})  ({code.co_filename}:{code.co_firstlineno})")
-        if f.qualname == "channel_shuffle":
-            buf = io.StringIO()
-            dis.dis(code, file=buf)
-            console.print(buf.getvalue().rstrip(), markup=False)
-    space.close()
+    pr = case.load_pr(case_dir)
+    mine = [c for c in pr.codes if c.module == "__main__" and c.parent is None]
+    console.print("the model's own code, rebuilt from the image (never executed): "
+                  + ", ".join(f"{c.qualname}{c.signature.text() if c.signature else ''}" for c in mine))  # fmt: skip
+    return case_dir, truth, mr, pr
 
-    console.rule("[bold]5. check against what the process said about itself")
+
+def _attribute_and_diff(case_dir: Path, lib_path: Path, mr, pr, console: Console):
+    from zen.attribute.algorithm import attribute
+    from zen.library.store import Library
+    from zen.reuse.package import make_patch
+
+    console.rule("[bold]3. attribution and what the fork changed")
+    with Library(lib_path) as lib:
+        att = attribute(mr, pr, lib)
+        entry = lib.get(BASE_NAME)
+        patch, d = make_patch(case_dir, entry)
+    best = att.candidates[0] if att.candidates else None
+    if best is not None:
+        j = best.to_json()
+        console.print(f"attributed to [bold]{att.attributed}[/bold]: UR {j['ur']:.2f} (MR {j['mr']:.2f}, PR {j['pr']:.2f})")
+    console.print(att.explanation)
+    for f in d.changed:
+        console.print(f"  ~ {f.target_module}:{f.target_qualname} <- {f.recovered.qualname}: {', '.join(f.changes)}")
+    for f in d.added:
+        console.print(f"  + {f.target_module}:{f.target_qualname} (new: {f.recovered.fid})")
+    return att, patch, d
+
+
+def _rebuild(case_dir: Path, workdir: Path, patch: dict, d, truth_dir: Path, console: Console) -> dict:
+    from zen.reuse.package import write_package
+
+    console.rule("[bold]4. a runnable copy: the base's code patched, recovered weights loaded")
+    pkg = write_package(case_dir, workdir / "rebuilt_model", patch, d.summary())
+    console.print(f"wrote the package {pkg} (import rebuilt_model; rebuilt_model.load())")
+    console.print("[yellow]running it EXECUTES code recovered from the image: done in a separate process[/yellow]")
+    cmd = [sys.executable, "-m", "zen", "verify", str(pkg), "--inputs", str(truth_dir / "request.safetensors"),
+           "--expect", str(truth_dir / "response.safetensors"), "--json"]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    try:
+        res = json.loads(proc.stdout)
+    except ValueError:
+        raise ZenError(f"rebuilding the model failed: {proc.stderr.strip()[-800:]}") from None
+    r = res["results"][0]
+    console.print(f"rebuilt {res['report']['graph']['modules']} modules, {res['report']['graph']['parameters']} parameters; "
+                  f"patch replaced {len(res['report']['patch']['replaced'])} and created {res['report']['patch']['created']} "
+                  f"objects; output on the served request bit-identical to the deployed response: {r.get('equal')}")  # fmt: skip
+    return res
+
+
+def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
+    """Run the demo in `workdir`; returns a summary dict (also printed)."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    lib_path = _library(workdir, console, keep)
+    case_dir, truth, mr, pr = _recover(workdir, console, keep)
+    att, patch, d = _attribute_and_diff(case_dir, lib_path, mr, pr, console)
+    rebuilt = _rebuild(case_dir, workdir, patch, d, workdir / "deployed-process", console)
+
+    console.rule("[bold]5. checks against what the processes said about themselves")
     found_classes = sorted({m.cls_qualname for m in mr.modules})
     expected = sorted(set(truth["modules"].values()))
     exact = sum(1 for t in mr.tensors if t.sha256 == truth["state_sha256"].get(t.key))
-    ok = (mr.root.address == hex(truth["model_id"]) and found_classes == expected and exact == len(truth["state_sha256"])
-          and any(label.endswith(".channel_shuffle") for label, _ in rebuilt))  # fmt: skip
     same_root = mr.root.address == hex(truth["model_id"])
+    helper = any(c.qualname == "channel_shuffle" for c in pr.codes)
+    identical = bool(rebuilt["results"][0].get("equal"))
+    ok = (same_root and found_classes == expected and exact == len(truth["state_sha256"]) and helper
+          and att.attributed == BASE_NAME and identical)  # fmt: skip
+    attributed = att.attributed == BASE_NAME
     console.print(f"model object: {same_root}; module classes match: {found_classes == expected}; "
-                  f"tensors bit-exact: {exact}/{len(truth['state_sha256'])}")  # fmt: skip
+                  f"tensors bit-exact: {exact}/{len(truth['state_sha256'])}; helper code recovered: {helper}; "
+                  f"attributed to the base: {attributed}; rebuilt output bit-identical: {identical}")  # fmt: skip
     elapsed = time.perf_counter() - t_start
     console.print(f"[bold]{'OK' if ok else 'MISMATCH'}[/bold]: demo finished in {elapsed:.1f} s; case: {case_dir}")
-    if not keep:
-        image.unlink(missing_ok=True)
-    return {"ok": ok, "seconds": elapsed, "case": str(case_dir), "functions": len(rebuilt)}
+    return {"ok": ok, "seconds": elapsed, "case": str(case_dir), "attributed": att.attributed, "identical": identical}

@@ -1,21 +1,17 @@
-"""The demo's "deployed DL system": a small image classifier with custom code, serving requests.
+"""The demo's "deployed DL system": a customised fork of the public base (tiny_base.py), serving.
 
-Started by `zen demo` as a separate process: it builds the model, runs inference on a fixed input,
-writes what it knows about itself to OUTDIR/truth.json, prints READY and waits on stdin. zen then
-images this process and recovers what it can without ever importing this file.
+The team copied the base's code and changed it: blocks shuffle channels between groups before
+their convolution (a new helper, `channel_shuffle`; `Block` renamed `ShuffleBlock`). Started by
+`zen demo` as a separate process (`python deployed_model.py OUTDIR`); zen images it and recovers
+the model and this code without ever importing this file.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 from torch import nn
-
-torch.manual_seed(1234)
-torch.set_num_threads(1)
 
 
 def channel_shuffle(x, groups):
@@ -47,27 +43,7 @@ class TinyClassifier(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
-def main(outdir: str) -> None:
-    model = TinyClassifier().eval()
-    x = torch.randn(1, 3, 32, 32)
-    with torch.no_grad():
-        y = model(x)
-    import hashlib
-
-    digests = {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest() for k, v in model.state_dict().items()}
-    truth = {
-        "pid": os.getpid(),
-        "state_sha256": digests,
-        "model_id": id(model),
-        "modules": {name or "<root>": type(m).__qualname__ for name, m in model.named_modules()},
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "prediction": int(y.argmax()),
-    }
-    with open(os.path.join(outdir, "truth.json"), "w") as fh:
-        json.dump(truth, fh)
-    print("READY", flush=True)
-    sys.stdin.read()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from zen.demo.serving import serve_model
+
+    serve_model(TinyClassifier(), sys.argv[1], seed=1234)

@@ -7,6 +7,8 @@ maps, and, rebuilt structurally, `_parameters`, `_buffers` (with `_non_persisten
 and `_modules` in their registration order. Tensors come from the case's safetensors files:
 
 * one `Parameter` per tensor object of the image, so tied weights stay tied (same object);
+* every tensor gets its own freshly allocated memory (as in the deployed process): views into the
+  safetensors file sit at arbitrary alignments, which changes CPU kernels' rounding;
 * strides are restored (`empty_strided`) for tensors that were not C-contiguous in the image;
 * tensors on an accelerator in the image are loaded on the CPU (the report says so);
 * a tensor whose data was missing from the image is filled with NaN (zeros for integer types)
@@ -74,6 +76,11 @@ class TensorFactory:
             t = torch.empty(rec.shape, dtype=dtype)
             t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else 0)
             self.report.missing_tensors.append(key)
+        else:
+            # own, freshly allocated (64-byte aligned) memory: tensors loaded from a safetensors
+            # file are views at arbitrary offsets, and CPU kernels pick different SIMD paths
+            # (different rounding) for misaligned data: outputs would not be bit-identical
+            t = t.clone(memory_format=torch.contiguous_format)
         if rec is not None:
             t = _restore_strides(t, rec)
             if rec.device and rec.device not in ("cpu", "meta") and not rec.device.startswith("cpu"):

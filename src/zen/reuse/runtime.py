@@ -21,9 +21,11 @@ def load_tensors(path: Path) -> dict:
     from safetensors.torch import load_file
 
     try:
-        return load_file(str(path))
+        loaded = load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a bad file
         raise ZenError(f"{path} is not a readable safetensors file: {exc}") from None
+    # own aligned memory, like the deployed process's tensors (see zen.reuse.graph)
+    return {k: v.clone() for k, v in loaded.items()}
 
 
 def load_package(pkg_dir: Path, *, eval_mode: bool = True) -> tuple[Any, dict]:
