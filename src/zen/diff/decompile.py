@@ -39,16 +39,28 @@ def decompile_many(codes: dict[str, Any], timeout: float = 60.0) -> dict[str, st
     return {k: v for k, v in out.items() if isinstance(v, str)}
 
 
+PER_FUNCTION_SECONDS = 10
+
+
 def _worker() -> None:
+    import signal
+
     import depyf
 
+    def expired(*_):
+        raise TimeoutError
+
+    signal.signal(signal.SIGALRM, expired)  # depyf has hung on real functions: give each a deadline
     codes = marshal.loads(sys.stdin.buffer.read())
     out: dict[str, str | None] = {}
     for key, code in codes.items():
+        signal.setitimer(signal.ITIMER_REAL, PER_FUNCTION_SECONDS)
         try:
             out[key] = depyf.decompile(code)
-        except Exception:  # noqa: BLE001 - one undecompilable function must not lose the others
+        except BaseException:  # noqa: BLE001 - one undecompilable (or hanging) function must not lose the others
             out[key] = None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     sys.stdout.write(json.dumps(out))
 
 
