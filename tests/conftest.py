@@ -22,6 +22,8 @@ import pytest
 
 HERE = Path(__file__).parent
 TARGETS = HERE / "targets"
+BENCH = HERE.parent / "bench"  # bench/families: the evaluation scenario set the tests also use
+sys.path.insert(0, str(BENCH))
 
 
 class Target:
@@ -224,7 +226,6 @@ def _family_image(workdir, family, *extra):
 @pytest.fixture(scope="session")
 def family_images(workdir):
     """One imaged process per test family, plus a ConvNet process whose convnet_se fork is obfuscated."""
-    sys.path.insert(0, str(HERE))
     from families import FAMILIES
 
     images = {f: _family_image(workdir, f) for f in FAMILIES}

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BASES, HERE, case_of, recovered, zen
+from conftest import BASES, BENCH, case_of, recovered, zen
 
 from zen.attribute.algorithm import NO_SHARED_CODE, attribute
 from zen.attribute.mr_similarity import mr_similarity
@@ -145,7 +145,7 @@ def test_concurrent_adds_lose_nothing(family_images, hf_image, workdir, tmp_path
 
 def test_library_build_from_recipe(family_images, hf_image, workdir, tmp_path):
     lib = tmp_path / "built.sqlite"
-    res = subprocess.run([sys.executable, "-m", "zen", "library", "build", str(HERE / "recipes" / "families.toml"),
+    res = subprocess.run([sys.executable, "-m", "zen", "library", "build", str(BENCH / "families" / "recipes.toml"),
                           "--library", str(lib), "--only", "mobile"], capture_output=True, text=True)  # fmt: skip
     assert res.returncode == 0, res.stderr
     c = case_of("mobile_ghost", "mobile", family_images, hf_image, workdir)

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import json
 import marshal
-import sys
 
 import pytest
-from conftest import TARGETS, model_id, recovered, zen
-
-sys.path.insert(0, str(TARGETS.parent))
+from conftest import model_id, recovered, zen
 from families import FAMILIES  # noqa: E402
 
 VARIANTS = [(f, v) for f, vs in FAMILIES.items() for v in vs]

@@ -20,7 +20,7 @@ import types
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))  # bench/families
 sys.path.insert(0, HERE)
 import code_truth  # noqa: E402
 from families import FAMILIES, load  # noqa: E402

@@ -1,4 +1,5 @@
-"""Test model families: three bases and their customised forks.
+"""The evaluation scenario set: three model families, each a base and its customised forks (the
+transformers/peft scenarios are in `hf.py`). Used by the tests and by `bench/run_families.py`.
 
 A fork is its base's source with textual patches applied (what a team forking a repository
 does): added classes, changed forward methods, new helper functions, renamed layers and classes,
