@@ -222,7 +222,7 @@ class ElfCoreSpace(AddressSpace):
             source = Source.IMAGE if have == memsz else (Source.MISSING if have == 0 else Source.IMAGE)
             regions.append(Region(vaddr, vaddr + memsz, perms, path, foff, source))
             covered.append((vaddr, vaddr + memsz))
-            if have < memsz:
+            if have < memsz and perms.startswith("r"):  # PROT_NONE guard gaps held nothing the process could read
                 missing.append((vaddr + have, vaddr + memsz, mf, perms))
         # NT_FILE mappings with no PT_LOAD at all (some producers drop them entirely).
         covered.sort()
@@ -244,6 +244,8 @@ class ElfCoreSpace(AddressSpace):
             if mf is None or not fill_from_disk or not mf.path.startswith("/"):
                 continue
             got = self._fill(start, end, mf, file_root, disk_maps, chunks, problems, files)
+            if got < 0:  # wholly past the end of the file: pages the process could not read either
+                continue
             if got:
                 filled += got
                 self._mark_disk(regions, start, end)
@@ -284,7 +286,10 @@ class ElfCoreSpace(AddressSpace):
                 return
 
     def _fill(self, start, end, mf: MappedFile, file_root, disk_maps, chunks, problems, files) -> int:
-        """Map [start, end) from the file on disk if it exists and agrees with the image."""
+        """Map [start, end) from the file on disk if it exists and agrees with the image.
+
+        Returns the bytes mapped, 0 when the file is unavailable, -1 when the range lies wholly
+        past the file's end (a reservation such as a loader's alignment gap: never readable)."""
         path = mf.path
         if path.endswith(" (deleted)"):
             return 0
@@ -295,9 +300,9 @@ class ElfCoreSpace(AddressSpace):
             return 0
         dm, fsize = entry
         file_off = mf.offset + (start - mf.start)
-        avail = max(0, min(end - start, fsize - file_off))
-        if avail <= 0:
-            return 0
+        if file_off >= fsize:
+            return -1
+        avail = min(end - start, fsize - file_off)
         chunks.append(MmapChunk(start, start + avail, dm, file_off, Source.DISK))
         # The kernel zero-fills the rest of the page that holds the end of the file.
         tail_end = min(end, (start + avail + 4095) // 4096 * 4096)
