@@ -17,5 +17,7 @@ def test_demo_runs(tmp_path):
     assert "rebuilt output bit-identical: True" in out  # the patched base reproduced the deployed response
     assert (tmp_path / "demo" / "case" / "weights.safetensors").exists()
     assert (tmp_path / "demo" / "rebuilt_model" / "patch.json").exists()
+    report = (tmp_path / "demo" / "report.html").read_text()
+    assert "tiny-base" in report and "bit-identical" in report and "channel_shuffle" in report
     assert not (tmp_path / "demo" / "deployed.core").exists()  # images are not left behind
     assert not (tmp_path / "demo" / "base.core").exists()

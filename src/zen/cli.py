@@ -33,6 +33,7 @@ app.command("attribute")(cli_library.attribute)
 app.command("diff")(cli_reuse.diff)
 app.command("reuse")(cli_reuse.reuse)
 app.command("verify")(cli_reuse.verify)
+app.command("report")(cli_reuse.report)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -114,6 +114,25 @@ def reuse(
     err.print(f"[yellow]warning:[/yellow] {EXECUTES}")
 
 
+def _record(package: Path, inputs: Path, expect: Path | None, rows: list, report: dict) -> None:
+    """verify.json in the package: the result a report cites, with the hashes of what was compared."""
+    import time
+
+    from zen import __version__
+    from zen.represent.case import file_sha256
+    from zen.reuse.package import package_hashes
+
+    data = {"kind": "zen-verify", "format": 1, "tool": f"zen {__version__}",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "inputs": str(inputs),
+            "inputs_sha256": file_sha256(inputs), "expect": str(expect) if expect else None,
+            "expect_sha256": file_sha256(expect) if expect else None, "results": rows, "load_report": report,
+            "package_sha256": package_hashes(Path(package)), "executed_recovered_code": True}  # fmt: skip
+    try:
+        (Path(package) / "verify.json").write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as exc:
+        err.print(f"[yellow]could not write verify.json: {escape(str(exc))}[/yellow]")
+
+
 def verify(
     package: Path = typer.Argument(..., help="A package written by `zen reuse`."),
     inputs: Path | None = typer.Option(None, "--inputs", help="safetensors file of inputs (default: the package's)."),
@@ -163,6 +182,7 @@ def verify(
 
         save_file(outputs, str(save))
     failed = [r for r in rows if "error" in r or r.get("equal") is False]
+    _record(package, inputs if inputs is not None else Path(package) / "inputs.safetensors", expect, rows, report)
     if as_json:
         out.print_json(json.dumps({"results": rows, "report": report, "ok": not failed}))
     else:
@@ -177,3 +197,40 @@ def verify(
     if failed:
         err.print(f"[red]{len(failed)} of {len(rows)} inputs failed or differ[/red]")
         raise typer.Exit(1)
+
+
+def report(
+    case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
+    output: Path = typer.Option(..., "-o", "--output", help="Report file: .html (self-contained) or .md."),
+    library: Path | None = LIB_OPT,
+    base: str | None = typer.Option(None, "--base", help="Compare with this base (default: the attributed one)."),
+    reuse_dir: Path | None = typer.Option(None, "--reuse", help="A reuse package (its verify.json is reported)."),
+    attribute: bool = typer.Option(True, "--attribute/--no-attribute", help="Attribute against the library."),
+    source: bool = typer.Option(True, "--source/--listing", help="Diff decompiled source (depyf) where possible."),
+) -> None:
+    """Write a forensic report: evidence, model, attribution, shared artefacts, changes, reuse verification."""
+    from zen.report.gather import gather
+
+    suffix = output.suffix.lower()
+    if suffix not in (".html", ".htm", ".md"):
+        raise ZenError(f"unknown report format {output.suffix!r}", "name the output .html or .md")
+    lib = library if attribute else None
+    if attribute and library is None:
+        from zen.library.store import default_library_path
+
+        lib = default_library_path() if default_library_path().exists() else None
+    data = gather(case_dir, library=lib, base=base if lib is not None else None, reuse_dir=reuse_dir, decompile=source)
+    if suffix == ".md":
+        from zen.report.markdown import render as render_md
+
+        text = render_md(data)
+    else:
+        from zen.report.html import render as render_html
+
+        text = render_html(data)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    output.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    a = data.get("attribution")
+    verdict = f"attributed to {a['attributed']}" if a and a.get("attributed") else "no attribution"
+    out.print(f"wrote {escape(str(output))} ({len(text):,} bytes; {verdict}) and {escape(str(output.with_suffix('.json')))}")

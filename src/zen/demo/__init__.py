@@ -8,7 +8,8 @@
 3. the model is attributed to the library's base, and diffed against it (what the fork changed);
 4. a reuse package is written (base code + patch + recovered weights) and, in a separate process
    because this step EXECUTES recovered code, rebuilt and run on the request the deployed process
-   served: its output must be bit-identical to the response the process returned.
+   served: its output must be bit-identical to the response the process returned;
+5. a forensic report (report.html) puts it together.
 
 The processes' self-descriptions (truth.json, request/response files) are used only for checks.
 """
@@ -171,6 +172,19 @@ def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
     console.print(f"model object: {same_root}; module classes match: {found_classes == expected}; "
                   f"tensors bit-exact: {exact}/{len(truth['state_sha256'])}; helper code recovered: {helper}; "
                   f"attributed to the base: {attributed}; rebuilt output bit-identical: {identical}")  # fmt: skip
+    from zen.report.gather import gather
+    from zen.report.html import render
+
+    report = workdir / "report.html"
+    report.write_text(render(gather(case_dir, library=lib_path, base=BASE_NAME, reuse_dir=workdir / "rebuilt_model")))
+    console.print(f"forensic report: {report}")
     elapsed = time.perf_counter() - t_start
     console.print(f"[bold]{'OK' if ok else 'MISMATCH'}[/bold]: demo finished in {elapsed:.1f} s; case: {case_dir}")
-    return {"ok": ok, "seconds": elapsed, "case": str(case_dir), "attributed": att.attributed, "identical": identical}
+    return {
+        "ok": ok,
+        "seconds": elapsed,
+        "case": str(case_dir),
+        "attributed": att.attributed,
+        "identical": identical,
+        "report": str(report),
+    }

@@ -102,6 +102,15 @@ def _place(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+PACKAGE_FILES = ("__init__.py", "patch.json", case.MR_FILE, case.WEIGHTS, case.EXTRA, "reuse.json")
+
+
+def package_hashes(pkg: Path) -> dict[str, str]:
+    """sha256 of the files that decide what a package rebuilds: `zen verify` records them so a
+    report can tell whether the package it cites is the one that was verified."""
+    return {name: case.file_sha256(pkg / name) for name in PACKAGE_FILES if (pkg / name).is_file()}
+
+
 def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | None) -> Path:
     from zen.patch.format import write_patch
 
@@ -111,6 +120,7 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
     if not out.name.isidentifier():
         raise ZenError(f"package directory name {out.name!r} is not a Python identifier", "name it like rebuilt_model")
     out.mkdir(parents=True, exist_ok=True)
+    (out / "verify.json").unlink(missing_ok=True)  # a verification of the previous contents no longer holds
     manifest = case.load_manifest(case_dir)
     sha = (manifest.get("evidence") or {}).get("sha256") or "unknown"
     title = f"{patch['source'].get('model')}: " + (f"base {patch['base']} + patch" if patch["base"] else "self-contained rebuild")

@@ -1,0 +1,151 @@
+"""Everything a forensic report says, gathered from a case (and a library, a base, a reuse package).
+
+The result is plain JSON-able data (`report.json` beside the rendered report), so the HTML and
+Markdown renderers only lay it out. Every number comes from the case files; nothing recovered is
+executed here (a reuse package's verification is read from the `verify.json` that `zen verify`
+wrote, which records that it ran in its own process).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from zen import __version__
+from zen.errors import ZenError
+from zen.represent import case
+from zen.reuse.package import package_hashes
+
+MAX_MODULE_ROWS = 300
+
+
+def _evidence(case_dir: Path, manifest: dict) -> dict:
+    ev = manifest.get("evidence") or {}
+    acq = ev.get("acquisition") or {}
+    return {
+        "image": ev.get("image"), "size": ev.get("size"), "sha256": ev.get("sha256"), "producer": ev.get("producer"),
+        "acquired_at": acq.get("acquired_at"), "acquisition_mode": acq.get("mode"), "pid": ev.get("pid") or acq.get("pid"),
+        "command": ev.get("command"), "python": manifest.get("python"), "torch": manifest.get("torch"),
+        "profiles": manifest.get("profiles"), "status": manifest.get("status"), "problems": manifest.get("problems", []),
+        "files": manifest.get("files", {}), "case": str(case_dir.resolve()),
+        "recovered_by": " ".join(str(v) for v in (manifest.get("tool") or {}).values()) or None,
+    }  # fmt: skip
+
+
+def _summary(mr, pr) -> dict:
+    model_codes = [c for c in pr.codes if c.parent is None]
+    return {
+        "root_class": mr.root.cls, "root_address": mr.root.address, "referenced_from": mr.root.referenced_from,
+        "tensors": len(mr.tensors), "layers": len(mr.modules), "weights": mr.summary.get("parameter_elements"),
+        "dtypes": mr.summary.get("dtypes"), "functions": len(model_codes), "code_objects": len(pr.codes),
+        "classes": len(pr.classes), "modules": len(pr.modules), "layer_types": mr.layer_types, "counts": pr.counts,
+        "tied": mr.tied, "roots": len(mr.roots),
+    }  # fmt: skip
+
+
+def _modules(mr) -> list[dict]:
+    rows = []
+    for m in mr.modules[:MAX_MODULE_ROWS]:
+        hp = {k: v for k, v in m.hyperparameters.items() if k != "training"}
+        rows.append({"path": m.path or "<root>", "class": m.cls, "hyperparameters": hp,
+                     "parameters": m.parameters, "buffers": m.buffers})  # fmt: skip
+    return rows
+
+
+def _artefacts(pr, base_pr, pairs) -> dict:
+    """What the suspect model shares with the base: identical code, classes, modules (ZEN Table IV)."""
+    identical = sorted({f"{p.recovered.module}:{p.recovered.qualname}" for p in pairs if p.exact})
+    base_classes = {c.qualname for c in base_pr.classes}
+    classes = sorted({c.qualname for c in pr.classes if c.qualname in base_classes})
+    base_modules = set(base_pr.modules)
+    modules = sorted(m for m in pr.modules if m in base_modules)
+    return {"identical_functions": identical, "shared_classes": classes, "shared_modules": modules}
+
+
+def gather(case_dir: Path, *, library: Path | None = None, base: str | None = None, reuse_dir: Path | None = None,
+           decompile: bool = True, timeout: float = 60.0) -> dict[str, Any]:  # fmt: skip
+    case_dir = Path(case_dir)
+    manifest = case.load_manifest(case_dir)
+    mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
+    data: dict[str, Any] = {
+        "kind": "zen-report", "format": 1, "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tool": f"zen {__version__}", "evidence": _evidence(case_dir, manifest), "summary": _summary(mr, pr),
+        "modules": _modules(mr), "modules_total": len(mr.modules), "context": pr.context,
+        "requirements": (pr.context or {}).get("requirements", []), "attribution": None, "diff": None,
+        "artefacts": None, "verification": None,
+    }  # fmt: skip
+    if library is not None or base is not None:
+        _attribution(data, case_dir, mr, pr, library, base, decompile, timeout)
+    if reuse_dir is not None:
+        data["verification"] = _verification(Path(reuse_dir), data["evidence"].get("sha256"))
+    return data
+
+
+def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: bool, timeout: float) -> None:
+    import marshal
+
+    from zen.attribute.algorithm import attribute, primary_modules
+    from zen.attribute.pr_similarity import code_similarity, views
+    from zen.diff.view import change_summary, function_views
+    from zen.library.store import Library
+    from zen.reuse.package import make_patch
+
+    with Library(library, create=False) as lib:
+        if len(lib) == 0:
+            raise ZenError(f"the library {lib.path} is empty", "add base models with `zen library add`")
+        att = attribute(mr, pr, lib)
+        data["attribution"] = {**att.to_json(), "library": str(lib.path), "library_models": len(lib)}
+        chosen = base or att.attributed
+        if chosen is None:
+            return
+        entry = lib.get(chosen)
+        base_blob = lib.code(chosen)
+    data["base"] = chosen
+    rec_views = [v for v in views(pr, primary_modules(mr)) if v.model_code]
+    base_views = [v for v in views(entry.pr, primary_modules(entry.mr)) if v.model_code]
+    data["artefacts"] = _artefacts(pr, entry.pr, code_similarity(rec_views, base_views, optimal=False).pairs)
+    try:
+        _, d = make_patch(case_dir, entry)
+    except ZenError as exc:  # no rebuilt code (another Python): attribution stands, no diff
+        data["diff"] = {"error": exc.message}
+        return
+    rec_code = marshal.loads((case_dir / case.CODE_FILE).read_bytes())
+    try:
+        base_code = marshal.loads(base_blob) if base_blob else None
+    except (ValueError, EOFError, TypeError):
+        base_code = None
+    fviews = function_views(d, rec_code, base_code, decompile=decompile, timeout=timeout)
+    total = d.unchanged + len(d.changed) + len(d.added) + len(d.added_class_methods)
+    edited = len(d.changed) + len(d.added) + len(d.added_class_methods)
+    data["diff"] = {
+        **d.summary(), "added_class_methods": len(d.added_class_methods), "class_changes": d.class_changes,
+        "changed_percent": round(100.0 * edited / total, 1) if total else 0.0,
+        "functions": [{**v.to_json(), "summary": change_summary(v.changes)} for v in fviews],
+    }  # fmt: skip
+
+
+def _verification(reuse_dir: Path, evidence_sha256: str | None) -> dict:
+    info_path, verify_path = reuse_dir / "reuse.json", reuse_dir / "verify.json"
+    if not info_path.is_file():
+        raise ZenError(f"{reuse_dir} is not a zen reuse package (no reuse.json)", "write one with `zen reuse CASE -o DIR`")
+    out: dict[str, Any] = {"package": str(reuse_dir.resolve()), "reuse": json.loads(info_path.read_text())}
+    reuse = out["reuse"]
+    problems = []
+    if evidence_sha256 and reuse.get("evidence_sha256") not in (evidence_sha256, None):
+        problems.append(f"the package was rebuilt from another image (sha256 {reuse.get('evidence_sha256')})")
+    if verify_path.is_file():
+        out["verify"] = json.loads(verify_path.read_text())
+        recorded = out["verify"].get("package_sha256") or {}
+        now = package_hashes(reuse_dir)
+        changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+        if not recorded:
+            problems.append("verify.json does not record the package's file hashes (written by an older zen)")
+        elif changed:
+            problems.append(f"files changed since verification: {', '.join(changed)}")
+    else:
+        out["verify"] = None
+        out["note"] = f"not verified: run `zen verify {reuse_dir} --inputs ... --expect ...`"
+    out["problems"] = problems
+    return out

@@ -1,0 +1,117 @@
+"""Markdown forensic report: the same content as the HTML one, for text tools and review systems.
+
+Values from the case are untrusted (names, strings and code come from the image): text is
+HTML-escaped and stripped of Markdown syntax that could change the page, code spans and fences
+are made longer than any backtick run inside them, so a hostile name can neither inject markup
+nor break out of a table or a code block.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html import escape
+from typing import Any
+
+
+class Md(str):
+    """Already-formatted Markdown (built from escaped parts); `_table` leaves it alone."""
+
+
+def _txt(v: Any) -> str:
+    text = escape("" if v is None else str(v), quote=False).replace("\n", " ").replace("\r", " ")
+    return re.sub(r"([\\`*_\[\]|#])", r"\\\1", text)
+
+
+def _code(v: Any) -> Md:
+    text = ("" if v is None else str(v)).replace("\n", " ").replace("\r", " ").replace("|", "\\|")
+    ticks = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    return Md(f"{ticks} {text} {ticks}")
+
+
+def _fence(lang: str, lines: list[str]) -> list[str]:
+    longest = max((len(m) for line in lines for m in re.findall(r"`{3,}|~{3,}", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + lang, *lines, fence, ""]
+
+
+def _cell(v: Any) -> str:
+    return v if isinstance(v, Md) else _txt(v)
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(_cell(x) for x in r) + " |" for r in rows]
+    return out + [""]
+
+
+def render(d: dict) -> str:
+    e, s = d["evidence"], d["summary"]
+    py = e.get("python") or {}
+    lines = [f"# zen forensic report: {_txt(s['root_class'])}", "",
+             f"Generated {_txt(d['generated'])} by {_txt(d['tool'])}; nothing recovered from the image was executed "
+             "to produce it.", "",
+             "## 1. Evidence", ""]  # fmt: skip
+    lines += _table(["", ""], [["memory image", _code(e["image"])], ["size", f"{e.get('size') or 0:,} bytes"],
+                               ["sha256", _code(e["sha256"])], ["acquired", e.get("acquired_at")],
+                               ["acquisition", f"{e.get('producer')} ({e.get('acquisition_mode') or 'foreign core'})"],
+                               ["process", f"PID {e.get('pid')}: {e.get('command') or ''}"],
+                               ["Python", py.get("version")], ["torch", (e.get("torch") or {}).get("version")],
+                               ["layout profiles", _code(json.dumps(e.get("profiles")))], ["status", e.get("status")],
+                               ["case", _code(e["case"])]])  # fmt: skip
+    for p in e.get("problems") or []:
+        lines.append(f"- problem: {_txt(p)}")
+    lines += ["## 2. Recovered model", ""]
+    lines += _table(["", ""], [["model", Md(f"{_code(s['root_class'])} at {_txt(s['root_address'])}")], ["tensors", s["tensors"]],
+                               ["layers", s["layers"]], ["weights", f"{s['weights'] or 0:,}"],
+                               ["functions / code objects", f"{s['functions']} / {s['code_objects']}"],
+                               ["classes / modules", f"{s['classes']} / {s['modules']}"]])  # fmt: skip
+    a = d.get("attribution")
+    lines += ["## 3. Attribution", ""]
+    if a is None:
+        lines += ["No library was given.", ""]
+    else:
+        lines += [f"**{_txt(a['attributed'] or 'not attributed')}**: {_txt(a['explanation'])}", ""]
+        lines += _table(["base model", "UR", "MR", "PR", "COs", "CLS", "identical", "changed", "added", "method"],
+                        [[c["name"], c["ur"], c["mr"], c["pr"], c.get("cos"), c.get("cls"), c.get("exact", "-"),
+                          c.get("matched", "-"), c.get("added", "-"), c["method"]] for c in a["candidates"][:20]])  # fmt: skip
+    art = d.get("artefacts")
+    lines += ["## 4. Incriminating artefacts", ""]
+    if art:
+        same = art["identical_functions"]
+        lines += [f"- identical functions ({len(same)}): {_txt(', '.join(same[:60]))}",
+                  f"- classes also in the base: {_txt(', '.join(art['shared_classes']) or 'none')}",
+                  f"- modules also in the base: {_txt(', '.join(art['shared_modules']) or 'none')}", ""]  # fmt: skip
+    df = d.get("diff")
+    lines += ["## 5. Changes relative to the base", ""]
+    if df and "error" not in df:
+        added = df["added"] + df["added_class_methods"]
+        lines += [f"{df['changed']} changed, {added} added, {df['unchanged']} unchanged "
+                  f"functions ({df['changed_percent']}% of the model code edited or added); classes added: "
+                  f"{_txt(', '.join(df['classes_added']) or 'none')}; "
+                  f"removed: {_txt(', '.join(df['classes_removed']) or 'none')}.", ""]  # fmt: skip
+        for f in df["functions"]:
+            lines += [f"### {_txt(f['op'])}: {_code(f['target'])} <- {_code(f['recovered'])}", ""]
+            if f.get("summary"):
+                lines += [_txt(f["summary"]), ""]
+            lines += _fence("diff", f["unified"])
+    elif df:
+        lines += [_txt(df["error"]), ""]
+    v = d.get("verification")
+    lines += ["## 6. Reuse verification", ""]
+    for problem in (v or {}).get("problems", []):
+        lines += [f"**warning: {_txt(problem)}**", ""]
+    if v and v.get("verify"):
+        lines += _table(["input", "shape", "dtype", "deployed vs rebuilt"],
+                        [[r["input"], r.get("shape"), r.get("dtype"),
+                          {True: "bit-identical", False: "DIFFERS"}.get(r.get("equal"), r.get("error", "-"))]
+                         for r in v["verify"]["results"]])  # fmt: skip
+    elif v:
+        lines += [_txt(v.get("note", "")), ""]
+    lines += ["## 7. Module tree", ""]
+    lines += _table(["path", "class", "hyper-parameters"],
+                    [[m["path"], _code(m["class"]), ", ".join(f"{k}={x}" for k, x in m["hyperparameters"].items())]
+                     for m in d["modules"]])  # fmt: skip
+    if d.get("requirements"):
+        lines += ["## 8. Execution context (requirements.txt)", "", *_fence("", d["requirements"])]
+    return "\n".join(lines) + "\n"
