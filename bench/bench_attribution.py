@@ -48,8 +48,8 @@ def perturbed(mr, pr, ur, rng: random.Random):
     return mr, pr, ur
 
 
-def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="zen-bench-attr-"))
+def measure(work: Path, sizes=(10, 100, 1000)) -> list[tuple[int, float, str | None, int]]:
+    """(library entries, median attribution seconds, attributed, fully compared) per library size."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests/targets/family_target.py"), str(work), "convnet"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     if proc.stdout.readline().strip() != "READY":
@@ -64,11 +64,12 @@ def main() -> int:
     cases = {}
     for name in ("convnet", "convnet_se"):
         cases[name] = recover(image, None, work / f"case-{name}", model=hex(truth["variants"][name]["model_id"])).case_dir
+    image.unlink()
     base = (case.load_mr(cases["convnet"]), case.load_pr(cases["convnet"]), case.load_ur(cases["convnet"]))
     query = (case.load_mr(cases["convnet_se"]), case.load_pr(cases["convnet_se"]))
     rng = random.Random(0)
     rows = []
-    for size in (10, 100, 1000):
+    for size in sizes:
         path = work / f"lib-{size}.sqlite"
         with Library(path) as lib:
             lib.add("convnet", *base)
@@ -80,6 +81,13 @@ def main() -> int:
                 res = attribute(*query, lib)
                 times.append(time.perf_counter() - t)
             rows.append((size, statistics.median(times), res.attributed, sum(c.method == "algorithm-1" for c in res.candidates)))
+        path.unlink(missing_ok=True)
+    return rows
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="zen-bench-attr-"))
+    rows = measure(work)
     lines = [
         "# Attribution time versus library size (issue 5)",
         "",
@@ -97,7 +105,6 @@ def main() -> int:
     print(text)
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "attribution.md").write_text(text)
-    image.unlink()
     return 0
 
 

@@ -97,6 +97,18 @@ def primary_modules(mr: ModelMR) -> set[str]:
     return {m.cls_module for m in mr.modules if not excluded(m.cls_module)}
 
 
+def compare(mr: ModelMR, entry, delta: list, *, optimal: bool = False, shared: int = 0) -> Candidate:
+    """Full MR + PR comparison of a recovered model (its code views `delta`) with one library entry.
+
+    `attribute` runs it only for candidates that share code (Algorithm 1 lines 3-7); evaluation
+    tables (ZEN Table III) run it against every base, sharing or not.
+    """
+    gamma = views(entry.pr, primary_modules(entry.mr))
+    match = code_similarity(delta, gamma, optimal=optimal)
+    cls = class_similarity(delta, gamma, match.pairs)
+    return Candidate(entry.name, mr_similarity(mr, entry.mr), "algorithm-1", match.cos, cls, match.optimal_cos, shared, match)
+
+
 def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool = True) -> Attribution:
     size = len(library)
     shared = library.sharing("listing", {c.listing_sha256 for c in pr.codes})
@@ -109,12 +121,7 @@ def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, 
     delta = views(pr, primary_modules(mr))
     cands: list[Candidate] = []
     for entry in library.entries(ranked[:FULL_COMPARE]):
-        base_pr, base_mr = entry.pr, entry.mr
-        gamma = views(base_pr, primary_modules(base_mr))
-        match = code_similarity(delta, gamma, optimal=optimal)
-        cls = class_similarity(delta, gamma, match.pairs)
-        cands.append(Candidate(entry.name, mr_similarity(mr, base_mr), "algorithm-1", match.cos, cls, match.optimal_cos,
-                               shared[entry.name], match))  # fmt: skip
+        cands.append(compare(mr, entry, delta, optimal=optimal, shared=shared[entry.name]))
     rest = ranked[FULL_COMPARE:]
     for entry in library.entries(rest):
         est = shared[entry.name] / max(len(pr.codes), sizes.get(entry.name, 1))
