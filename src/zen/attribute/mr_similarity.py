@@ -75,15 +75,17 @@ def operator_similarity(a: ModelMR, b: ModelMR) -> float:
         by_a.setdefault(m.cls_qualname, []).append(_hyper(m))
     for m in b.modules:
         by_b.setdefault(m.cls_qualname, []).append(_hyper(m))
-    score = 0.0
+    # fsum: exactly rounded, so the score does not depend on the (hash-seeded) order of layer types,
+    # and operator_similarity(a, b) == operator_similarity(b, a) to the last bit.
+    terms: list[float] = []
     total = 0
-    for t in set(by_a) | set(by_b):
+    for t in sorted(set(by_a) | set(by_b)):
         la, lb = by_a.get(t, []), by_b.get(t, [])
         total += max(len(la), len(lb))
         for ha, hb in zip(la, lb):
             keys = set(ha) | set(hb)
-            score += 1.0 if not keys else sum(ha.get(k) == hb.get(k) for k in keys) / len(keys)
-    return score / total if total else 1.0
+            terms.append(1.0 if not keys else sum(ha.get(k) == hb.get(k) for k in keys) / len(keys))
+    return math.fsum(terms) / total if total else 1.0
 
 
 def module_graph(mr: ModelMR) -> nx.Graph:
