@@ -149,6 +149,10 @@ def _render_info(res: dict) -> None:
         f"{'  (statically linked)' if ip['static_build'] else ''}"
     )
     out.print(f"profile: {ip['profile']}")
+    dbg = ip.get("debug_offsets")
+    if dbg and "checked" in dbg:
+        agree = "all agree" if not dbg["mismatches"] else f"{len(dbg['mismatches'])} differ, the image's values are used"
+        out.print(f"_Py_DebugOffsets: {dbg['checked']} profile fields cross-checked with the image's own table, {agree}")
     for w in ip["warnings"]:
         err.print(f"[yellow]warning: {w}[/yellow]")
     if "sys_modules" in res:

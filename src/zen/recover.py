@@ -165,7 +165,12 @@ def recover(
         "kind": "zen-case",
         "tool": {"name": "zen", "version": __version__},
         "evidence": evidence,
-        "python": {"version": ip.info.version, "how": ip.info.how, "static_build": ip.info.static_build},
+        "python": {
+            "version": ip.info.version,
+            "how": ip.info.how,
+            "static_build": ip.info.static_build,
+            "debug_offsets": ip.info.debug_offsets,
+        },
         "torch": {"version": tv},
         "profiles": {"cpython": ip.P.source, "torch": tprof.source},
         "model": {"root": chosen.address, "class": chosen.cls, "selected_by": how, "roots_found": len(roots)},

@@ -308,7 +308,8 @@ def main(outdir: str) -> None:
         "materialised": (m, "managed-dict", None),
         "slotted": (s, "none", {}),
         "slots_and_dict": (sd, None, None),
-        "int_subclass": (mi, "dict-offset", None),
+        # 3.12+ gives int subclasses a managed dict too; the type's own flag says which it is
+        "int_subclass": (mi, "managed-dict" if MyInt.__flags__ & (1 << 4) else "dict-offset", None),
         "diamond": (dia, "inline-values", dia_attrs),
         "concrete": (conc, "inline-values", {}),
     }
@@ -423,11 +424,14 @@ def main(outdir: str) -> None:
     KEEP.append(allf)
     index = []
     blobs = []
+    fields = []
     for f, where in allf:
         try:
             blob = marshal.dumps(f.__code__)
         except ValueError:
             continue
+        if LIGHT:
+            fields.append(code_fields(f.__code__))
         index.append(
             {
                 "id": id(f),
@@ -440,6 +444,11 @@ def main(outdir: str) -> None:
         blobs.append(blob)
     with open(os.path.join(outdir, "functions.marshal"), "wb") as fh:
         marshal.dump(blobs, fh)
+    if LIGHT:
+        # Code objects field by field, for analysers of another Python version that cannot
+        # unmarshal this version's code objects.
+        with open(os.path.join(outdir, "code_fields.json"), "w") as fh:
+            json.dump(fields, fh)
     truth["all_functions"] = index
     truth["gc_tracked_sample"] = [id(o) for o in (p, m, dia, model, values["list"], values["dict_unicode"])]
     truth["threads"] = 1
@@ -456,6 +465,45 @@ def _cell_full(c) -> bool:
         return True
     except ValueError:
         return False
+
+
+def code_fields(code) -> dict:
+    """A code object as plain data: what a reader of this image must recover, field by field.
+    Nested code objects among the constants are described the same way."""
+
+    def const(c):
+        if isinstance(c, types.CodeType):
+            return {"code": code_fields(c)}
+        if isinstance(c, (tuple, frozenset)):
+            items = [const(x) for x in c]
+            return {type(c).__name__: items if isinstance(c, tuple) else sorted(items, key=repr)}
+        return {"repr": repr(c)}
+
+    return {
+        "co_code": code.co_code.hex(),
+        "consts": [const(c) for c in code.co_consts],
+        **{
+            k: getattr(code, k)
+            for k in (
+                "co_names",
+                "co_varnames",
+                "co_cellvars",
+                "co_freevars",
+                "co_argcount",
+                "co_posonlyargcount",
+                "co_kwonlyargcount",
+                "co_stacksize",
+                "co_firstlineno",
+                "co_flags",
+                "co_nlocals",
+                "co_name",
+                "co_qualname",
+                "co_filename",
+            )  # fmt: skip
+        },
+        "co_linetable": code.co_linetable.hex(),
+        "co_exceptiontable": code.co_exceptiontable.hex(),
+    }
 
 
 def collect_functions() -> list:

@@ -52,6 +52,7 @@ class InterpreterInfo:
     how: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     static_build: bool = False
+    debug_offsets: dict | None = None  # 3.13+: the image's own offsets table, cross-checked with the profile
 
     def to_json(self) -> dict:
         return {
@@ -64,6 +65,7 @@ class InterpreterInfo:
             "static_build": self.static_build,
             "how": dict(self.how),
             "warnings": list(self.warnings),
+            "debug_offsets": self.debug_offsets,
         }
 
 

@@ -59,6 +59,7 @@ class Heap:
             return np.zeros(0, dtype=bool)
         aligned = (cands & np.uint64(7)) == 0
         rc, ok = gather_u64(self.space, cands)
+        rc &= np.uint64(self.ip.refcnt_mask)
         keep = aligned & ok & (rc > 0) & (rc <= np.uint64(self.ip.limits.max_refcnt))
         before, ok_b = gather_u64(self.space, cands - np.uint64(8))
         keep &= ~(ok_b & (before == np.uint64(self.ip.wk.types["tuple"])))
@@ -150,7 +151,11 @@ class Heap:
             seen_metas |= new_metas
             hits, _vals = find_u64_in(self.space, new_metas, self._chunks)
             cands = hits - np.uint64(ip.P.object.ob_type)
-            cands = cands[self._plausible(cands, np.ones(cands.size, dtype=bool))]
+            # Only heap types have a GC header: static types are plain C data, and what precedes
+            # them is whatever the linker put there.
+            flags, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_flags))
+            heap_type = ok & ((flags & np.uint64(ip.P.c("TPFLAGS_HEAPTYPE"))) != 0)
+            cands = cands[ok & self._plausible(cands, heap_type)]
             sizes, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_basicsize))
             cands = cands[ok & (sizes > 0) & (sizes < np.uint64(1 << 24))]
             flags, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_flags))
@@ -281,7 +286,8 @@ class Heap:
         ci = read_code(ip, frame["code"])
         n = len(ci.localsplusnames)
         raw = ip.read_within(frame["frame"] + ip.P.iframe.localsplus, 8 * n, frame["frame"], "frame locals")
-        vals = struct.unpack(f"<{n}Q", raw)
+        untag = ~ip.P.constants.get("STACKREF_TAG_MASK", 0) & 0xFFFFFFFFFFFFFFFF
+        vals = [v & untag for v in struct.unpack(f"<{n}Q", raw)]
         c = ip.P.constants
         cellish = c["CO_FAST_CELL"] | c["CO_FAST_FREE"]
         out = {}
@@ -309,8 +315,15 @@ class Heap:
         out = []
         from zen.cpython.readers.code import read_code
 
-        while frame and len(out) < max_frames:
-            code = ip.ptr(frame + F.f_code)
+        untag = ~ip.P.constants.get("STACKREF_TAG_MASK", 0) & 0xFFFFFFFFFFFFFFFF
+        none = ip.wk.singletons.get("None")
+        steps = 0
+        while frame and len(out) < max_frames and steps < 4 * max_frames:
+            steps += 1
+            code = ip.ptr(frame + F.f_code) & untag  # 3.14: a tagged stack reference
+            if code == none:  # 3.12+: the C stack's entry shim frame runs no code object
+                frame = ip.ptr(frame + F.previous)
+                continue
             entry = {"frame": frame, "code": code}
             try:
                 ci = read_code(ip, code)

@@ -32,6 +32,38 @@ class Limits:
     max_mro: int = 256  # classes in one MRO / bases tuple
 
 
+def _checked_against_image(space: AddressSpace, info: InterpreterInfo, prof: Profile) -> Profile:
+    """3.13+: cross-check the profile with the image's `_Py_DebugOffsets`; the image wins."""
+    from zen.cpython import debug_offsets as dbg
+
+    if info.runtime is None:
+        return prof
+    table = dbg.read_debug_offsets(space, info.runtime, info.minor)
+    if table is None:
+        if info.minor in dbg.supported_minors():
+            info.warnings.append("no _Py_DebugOffsets table at _PyRuntime: the profile could not be cross-checked")
+        return prof
+    record: dict = {"address": table.address, "version": table.hexversion, "free_threaded": table.free_threaded}
+    info.debug_offsets = record
+    if table.problems:
+        record["problems"] = table.problems
+        info.warnings.append("_Py_DebugOffsets table ignored: " + "; ".join(table.problems))
+        return prof
+    if table.free_threaded:
+        info.warnings.append("free-threaded interpreter: its object layout is not supported, results are unreliable")
+    check = dbg.cross_check(table, prof)
+    record.update(check.to_json())
+    if check.mismatches:
+        fields = ", ".join(f"{m['field']} {m['profile']}->{m['image']}" for m in check.mismatches[:6])
+        info.warnings.append(
+            f"layout profile {prof.source} disagrees with the image's _Py_DebugOffsets on {len(check.mismatches)} of "
+            f"{len(check.checked)} fields ({fields}); the image's values are used"
+        )
+        record["applied"] = True
+        return dbg.apply(prof, table, check)
+    return prof
+
+
 class Interpreter:
     """Readers' shared context for one imaged CPython process."""
 
@@ -49,13 +81,15 @@ class Interpreter:
         self.tflags_type_subclass = profile.c("TPFLAGS_TYPE_SUBCLASS")
         self._tp_flags = profile.type.tp_flags
         self._ob_type = profile.object.ob_type
+        # 3.14 keeps flags above a 32-bit count in the refcount word
+        self.refcnt_mask = 0xFFFFFFFF if profile.object.fields()["ob_refcnt"][1] == "u32" else (1 << 64) - 1
 
     @classmethod
     def open(cls, space: AddressSpace, *, file_root: str | None = None, profile: Profile | None = None) -> Interpreter:
         """Discover the interpreter in `space` and load the matching layout profile."""
         info = discover(space, file_root)
         prof = profile or load_profile(info.minor, info.version)
-        return cls(space, info, prof)
+        return cls(space, info, _checked_against_image(space, info, prof))
 
     # -- raw helpers ----------------------------------------------------------------------
     def ptr(self, addr: int) -> int:
@@ -79,6 +113,7 @@ class Interpreter:
             rc, tp = _HDR.unpack(self.space.read(addr, 16))
         except MemoryReadError:
             raise ObjectError(addr, "object header not in the image") from None
+        rc &= self.refcnt_mask
         if rc <= 0 or rc > self.limits.max_refcnt:
             raise ObjectError(addr, f"implausible reference count {rc}")
         if tp == 0 or tp & 7:

@@ -161,6 +161,8 @@ class Profile:
                 setattr(self, name, st)
 
     def __getattr__(self, item: str) -> Struct:
+        if item.startswith("_"):  # copy/pickle probe dunders: not struct names
+            raise AttributeError(item)
         raise ProfileError(
             f"layout profile has no struct {item!r}",
             "the profile is older than this zen; recalibrate it with `zen profile python`",

@@ -32,6 +32,7 @@ TYPES: dict[str, tuple[str, str]] = {
     "dict": ("PyDict_Type", "dict"),
     "set": ("PySet_Type", "set"),
     "frozenset": ("PyFrozenSet_Type", "frozenset"),
+    "slice": ("PySlice_Type", "slice"),  # code constants from 3.14 (folded `x[1:2]`)
     "none": ("_PyNone_Type", "NoneType"),
     "ellipsis": ("PyEllipsis_Type", "ellipsis"),
     "notimplemented": ("_PyNotImplemented_Type", "NotImplementedType"),

@@ -28,34 +28,16 @@ class ObjectsMixin:
             raise CalibrationFailed(f"instances do not use a managed dict (flags {flags:#x}); unsupported layout")
         self.constants["TPFLAGS_MANAGED_DICT"] = 1 << 4
         self.provenance["constants.TPFLAGS_MANAGED_DICT"] = "header, verified on a plain class"
-        values_slot = None
-        for i, p in enumerate(pre):
-            if p and m.readable(p, 16) and m.words(p, 2) == (id(o.zz_a), id(o.zz_b)):
-                values_slot = i
-        if values_slot is None:
-            # 3.13+: values live inline after the object header.
-            base = type(o).__basicsize__
-            blk = m.raw(id(o), base + 64)
-            pos = blk.find(struct.pack("<QQ", id(o.zz_a), id(o.zz_b)))
-            if pos < 0:
-                raise CalibrationFailed("instance attribute values not found (managed dict layout unknown)")
-            self.field("instance", "inline_values", pos, "ptr")
-        else:
-            self.field("instance", "values_ptr", (values_slot - 4) * PTR, "ptr")
-            vp = pre[values_slot]
-            prefix = m.raw(vp - 8, 8)
-            # 3.11/3.12: values[-1] = prefix size, values[-2] = count, order bytes before that.
-            if prefix[7] % 8 == 0 and prefix[6] == 2 and list(prefix[5:3:-1]) == [1, 0]:
-                self.constants["DICT_VALUES_ORDER"] = 1  # order bytes precede the values array
-                self.provenance["constants.DICT_VALUES_ORDER"] = "measured"
-            else:
-                raise CalibrationFailed(f"unknown split-values prefix {prefix.hex()}")
+        self.inline_values_layout(o, pre)
         # materialise the dict
         dct = o.__dict__
         pre2 = m.words(id(o) - 4 * PTR, 4)
         slot = one("managed dict pointer", [i for i, p in enumerate(pre2) if p == id(dct)])
         self.field("instance", "dict_ptr", (slot - 4) * PTR, "ptr")
         self.check(m.word(id(dct) + ma_values) != 0, "materialised instance dict is split")
+        if self.constants["DICT_VALUES_ORDER"] == 2:
+            # 3.13+: the materialised dict shares the inline values (ma_values -> header).
+            self.check(m.word(id(dct) + ma_values) == id(o) + self.off("instance", "inline_values"), "dict shares inline values")
         self.keys_of_plain = m.word(id(dct) + ma_keys)
         kind = m.raw(self.keys_of_plain + self.off("dictkeys", "dk_kind"), 1)[0]
         self.check(kind == 2, "instance dict keys have the split kind")
@@ -100,6 +82,57 @@ class ObjectsMixin:
         self.constants["T_OBJECT_EX"] = 16
         self.provenance["constants.T_OBJECT_EX"] = "header, verified on a __slots__ member"
 
+    def inline_values_layout(self, o: object, pre: tuple[int, ...]) -> None:
+        """Where a never-materialised instance `__dict__` keeps its values, and in what order.
+
+        3.11: a values pointer of its own at obj-4 words, insertion order in a prefix before the
+        values. 3.12: one pointer at obj-3 words is either the dict or (values - 1), tagged by
+        its low bit. 3.13+: the values are inline after the object header, behind a 4-byte
+        header (capacity, size, embedded, valid), insertion order after values[capacity].
+        """
+        m = self.m
+        va, vb = id(o.zz_a), id(o.zz_b)
+        values_slot, tagged = None, False
+        for i, p in enumerate(pre):
+            for cand, tag in ((p, False), (p + 1, True)):
+                if p and m.readable(cand, 16) and m.words(cand, 2) == (va, vb):
+                    values_slot, tagged = i, tag
+        if values_slot is not None:
+            self.field("instance", "values_ptr", (values_slot - 4) * PTR, "ptr")
+            if tagged:
+                self.constants["INSTANCE_VALUES_TAGGED"] = 1
+                self.provenance["constants.INSTANCE_VALUES_TAGGED"] = "measured: pointer to values - 1, low bit set"
+            vp = pre[values_slot] + (1 if tagged else 0)
+            prefix = m.raw(vp - 8, 8)
+            # values[-1] = prefix size, values[-2] = count, order bytes before that.
+            if prefix[7] % 8 == 0 and prefix[6] == 2 and list(prefix[5:3:-1]) == [1, 0]:
+                self.constants["DICT_VALUES_ORDER"] = 1
+                self.provenance["constants.DICT_VALUES_ORDER"] = "measured: order prefix before the values"
+                return
+            raise CalibrationFailed(f"unknown split-values prefix {prefix.hex()}")
+        blk = m.raw(id(o), type(o).__basicsize__ + 64)
+        pos = blk.find(struct.pack("<QQ", va, vb))
+        if pos < 8:
+            raise CalibrationFailed("instance attribute values not found (managed dict layout unknown)")
+        head = blk[pos - 8 : pos]
+        capacity, size, embedded, valid = head[:4]
+        if not (size == 2 and embedded == 1 and valid == 1 and capacity >= 2):
+            raise CalibrationFailed(f"unknown inline values header {head.hex()}")
+        order = m.raw(id(o) + pos + 8 * capacity, 2)
+        self.check(list(order) == [1, 0], "inline values insertion order follows values[capacity]")
+        self.field("instance", "inline_values", pos - 8, "bytes")
+        self.field("dictvalues", "capacity", 0, "u8", "header, verified on an instance")
+        self.field("dictvalues", "size", 1, "u8", "header, verified on an instance")
+        self.field("dictvalues", "embedded", 2, "u8", "header, verified on an instance")
+        self.field("dictvalues", "valid", 3, "u8", "header, verified on an instance")
+        self.field("dictvalues", "values", 8, "items", "measured")
+        self.constants["DICT_VALUES_ORDER"] = 2
+        self.provenance["constants.DICT_VALUES_ORDER"] = "measured: header + values, order after values[capacity]"
+        flag = 1 << 2
+        self.check(bool(type(o).__flags__ & flag) and not object.__flags__ & flag, "Py_TPFLAGS_INLINE_VALUES on a plain class")
+        self.constants["TPFLAGS_INLINE_VALUES"] = flag
+        self.provenance["constants.TPFLAGS_INLINE_VALUES"] = "header, verified on a plain class"
+
     # -- types ---------------------------------------------------------------------------------
     def types(self) -> None:
         m = self.m
@@ -139,7 +172,8 @@ class ObjectsMixin:
             "type",
             "tp_weaklistoffset",
             common(
-                "tp_weaklistoffset", *[m.find_word(id(t), size, t.__weakrefoffset__, 16) for t in samples if t.__weakrefoffset__]
+                "tp_weaklistoffset",
+                *[m.find_word(id(t), size, t.__weakrefoffset__ & 0xFFFFFFFFFFFFFFFF, 16) for t in samples if t.__weakrefoffset__],
             ),
             "i64",
         )
@@ -338,12 +372,7 @@ class ObjectsMixin:
             "co_nplaincellvars": (len(c1.co_cellvars), 0),
             "co_nfreevars": (len(c1.co_freevars), len(c2.co_freevars)),
         }
-        code_start = None
-        raw1 = m.raw(id(c1), size + len(c1.co_code))
-        pos = raw1.find(c1.co_code, 16)
-        if pos < 0:
-            raise CalibrationFailed("code bytes not found inline in the code object")
-        code_start = pos
+        code_start = self._code_start(c1, size)
         self.field("code", "co_code_adaptive", code_start, "bytes")
         self.check(m.word(id(c1) + 16) == len(c1.co_code) // 2, "code ob_size counts code units")
         taken = {f[0] for f in self.structs["code"]["fields"].values()}
@@ -362,6 +391,9 @@ class ObjectsMixin:
                     if struct.unpack_from("<i", m.raw(id(c3) + o, 4))[0]
                     == {"co_stacksize": 91, "co_firstlineno": 2222}.get(field, v1)
                 ]
+            if not cand and field in self.OPTIONAL_CODE_INTS:
+                self.provenance[f"code.{field}"] = "absent in this version"
+                continue
             self.field("code", field, one(f"code.{field}", cand), "i32")
         self.constants.update(CO_FAST_LOCAL=0x20, CO_FAST_CELL=0x40, CO_FAST_FREE=0x80)
         kp = m.word(id(c1) + self.off("code", "co_localspluskinds"))
@@ -383,6 +415,39 @@ class ObjectsMixin:
             if hasattr(inspect, flag):
                 self.constants[flag] = getattr(inspect, flag)
                 self.provenance[f"constants.{flag}"] = "inspect module"
+
+    OPTIONAL_CODE_INTS = ("co_nplaincellvars",)  # gone in 3.13
+
+    def _code_start(self, c, size: int) -> int:
+        """Offset of the inline bytecode. From 3.12 code objects are quickened when created, so
+        inline cache entries already hold counters: compare only the instruction units."""
+        import dis
+        import opcode
+
+        m = self.m
+        code = c.co_code
+        raw = m.raw(id(c), size + len(code))
+        pos = raw.find(code, 16)
+        if pos >= 0:
+            return pos
+        caches = getattr(opcode, "_inline_cache_entries", None)
+        units = []
+        i = 0
+        while i < len(code):
+            op = code[i]
+            n = caches.get(opcode.opname[op], 0) if isinstance(caches, dict) else (caches[op] if caches else 0)
+            units.append(i)
+            i += 2 + 2 * n
+        del dis
+        # Quickening may also have replaced opcodes with (super)instruction variants: compare
+        # through the version's de-specialisation map, arguments as they are.
+        deopt = {int(k): v for k, v in self.opcodes()["deopt"].items()}
+
+        def same(s: int, u: int) -> bool:
+            return deopt.get(raw[s + u], raw[s + u]) == code[u] and raw[s + u + 1] == code[u + 1]
+
+        cands = [s for s in range(16, size + 8, 2) if all(same(s, u) for u in units)]
+        return one("inline bytecode", cands)
 
     # -- sets --------------------------------------------------------------------------------
 

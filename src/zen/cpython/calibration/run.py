@@ -84,6 +84,11 @@ class Calibrator(ValuesMixin, ObjectsMixin, StateMixin, BytecodeMixin, Calibrato
 def calibrate() -> dict:
     if sys.implementation.name != "cpython":
         raise CalibrationFailed(f"only CPython can be calibrated, not {sys.implementation.name}")
+    if sys.version_info < (3, 11):  # noqa: UP036 - run by other interpreters than zen's own
+        raise CalibrationFailed(
+            f"CPython {sys.version_info[0]}.{sys.version_info[1]} predates the layouts zen reads (3.11 and later: "
+            "frames, code objects and dict keys changed in 3.11)"
+        )
     if struct.calcsize("P") != 8 or sys.byteorder != "little":
         raise CalibrationFailed("only 64-bit little-endian interpreters are supported")
     if not sys.platform.startswith("linux"):

@@ -30,8 +30,12 @@ class StateMixin:
         span = 256 * 1024
         while not m.readable(interp, span):
             span //= 2
-        self.field("interp", "threads_head", one("interp.threads_head", m.find_word(interp, 256, tstate)), "ptr")
-        self.field("interp", "runtime", one("interp.runtime", m.find_word(interp, 512, runtime)), "ptr")
+        # 3.13 put the eval-loop state (~7 KiB) before these fields: look further, take the first.
+        th = m.find_word(interp, min(span, 64 * 1024), tstate)
+        if not th:
+            raise CalibrationFailed("interp.threads_head: the current thread state is not in the interpreter state")
+        self.field("interp", "threads_head", th[0], "ptr", "measured (first pointer to the only thread state)")
+        self.field("interp", "runtime", one("interp.runtime", m.find_word(interp, min(span, 64 * 1024), runtime)), "ptr")
         self.field("interp", "modules", one("interp.modules", m.find_word(interp, span, id(sys.modules))), "ptr")
         self.field("interp", "sysdict", one("interp.sysdict", m.find_word(interp, span, id(sys.__dict__))), "ptr")
         bh = m.find_word(interp, span, id(builtins.__dict__))
@@ -114,6 +118,7 @@ class StateMixin:
 
     def frames(self, tstate: int) -> None:
         m = self.m
+        none_local = None  # noqa: F841 - read back from the frame's locals below
         frame = sys._getframe()
         code = frame.f_code
         fsize = type(frame).__basicsize__
@@ -126,7 +131,11 @@ class StateMixin:
                 break
         if interp_frame is None:
             raise CalibrationFailed("frame object does not point to an interpreter frame")
-        w = m.words(interp_frame, 10)
+        # 3.14: the executable, function and locals are _PyStackRef, pointers with tag bits in
+        # the low two bits (1 = deferred/immortal reference, 3 = tagged int). Object pointers
+        # are 8-aligned, so searching with those bits cleared finds tagged and plain ones alike.
+        untag = ~3
+        w = [v & untag for v in m.words(interp_frame, 10)]
         self.field("iframe", "f_code", one("iframe.f_code", [i * 8 for i, v in enumerate(w) if v == id(code)]), "ptr")
         self.field(
             "iframe", "f_globals", one("iframe.f_globals", [i * 8 for i, v in enumerate(w) if v == id(frame.f_globals)]), "ptr"
@@ -171,9 +180,15 @@ class StateMixin:
         # comprehension mentioning `self` would turn it into a cell variable).
         lp = []
         for i, v in enumerate(m.words(interp_frame, 16)):
-            if v == id(self):
+            if v & untag == id(self):
                 lp.append(i * 8)
         self.field("iframe", "localsplus", one("iframe.localsplus", lp), "items")
+        # A local holding an immortal object (None) shows whether stack references are tagged.
+        none_slot = m.word(interp_frame + lp[0] + 8 * frame.f_code.co_varnames.index("none_local"))
+        self.check(none_slot & untag == id(None), "local variable holding None found in the frame")
+        if none_slot != id(None):
+            self.constants["STACKREF_TAG_MASK"] = 3
+            self.provenance["constants.STACKREF_TAG_MASK"] = "measured: a local holding None carries tag bits"
         fn = StateMixin.__dict__["frames"]
         self.field("iframe", "f_func", one("iframe.f_func", [i * 8 for i, v in enumerate(w) if v == id(fn)]), "ptr")
         code_addr = id(code) + self.off("code", "co_code_adaptive")

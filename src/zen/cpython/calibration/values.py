@@ -14,13 +14,17 @@ class ValuesMixin:
         m = self.m
         x = object()
         w = m.words(id(x), 2)
-        rc = sys.getrefcount(x) - 1
-        if w[0] == rc:
-            self.field("object", "ob_refcnt", 0, "i64")
-        elif w[0] & 0xFFFFFFFF == rc:
-            self.field("object", "ob_refcnt", 0, "u32")
-        else:
-            raise CalibrationFailed(f"refcount not at offset 0 ({w[0]} vs {rc})")
+        # sys.getrefcount's own argument reference is borrowed from 3.14 on: count references
+        # by adding some instead.
+        more = [x] * 5
+        w2 = m.words(id(x), 2)
+        if w2[0] - w[0] != len(more):
+            raise CalibrationFailed(f"refcount not at offset 0 ({w[0]} -> {w2[0]} after {len(more)} references)")
+        # 3.14 keeps flags in the upper half of the word (statically allocated immortals carry
+        # some): the count proper is then the low 32 bits.
+        static_word = m.word(id(int))
+        self.field("object", "ob_refcnt", 0, "u32" if static_word >> 32 else "i64")
+        del more
         self.field("object", "ob_type", one("ob_type", m.find_word(id(x), 16, id(object))), "ptr")
         self.size("object", object.__basicsize__)
         t = (1, 2, 3, 4, 5, 6, 7)
@@ -121,13 +125,24 @@ class ValuesMixin:
             shift = next((s for s in range(1, 8) if head >> s == 4 and nhead >> s == 4), None)
             if shift is None:
                 raise CalibrationFailed(f"unknown int representation {head:#x}/{nhead:#x}/{zhead:#x}")
+            low = (1 << shift) - 1
+
+            def tag(v: int) -> int:
+                return struct.unpack("<q", m.raw(id(v), 24)[16:24])[0] & low
+
+            # 3.14 marks the statically allocated small ints with a flag among the low bits:
+            # bits that differ between a small and a big int of the same sign are not the sign.
+            small_pos, small_neg = int("3"), int("-3")  # cached small ints
+            flags = (tag(small_pos) ^ tag(big)) | (tag(small_neg) ^ tag(neg))
+            sign_mask = low & ~flags
             self.constants.update(
                 LONG_REPR=1,
                 LONG_TAG_SHIFT=shift,
-                LONG_TAG_SIGN_MASK=(1 << shift) - 1,
-                LONG_TAG_ZERO=zhead & ((1 << shift) - 1),
-                LONG_TAG_NEG=nhead & ((1 << shift) - 1),
+                LONG_TAG_SIGN_MASK=sign_mask,
+                LONG_TAG_ZERO=zhead & sign_mask,
+                LONG_TAG_NEG=nhead & sign_mask,
             )
+            self.check(tag(small_neg) & sign_mask == nhead & sign_mask, "small and big negative ints share the sign bits")
             self.field("long", "lv_tag", 16, "u64")
         self.provenance["constants.LONG_REPR"] = "measured"
 
@@ -155,6 +170,10 @@ class ValuesMixin:
             and m.word(id(ba) + o) < 1 << 20
         ]
         self.field("bytearray", "ob_alloc", one("bytearray.ob_alloc", alloc), "i64")
+        sl = slice("slice-start", "slice-stop", "slice-step")
+        for name in ("start", "stop", "step"):
+            hits = m.find_word(id(sl), slice.__basicsize__, id(getattr(sl, name)), 16)
+            self.field("slice", name, one(f"slice.{name}", hits), "ptr")
         t = ("tuple-item-0", "tuple-item-1")
         self.field("tuple", "ob_item", one("tuple.ob_item", m.find_word(id(t), 48, id(t[0]))), "items")
         lst = ["list-item-0", "list-item-1", "list-item-2"]
@@ -170,7 +189,7 @@ class ValuesMixin:
             "allocated",
             one(
                 "list.allocated",
-                [o for o in range(16, 48, 8) if o not in (16, cands[0]) and len(lst) <= m.word(id(lst) + o) < 64],
+                [o for o in range(16, list.__basicsize__, 8) if o not in (16, cands[0]) and len(lst) <= m.word(id(lst) + o) < 64],
             ),
             "i64",
         )

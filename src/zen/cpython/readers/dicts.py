@@ -42,7 +42,8 @@ class DictKeys:
             raise ObjectError(owner, f"implausible dict size 2**{self.log2_size}")
         size = 1 << self.log2_size
         width = 1 if size <= 0xFF else 2 if size <= 0xFFFF else 4 if size <= 0xFFFFFFFF else 8
-        if (1 << log2_index_bytes) != size * width:
+        empty = self.log2_size == 0 and self.nentries == 0  # the shared empty keys (3.13: 8 index bytes)
+        if (1 << log2_index_bytes) != size * width and not (empty and log2_index_bytes <= 3):
             raise ObjectError(owner, "dict index size inconsistent with table size")
         if not 0 <= self.nentries <= min((size << 1) // 3 + 1, ip.limits.max_items):
             raise ObjectError(owner, f"implausible dict entry count {self.nentries}")
@@ -60,20 +61,38 @@ class DictKeys:
 
 
 def read_split_values(ip: Interpreter, values: int, keys: DictKeys, owner: int) -> list[tuple[int, int]]:
-    """(key, value) pairs of a split table, in insertion order, from its values array."""
-    c = ip.P.constants
-    if c.get("DICT_VALUES_ORDER") != 1:
-        raise ObjectError(owner, "split dict values layout of this Python version is not supported")
-    try:
-        prefix_size = ip.space.read(values - 1, 1)[0]
-        count = ip.space.read(values - 2, 1)[0]
-    except MemoryReadError:
-        raise ObjectError(owner, "split dict values not in the image") from None
-    if prefix_size % 8 or count + 2 > prefix_size or count > keys.nentries:
-        raise ObjectError(owner, f"implausible split values prefix (size {prefix_size}, count {count})")
-    order = ip.space.read(values - 2 - count, count)[::-1] if count else b""
+    """(key, value) pairs of a split table, in insertion order, from its values array.
+
+    `values` is what a split dict's `ma_values` holds: in 3.11/3.12 the values array itself, with
+    the insertion order in a prefix before it; from 3.13 a header (capacity, size, embedded,
+    valid) followed by the values, with the insertion order after `values[capacity]`.
+    """
+    layout = ip.P.constants.get("DICT_VALUES_ORDER")
     n = keys.nentries
-    vals = struct.unpack(f"<{n}Q", ip.read_within(values, 8 * n, owner, "split dict values")) if n else ()
+    if layout == 1:
+        try:
+            prefix_size = ip.space.read(values - 1, 1)[0]
+            count = ip.space.read(values - 2, 1)[0]
+        except MemoryReadError:
+            raise ObjectError(owner, "split dict values not in the image") from None
+        if prefix_size % 8 or count + 2 > prefix_size or count > n:
+            raise ObjectError(owner, f"implausible split values prefix (size {prefix_size}, count {count})")
+        order = ip.space.read(values - 2 - count, count)[::-1] if count else b""
+        array = values
+    elif layout == 2:
+        V = ip.P.dictvalues
+        try:
+            head = ip.space.read(values, V.values)
+        except MemoryReadError:
+            raise ObjectError(owner, "split dict values not in the image") from None
+        capacity, count = head[V.capacity], head[V.size]
+        if count > capacity or n > capacity or count > n:
+            raise ObjectError(owner, f"implausible split values header (capacity {capacity}, size {count}, keys {n})")
+        array = values + V.values
+        order = ip.read_within(array + 8 * capacity, count, owner, "split values order") if count else b""
+    else:
+        raise ObjectError(owner, "split dict values layout of this Python version is not supported")
+    vals = struct.unpack(f"<{n}Q", ip.read_within(array, 8 * n, owner, "split dict values")) if n else ()
     out = []
     for ix in order:
         if ix >= n:

@@ -47,13 +47,8 @@ def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
     t = read_type(ip, tp)
     info = InstanceInfo(addr, tp, t.full_name)
     c = ip.P.constants
-    I = ip.P.instance
     if t.flags & c["TPFLAGS_MANAGED_DICT"]:
-        try:
-            dict_ptr = ip.ptr(addr + I.dict_ptr)
-            values = ip.ptr(addr + I.values_ptr) if I.has("values_ptr") else 0
-        except MemoryReadError:
-            raise ObjectError(addr, "managed dict pointers before the object are not in the image") from None
+        dict_ptr, values = _managed(ip, addr, t.flags)
         if dict_ptr:
             info.dict_addr = dict_ptr
             info.storage = "managed-dict"
@@ -77,6 +72,31 @@ def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
             info.attrs = _names(ip, read_dict(ip, dict_ptr))
     info.slots = read_slots(ip, addr, t.mro_addrs)
     return info
+
+
+def _managed(ip: Interpreter, addr: int, flags: int) -> tuple[int, int]:
+    """(dict, values) of an instance with a managed dict; either may be 0.
+
+    3.11: two pointers before the object. 3.12: one pointer that is the dict, or the values
+    address minus one (low bit set). 3.13+: the dict pointer before the object, the values inline
+    after the header (only while their `valid` byte says they are the attributes)."""
+    I, c = ip.P.instance, ip.P.constants
+    try:
+        dict_ptr = ip.ptr(addr + I.dict_ptr)
+        if I.has("values_ptr"):
+            values = ip.ptr(addr + I.values_ptr)
+            if c.get("INSTANCE_VALUES_TAGGED"):
+                if dict_ptr & 1:
+                    return 0, dict_ptr + 1
+                return dict_ptr, 0
+            return dict_ptr, values
+        if I.has("inline_values") and flags & c.get("TPFLAGS_INLINE_VALUES", 0):
+            at = addr + I.inline_values
+            valid = ip.space.read(at + ip.P.dictvalues.valid, 1)[0]
+            return dict_ptr, (at if valid else 0)
+        return dict_ptr, 0
+    except MemoryReadError:
+        raise ObjectError(addr, "managed dict pointers around the object are not in the image") from None
 
 
 def read_slots(ip: Interpreter, addr: int, mro: list[int]) -> dict[str, int]:

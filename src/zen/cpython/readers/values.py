@@ -84,6 +84,12 @@ def _set(ip, addr, depth, active):
     return frozenset(items) if ip.kind(addr) == "frozenset" else items
 
 
+def _slice(ip, addr, depth, active):
+    S = ip.P.slice
+    parts = [ip.ptr(addr + off) for off in (S.start, S.stop, S.step)]
+    return slice(*(to_python(ip, a, depth, active) for a in parts))
+
+
 def _simple_table():
     from zen.cpython.readers import numbers, text
 
@@ -102,4 +108,4 @@ def _simple_table():
 
 
 _SIMPLE = _simple_table()
-_CONTAINERS = {"tuple": _tuple, "list": _list, "dict": _dict, "set": _set, "frozenset": _set}
+_CONTAINERS = {"tuple": _tuple, "list": _list, "dict": _dict, "set": _set, "frozenset": _set, "slice": _slice}
