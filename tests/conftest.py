@@ -106,6 +106,71 @@ def find_python(minor: str) -> str | None:
     return None
 
 
+FOREIGN = ("3.13", "3.14")  # CPython versions zen reads without running them (issue 8)
+REPO = HERE.parent
+
+
+def python_cache() -> Path:
+    """Where tools/build-python.sh puts its builds (outside the repository)."""
+    env = os.environ.get("ZEN_PYTHON_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zen" / "pythons"
+
+
+def foreign_python(minor: str, kind: str = "shared") -> str | None:
+    """A CPython `minor` to run target processes under: a tools/build-python.sh build, else one on
+    PATH or in pyenv (for the shared kind), else built now — unless ZEN_BUILD_PYTHONS=0 (the build
+    takes several minutes a version; CI builds them before the test run instead)."""
+    built = python_cache() / f"{minor}-{kind}"
+    exe = built / "bin" / f"python{minor}"
+    if exe.is_file() and (built / ".zen-build-ok").is_file():
+        return str(exe)
+    if kind == "shared":
+        found = find_python(minor)
+        if found:
+            return found
+    if os.environ.get("ZEN_BUILD_PYTHONS", "1") == "0":
+        return None
+    res = subprocess.run(
+        ["bash", str(REPO / "tools" / "build-python.sh"), minor, kind], capture_output=True, text=True, timeout=3600
+    )
+    if res.returncode != 0:
+        print(f"building CPython {minor} failed:\n{res.stderr[-2000:]}")
+        return None
+    return res.stdout.strip().splitlines()[-1]
+
+
+_foreign: dict = {}
+
+
+@pytest.fixture(scope="session")
+def foreign_images(workdir):
+    """minor -> (light objects target, lean image) for targets run under other CPython versions.
+
+    Made on first use of each version; a version with no interpreter maps to None (tests skip)."""
+
+    def get(minor: str):
+        if minor not in _foreign:
+            exe = foreign_python(minor)
+            if exe is None:
+                _foreign[minor] = None
+            else:
+                t = start_target("objects_target.py", workdir / f"light-{minor}", "--light", python=exe)
+                img = workdir / f"light-{minor}.core"
+                try:
+                    zen("acquire", "--pid", t.pid, "-o", img, "--lean")
+                finally:
+                    t.stop()
+                _foreign[minor] = (t, img)
+        return _foreign[minor]
+
+    yield get
+    for v in _foreign.values():
+        if v is not None:
+            v[1].unlink(missing_ok=True)
+
+
 def kernel_core(target: Target, where: Path, timeout: float = 120) -> Path | None:
     """Make the kernel dump `target` (RLIMIT_CORE + SIGABRT); None if core dumps go elsewhere."""
     pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()

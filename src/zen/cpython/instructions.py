@@ -22,7 +22,7 @@ class Instruction:
     op: int
     name: str
     arg: int | None
-    kind: str  # "name", "const", "local", "free", "compare", "binop", "jump", "other", "none"
+    kind: str  # "name", "const", "local", "local_pair", "free", "compare", "binop", "jump", "other", "none"
     argval: Any  # resolved name / const display / local name / operator / jump target offset
 
 
@@ -55,7 +55,27 @@ def decode(
     return out
 
 
+_PAIR_PARTS = ("LOAD_FAST_BORROW", "LOAD_FAST", "STORE_FAST")
+
+
+def pair_parts(name: str) -> tuple[str, str] | None:
+    """The two instructions a 3.13+ superinstruction (LOAD_FAST_LOAD_FAST, STORE_FAST_LOAD_FAST,
+    LOAD_FAST_BORROW_LOAD_FAST_BORROW, ...) stands for; None for other opcodes. Its argument
+    packs two local indices, four bits each."""
+    for first in _PAIR_PARTS:
+        if name.startswith(first + "_"):
+            rest = name[len(first) + 1 :]
+            if rest in _PAIR_PARTS:
+                return first, rest
+    return None
+
+
 def _resolve(op, name, arg, offset, ncache, names, localsplus, consts, ops: OpcodeTable, after_caches: bool):
+    pair = pair_parts(name) if op in ops.haslocal else None
+    if pair is not None:
+        a, b = arg >> 4, arg & 15
+        n = len(localsplus)
+        return "local_pair", (localsplus[a] if a < n else f"<local {a}>", localsplus[b] if b < n else f"<local {b}>")
     if op in ops.hasname:
         idx = arg >> ops.name_arg_shift.get(name, 0)
         return "name", names[idx] if idx < len(names) else f"<name {idx}>"

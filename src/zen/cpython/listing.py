@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 
-from zen.cpython.instructions import Instruction
+from zen.cpython.instructions import Instruction, pair_parts
 
-DROP = frozenset({"CACHE", "RESUME", "PRECALL", "NOP", "EXTENDED_ARG", "KW_NAMES", "PUSH_NULL", "RESUME_CHECK", "NOT_TAKEN"})
+DROP = frozenset({"CACHE", "RESUME", "PRECALL", "NOP", "EXTENDED_ARG", "PUSH_NULL", "RESUME_CHECK", "NOT_TAKEN", "TO_BOOL"})
 RENAME = {
     "LOAD_METHOD": "LOAD_ATTR",
     "JUMP_FORWARD": "JUMP",
@@ -31,34 +31,99 @@ RENAME = {
     "POP_JUMP_BACKWARD_IF_NOT_NONE": "POP_JUMP_IF_NOT_NONE",
     "LOAD_FAST_CHECK": "LOAD_FAST",
     "LOAD_FAST_AND_CLEAR": "LOAD_FAST",
+    "LOAD_FAST_BORROW": "LOAD_FAST",  # 3.14
+    "LOAD_CLOSURE": "LOAD_FAST",  # 3.13 loads the cell with LOAD_FAST
+    "POP_ITER": "POP_TOP",  # 3.14
+    "KW_NAMES": "LOAD_CONST",  # 3.11/3.12 name the keywords of the next CALL; 3.13 loads them
+    "CALL_KW": "CALL",  # 3.13: the CALL that takes those names
 }
+_WITH_ARG = frozenset(
+    (
+        "CALL",
+        "BUILD_TUPLE",
+        "BUILD_LIST",
+        "BUILD_MAP",
+        "BUILD_SET",
+        "UNPACK_SEQUENCE",
+        "CALL_FUNCTION_EX",
+        "BUILD_SLICE",
+        "FORMAT_VALUE",
+    )  # fmt: skip
+)
+
+
+_CLASS_BOOKKEEPING = frozenset(("__firstlineno__", "__static_attributes__"))
 
 
 def normalise(instructions: list[Instruction]) -> list[str]:
-    """The listing lines for decoded instructions."""
+    """The listing lines for decoded instructions.
+
+    Besides dropping and renaming, it undoes what minor versions changed without the source
+    changing: 3.13's two-local superinstructions become their two instructions, 3.14's
+    LOAD_SMALL_INT a LOAD_CONST, 3.12's loop-exit END_FOR (and 3.13's POP_TOP after it)
+    disappears, 3.13's MAKE_FUNCTION + SET_FUNCTION_ATTRIBUTE fold back into one MAKE_FUNCTION
+    with flags, CONVERT_VALUE + FORMAT_SIMPLE/FORMAT_WITH_SPEC into FORMAT_VALUE, 3.12's
+    LOAD_SUPER_ATTR into the call of super() and a LOAD_ATTR, 3.14's BINARY_OP [] into
+    BINARY_SUBSCR, 3.13's `__firstlineno__`/`__static_attributes__` in class bodies are left
+    out. What stays different: 3.12 inlines comprehensions (3.11 calls a nested code
+    object), and opcodes that have no counterpart."""
     targets = sorted({i.argval for i in instructions if i.kind == "jump" and isinstance(i.argval, int)})
     labels = {off: f"L{n}" for n, off in enumerate(targets, 1)}
     lines: list[str] = []
+    make_function = -1  # index of the last MAKE_FUNCTION line (3.13 sets its attributes after it)
+    conversion = 0  # 3.13: CONVERT_VALUE's conversion, for the FORMAT_* that follows
+    after_end_for = False
     for ins in instructions:
         if ins.offset in labels:
             lines.append(f"{labels[ins.offset]}:")
         name = ins.name
         if name in DROP:
             continue
-        if name == "RETURN_CONST":  # 3.12: LOAD_CONST + RETURN_VALUE in one instruction
-            lines.append(f"LOAD_CONST {ins.argval}")
-            lines.append("RETURN_VALUE")
+        if after_end_for:
+            after_end_for = False
+            if name in ("POP_TOP", "POP_ITER"):
+                continue
+        if name == "END_FOR":
+            after_end_for = True
             continue
-        name = RENAME.get(name, name)
-        if ins.kind == "jump":
-            lines.append(f"{name} {labels.get(ins.argval, '?')}")
-        elif ins.kind in ("name", "const", "local", "free", "compare", "binop"):
-            lines.append(f"{name} {ins.argval}")
-        elif ins.kind == "other" and name in ("CALL", "BUILD_TUPLE", "BUILD_LIST", "BUILD_MAP", "BUILD_SET", "UNPACK_SEQUENCE",
-                                              "CALL_FUNCTION_EX", "MAKE_FUNCTION", "BUILD_SLICE", "FORMAT_VALUE"):  # fmt: skip
-            lines.append(f"{name} {ins.arg}")
+        if name == "RETURN_CONST":  # 3.12: LOAD_CONST + RETURN_VALUE in one instruction
+            lines += [f"LOAD_CONST {ins.argval}", "RETURN_VALUE"]
+        elif ins.kind == "local_pair":
+            for part, local in zip(pair_parts(name) or (name, name), ins.argval):
+                lines.append(f"{RENAME.get(part, part)} {local}")
+        elif name == "LOAD_SMALL_INT":
+            lines.append(f"LOAD_CONST {ins.arg}")
+        elif name == "MAKE_FUNCTION":
+            make_function = len(lines)
+            lines.append(f"MAKE_FUNCTION {ins.arg or 0}")
+        elif name == "SET_FUNCTION_ATTRIBUTE" and make_function >= 0:
+            flags = int(lines[make_function].split()[1]) | (ins.arg or 0)
+            lines[make_function] = f"MAKE_FUNCTION {flags}"
+        elif name == "CONVERT_VALUE":
+            conversion = ins.arg or 0
+        elif name in ("FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
+            lines.append(f"FORMAT_VALUE {conversion | (4 if name == 'FORMAT_WITH_SPEC' else 0)}")
+            conversion = 0
+        elif name == "LOAD_SUPER_ATTR":
+            two_args = bool((ins.arg or 0) & 2)
+            if not two_args and len(lines) >= 2:  # zero-argument super(): __class__ and self are implicit
+                del lines[-2:]
+            lines += [f"CALL {2 if two_args else 0}", f"LOAD_ATTR {ins.argval}"]
+        elif name == "BINARY_OP" and ins.argval == "[]":
+            lines.append("BINARY_SUBSCR")
+        elif name == "STORE_NAME" and ins.argval in _CLASS_BOOKKEEPING:
+            if lines and lines[-1].startswith("LOAD_CONST "):  # 3.13 records these in every class body
+                lines.pop()
         else:
-            lines.append(name)
+            name = RENAME.get(name, name)
+            if ins.kind == "jump":
+                lines.append(f"{name} {labels.get(ins.argval, '?')}")
+            elif ins.kind in ("name", "const", "local", "free", "compare", "binop"):
+                lines.append(f"{name} {ins.argval}")
+            elif ins.kind == "other" and name in _WITH_ARG:
+                lines.append(f"{name} {ins.arg}")
+            else:
+                lines.append(name)
     return lines
 
 

@@ -19,6 +19,11 @@ def sample(a, b, *items):
         while total <= a:
             total = total + len(str(i))
     return obj.attr.method(total) + mod.name
+
+
+class Sample(Base):
+    def method(self):
+        return super().attr + super().other(1)
 """
 
 
@@ -82,16 +87,21 @@ class BytecodeMixin:
 def measure_arguments(ops: dict) -> dict:
     """Argument encodings of this version, measured against `dis` on a compiled sample."""
     code = compile(_SAMPLE, "<zen-calibration>", "exec")
-    fn = next(c for c in code.co_consts if hasattr(c, "co_code"))
+    todo, codes = [code], []
+    while todo:
+        c = todo.pop()
+        codes.append(c)
+        todo += [k for k in c.co_consts if hasattr(k, "co_code")]
     shifts: dict[str, set] = {}
     jump_base = set()
     cmp_shift = set()
-    for ins in dis.get_instructions(fn):
+    for fn, ins in ((c, i) for c in codes for i in dis.get_instructions(c)):
         if ins.arg is None:
             continue
         if ins.opcode in opcode.hasname:
             idx = fn.co_names.index(ins.argval)
-            shifts.setdefault(ins.opname, set()).update(s for s in (0, 1, 2, 4) if ins.arg >> s == idx)
+            cands = {s for s in (0, 1, 2, 4) if ins.arg >> s == idx}
+            shifts[ins.opname] = shifts[ins.opname] & cands if ins.opname in shifts else cands
         if ins.opcode in opcode.hascompare:
             ok = [s for s in (0, 4, 5) if ins.arg >> s < len(opcode.cmp_op) and opcode.cmp_op[ins.arg >> s] == ins.argval]
             cmp_shift.update(ok)
