@@ -1,0 +1,190 @@
+"""Images of CPython 3.13 and 3.14 processes, read by zen on its own 3.11 (issue 8).
+
+The object readers and code objects are checked against ground truth in tests/test_readers.py
+(sources "py3.13", "py3.14"); here: the shipped profiles are what calibration measures under
+those interpreters, the image's own `_Py_DebugOffsets` table is read, cross-checked and wins over
+a wrong profile, a corrupt table is ignored, statically linked builds are found, and the same
+source compiled by 3.11, 3.13 and 3.14 gives close normalised listings.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import shutil
+import struct
+from importlib import resources
+
+import pytest
+from conftest import FOREIGN, find_python, foreign_python, python_cache, start_target, zen
+from rapidfuzz import fuzz
+
+from zen.cpython.debug_offsets import read_debug_offsets
+from zen.cpython.heap import Heap
+from zen.cpython.interp import Interpreter
+from zen.cpython.profile import load_profile, parse_profile
+from zen.cpython.programmatic import listing_of
+from zen.cpython.readers.functions import read_function
+from zen.cpython.runtime import Runtime
+from zen.memory import open_space
+
+
+def _foreign(foreign_images, minor):
+    made = foreign_images(minor)
+    if made is None:
+        pytest.skip(f"no CPython {minor} could be found or built (tools/build-python.sh {minor})")
+    return made
+
+
+@pytest.mark.parametrize("minor", ["3.12", *FOREIGN])
+def test_calibration_reproduces_shipped_profile(minor, tmp_path):
+    exe = foreign_python(minor) if minor in FOREIGN else find_python(minor)
+    if exe is None:
+        pytest.skip(f"no CPython {minor} on this machine")
+    out = tmp_path / f"{minor}.json"
+    res = zen("profile", "python", "--python", exe, "-o", out)
+    assert f"calibrated CPython {minor}." in res.stdout
+    measured = json.loads(out.read_text())
+    shipped = json.loads(resources.files("zen.cpython").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
+    for key in ("structs", "constants", "opcodes", "set_dummy_type_name"):
+        assert measured[key] == shipped[key], key
+    assert set(measured["provenance"]) == set(shipped["provenance"])
+
+
+@pytest.mark.parametrize("minor", FOREIGN)
+def test_debug_offsets_agree_with_calibration(foreign_images, minor):
+    t, image = _foreign(foreign_images, minor)
+    with open_space(image) as space:
+        ip = Interpreter.open(space)
+        d = ip.info.debug_offsets
+        assert d is not None and d["version"] == ip.info.hexversion and not d["free_threaded"]
+        assert d["checked"] >= 39 and d["mismatches"] == [], d
+        assert not any("DebugOffsets" in w for w in ip.info.warnings)
+        # fields the table gives directly, independent of the profile
+        table = read_debug_offsets(space, ip.info.runtime, minor)
+        assert table.fields["interpreter_state.threads_head"] == ip.P.interp.threads_head
+        assert table.fields["code_object.co_code_adaptive"] == ip.P.code.co_code_adaptive
+
+
+@pytest.mark.parametrize("minor", FOREIGN)
+def test_image_table_wins_over_a_wrong_profile(foreign_images, minor):
+    """A profile that is wrong where the table speaks (a patched build, say) is corrected."""
+    t, image = _foreign(foreign_images, minor)
+    data = json.loads(resources.files("zen.cpython").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
+    wrong = {("interp", "threads_head"): 8, ("code", "co_qualname"): 16, ("tuple", "ob_item"): 32}
+    for (sname, fname), delta in wrong.items():
+        data["structs"][sname]["fields"][fname][0] += delta
+    bad = parse_profile(data, "wrong.json")
+    with open_space(image) as space:
+        ip = Interpreter.open(space, profile=bad)
+        d = ip.info.debug_offsets
+        assert {m["field"] for m in d["mismatches"]} == {f"{s}.{f}" for s, f in wrong} and d["applied"]
+        assert any("disagrees with the image's _Py_DebugOffsets on 3 of" in w for w in ip.info.warnings)
+        assert ip.P.source.endswith("+ _Py_DebugOffsets of the image") and bad.interp.threads_head != ip.P.interp.threads_head
+        # with the image's values, threads, functions and tuples read right again
+        assert [f.get("qualname") for f in Heap(ip).threads()[0].frames][:2] == ["main", "<module>"]
+        e = t.truth["functions"]["with_everything"]
+        assert read_function(ip, e["id"]).qualname == "with_everything"
+        assert repr(ip.value(t.truth["values"]["tuple"]["id"])) == t.truth["values"]["tuple"]["repr"]
+
+
+@pytest.mark.parametrize("minor", FOREIGN)
+def test_corrupt_debug_offsets_table_is_ignored(foreign_images, minor, tmp_path):
+    t, image = _foreign(foreign_images, minor)
+    with open_space(image) as space:
+        ip = Interpreter.open(space)
+        runtime = ip.info.runtime
+        hexversion = ip.info.hexversion
+    copy = tmp_path / "corrupt.core"
+    shutil.copyfile(image, copy)
+    with open(copy, "r+b") as fh, mmap.mmap(fh.fileno(), 0) as mm:
+        pos = mm.find(b"xdebugpy" + struct.pack("<Q", hexversion))
+        assert pos > 0
+        # runtime_state.interpreters_head (header: cookie, version, free_threaded, size, finalizing)
+        mm[pos + 40 : pos + 48] = struct.pack("<Q", 1 << 60)
+    try:
+        with open_space(copy) as space:
+            ip = Interpreter.open(space)
+            assert ip.info.runtime == runtime
+            assert "problems" in ip.info.debug_offsets and "implausible offsets" in ip.info.debug_offsets["problems"][0]
+            assert any("_Py_DebugOffsets table ignored" in w for w in ip.info.warnings)
+            assert ip.P.source == load_profile(minor).source  # the shipped profile, untouched
+            assert len(Heap(ip).threads()) == 1
+    finally:
+        copy.unlink()
+
+
+@pytest.mark.parametrize("minor", FOREIGN)
+def test_statically_linked_build(minor, workdir):
+    """python3.X with libpython linked in (no libpython3.X.so mapped): found by the executable's
+    symbols, cross-checked with its table, objects read right."""
+    built = python_cache() / f"{minor}-static" / "bin" / f"python{minor}"
+    if not (built.is_file() and (built.parent.parent / ".zen-build-ok").is_file()):
+        pytest.skip(f"no static CPython {minor} build (tools/build-python.sh {minor} static)")
+    t = start_target("objects_target.py", workdir / f"static-{minor}", "--light", python=str(built))
+    img = workdir / f"static-{minor}.core"
+    try:
+        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
+    finally:
+        t.stop()
+    try:
+        with open_space(img) as space:
+            ip = Interpreter.open(space)
+            assert ip.info.static_build and ip.info.version == t.truth["python"]
+            assert ip.info.debug_offsets["checked"] >= 39 and ip.info.debug_offsets["mismatches"] == []
+            for name in ("int_huge_neg", "str_latin1", "dict_general", "bytes_big", "tuple"):
+                entry = t.truth["values"][name]
+                assert repr(ip.value(entry["id"])) == entry["repr"], name
+    finally:
+        img.unlink(missing_ok=True)
+
+
+def _listings(image) -> dict:
+    """(qualname, first line) -> normalised listing of every code object compiled from the
+    target's own file: identical source in every version."""
+    with open_space(image) as space:
+        rt = Runtime(Interpreter.open(space))
+        out = {}
+        for a in rt.code_addrs:
+            ci = rt.code(a)
+            if ci is not None and ci.filename.endswith("objects_target.py"):
+                out[(ci.qualname, ci.firstlineno)] = listing_of(rt, ci)
+        return out
+
+
+def test_listings_of_identical_source_across_versions(foreign_images, torch_target_images, light_target, workdir):
+    """The IBSS of a function with itself compiled by another minor version: as close to 1 as the
+    normalisation gets (3.12+ inlines comprehensions, which no renaming undoes)."""
+    base = workdir / "light-3.11.core"
+    zen("acquire", "--pid", light_target.pid, "-o", base, "--lean")
+    images = {"3.11": base}
+    for minor in FOREIGN:
+        made = foreign_images(minor)
+        if made is not None:
+            images[minor] = made[1]
+    if len(images) < 2:
+        pytest.skip("no foreign CPython to compare with")
+    listings = {v: _listings(p) for v, p in images.items()}
+    base.unlink()
+    report = {}
+    for minor in images:
+        if minor == "3.11":
+            continue
+        keys = sorted(set(listings["3.11"]) & set(listings[minor]))
+        assert len(keys) >= 40
+        texts = [("\n".join(listings["3.11"][k]), "\n".join(listings[minor][k])) for k in keys]
+        scores = [1.0 if a == b else fuzz.ratio(a, b) / 100 for a, b in texts]
+        exact = sum(a == b for a, b in texts)
+        report[minor] = (len(keys), exact, sum(scores) / len(scores), min(scores))
+        print(f"\n3.11 vs {minor}: {len(keys)} code objects, {exact} identical listings, mean IBSS "
+              f"{sum(scores) / len(scores):.4f}, min {min(scores):.4f}")  # fmt: skip
+        assert exact / len(keys) >= 0.7 and sum(scores) / len(scores) >= 0.94, report[minor]
+        # a function whose body has no comprehension reads the same in every version
+        assert (
+            listings["3.11"][("with_everything", _line(listings["3.11"], "with_everything"))]
+            == listings[minor][("with_everything", _line(listings[minor], "with_everything"))]
+        )
+
+
+def _line(listings: dict, qualname: str) -> int:
+    return next(line for q, line in listings if q == qualname)
