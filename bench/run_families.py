@@ -63,15 +63,15 @@ def build_library(lib: Path) -> float:
     return time.perf_counter() - t
 
 
-def deploy_and_image(name: str, work: Path) -> tuple[Path, dict, float]:
-    """Start the deployed process, image it while it waits for requests, stop it."""
-    out = work / f"{name}-process"
-    proc = subprocess.Popen([sys.executable, str(DEPLOY), name, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def deploy_and_image(name: str, work: Path, python: str = sys.executable, label: str = "") -> tuple[Path, dict, float]:
+    """Start the deployed process (under `python`), image it while it waits for requests, stop it."""
+    out = work / f"{name}{label}-process"
+    proc = subprocess.Popen([python, str(DEPLOY), name, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         if proc.stdout.readline().strip() != "READY":
             raise RuntimeError(f"deploying {name} failed:\n{proc.stderr.read()[-3000:]}")
-        image = work / f"{name}.core"
+        image = work / f"{name}{label}.core"
         t = time.perf_counter()
         zen("acquire", "--pid", proc.pid, "-o", image, "--lean")
         return image, json.loads((out / "truth.json").read_text()), time.perf_counter() - t

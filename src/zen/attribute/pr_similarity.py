@@ -30,6 +30,7 @@ library was tried and dropped: near-duplicate library entries make rare code loo
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -48,16 +49,23 @@ CLASS_PAIR_MIN = 0.6
 class CodeView:
     """A code record with its comparison features computed once."""
 
-    __slots__ = ("rec", "attrs", "vector", "text", "weight", "model_code")
+    __slots__ = ("rec", "attrs", "vector", "text", "weight", "model_code", "key")
 
-    def __init__(self, rec: CodeRecord, weight: float = 1.0, model_code: bool = True) -> None:
+    def __init__(
+        self, rec: CodeRecord, weight: float = 1.0, model_code: bool = True, inlined: list[CodeRecord] | None = None
+    ) -> None:
         self.rec = rec
         short = rec.qualname.rsplit(".", 1)[-1]
-        self.attrs = frozenset([("q", short)] + [("n", n) for n in rec.names] + [("v", v) for v in rec.varnames]
-                               + [("c", c) for c in rec.consts] + [("f", f) for f in rec.freevars])  # fmt: skip
+        parts = [rec, *(inlined or ())]
+        self.attrs = frozenset([("q", short)] + [("n", n) for r in parts for n in r.names]
+                               + [("v", v) for r in parts for v in r.varnames if v != ".0"]
+                               + [("c", c) for r in parts for c in r.consts if not c.startswith("<code ")]
+                               + [("f", f) for r in parts for f in r.freevars])  # fmt: skip
         calls = sum(1 for line in rec.listing if line.startswith("CALL"))
         self.vector = (rec.argcount + rec.kwonlyargcount, rec.nlocals, calls)
-        self.text = "\n".join(rec.listing)
+        listing = inline_comprehensions(rec.listing, inlined) if inlined else rec.listing
+        self.text = "\n".join(listing)
+        self.key = rec.listing_sha256 if not inlined else hashlib.sha256(self.text.encode()).hexdigest()
         self.weight = weight
         self.model_code = model_code
 
@@ -101,9 +109,79 @@ class MatchResult:
         return sum(p.exact for p in self.pairs)
 
 
-def views(pr: ProgrammaticRepresentation, primary: set[str] | None = None) -> list[CodeView]:
-    """Comparison views of a PR's code objects, marked as model code (in `primary`) or framework code."""
-    return [CodeView(c, 1.0, primary is None or c.module in primary) for c in pr.codes]
+COMPREHENSIONS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>"))
+
+
+def views(pr: ProgrammaticRepresentation, primary: set[str] | None = None, *, inline: bool = True) -> list[CodeView]:
+    """Comparison views of a PR's code objects, marked as model code (in `primary`) or framework code.
+
+    CPython 3.12 inlined list/dict/set comprehensions into the function that contains them (PEP
+    709); 3.11 compiled each into a nested code object. So that the same source compares alike
+    from images of either version, a 3.11 comprehension is no code object of its own here: its
+    listing is spliced into its parent's where the parent called it. (`inline=False` keeps every
+    code object as it is: the diff, whose changes are patched code object by code object.)"""
+    by_addr = {c.address: c for c in pr.codes}
+    inlined = {c.address for c in pr.codes
+               if inline and c.qualname.rsplit(".", 1)[-1] in COMPREHENSIONS and c.parent in by_addr}  # fmt: skip
+    out = []
+    for c in pr.codes:
+        if c.address in inlined:
+            continue
+        kids = _comprehensions_of(c, by_addr, inlined)
+        out.append(CodeView(c, 1.0, primary is None or c.module in primary, kids))
+    return out
+
+
+def _comprehensions_of(c: CodeRecord, by_addr: dict[str, CodeRecord], inlined: set[str]) -> list[CodeRecord]:
+    """Comprehension code records nested in `c`, recursively (a comprehension inside one)."""
+    out, todo, seen = [], list(c.children), set()
+    while todo and len(seen) < 10_000:
+        a = todo.pop(0)
+        if a in inlined and a not in seen:
+            seen.add(a)
+            out.append(by_addr[a])
+            todo += by_addr[a].children
+    return out
+
+
+def inline_comprehensions(listing: list[str], kids: list[CodeRecord]) -> list[str]:
+    """`listing` with each 3.11 comprehension call replaced by the comprehension's own body.
+
+    3.11: LOAD_CONST <code Q>, MAKE_FUNCTION n, <iterable>, GET_ITER, CALL 0. Inline (3.12+):
+    <iterable>, GET_ITER, then the body. The body is the nested listing without its `.0` argument
+    load and final RETURN_VALUE; its jump labels are renamed so that they stay unique."""
+    bodies = {f"LOAD_CONST <code {k.qualname}>": k for k in kids}
+    out: list[str] = []
+    pending: list[CodeRecord] = []  # made, waiting for their CALL 0
+    for line in listing:
+        kid = bodies.get(line)
+        if kid is not None:
+            pending.append(kid)
+            continue
+        if pending and line.startswith("MAKE_FUNCTION") and out[-1:] != ["GET_ITER"]:
+            continue
+        if pending and line == "CALL 0" and out[-1:] == ["GET_ITER"]:
+            k = pending.pop()
+            tag = f"C{len(out)}."
+            body = list(k.listing)
+            if body[:2] and body[1] == "LOAD_FAST .0":
+                del body[1]
+            if body and body[-1] == "RETURN_VALUE":
+                body.pop()
+            out += [_relabel(b, tag) for b in inline_comprehensions(body, kids)]
+            continue
+        out.append(line)
+    return out
+
+
+def _relabel(line: str, tag: str) -> str:
+    """Prefix jump labels (`L3:`, `JUMP L3`) so spliced bodies keep distinct labels."""
+    head, _, arg = line.rpartition(" ")
+    if line.endswith(":") and line[:-1].startswith("L") and line[1:-1].isdigit():
+        return f"{tag}{line}"
+    if head and arg.startswith("L") and arg[1:].isdigit():
+        return f"{head} {tag}{arg}"
+    return line
 
 
 def greedy_match(delta: list[CodeView], gamma: list[CodeView]) -> MatchResult:
@@ -112,10 +190,10 @@ def greedy_match(delta: list[CodeView], gamma: list[CodeView]) -> MatchResult:
     remaining = {id(g): g for g in gamma}
     by_hash: dict[str, list[CodeView]] = {}
     for g in sorted(gamma, key=lambda v: (v.rec.qualname, v.rec.address)):
-        by_hash.setdefault(g.rec.listing_sha256, []).append(g)
+        by_hash.setdefault(g.key, []).append(g)
     todo = []
     for d in sorted(delta, key=lambda v: (v.rec.qualname, v.rec.address)):
-        same = [g for g in by_hash.get(d.rec.listing_sha256, []) if id(g) in remaining]
+        same = [g for g in by_hash.get(d.key, []) if id(g) in remaining]
         if same:
             g = next((x for x in same if x.rec.qualname == d.rec.qualname), same[0])
             del remaining[id(g)]

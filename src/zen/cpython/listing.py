@@ -53,6 +53,42 @@ _WITH_ARG = frozenset(
 
 
 _CLASS_BOOKKEEPING = frozenset(("__firstlineno__", "__static_attributes__"))
+_OR_POP = {"JUMP_IF_FALSE_OR_POP": "POP_JUMP_IF_FALSE", "JUMP_IF_TRUE_OR_POP": "POP_JUMP_IF_TRUE"}
+_UNCONDITIONAL = frozenset(("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP"))
+
+
+MAX_COPY = 4  # CPython 3.12+ copies exit blocks of at most this many instructions
+
+
+def _thread_jumps_to_return(instructions: list[Instruction]) -> list[Instruction]:
+    """Replace an unconditional jump to a short block that returns by a copy of that block, as
+    3.12+ compilers do (3.11 jumps to one shared tail, e.g. the `return` after an if/else)."""
+    at = {ins.offset: n for n, ins in enumerate(instructions)}
+    out: list[Instruction] = []
+    copies = 0
+    for ins in instructions:
+        n = at.get(ins.argval) if ins.name in _UNCONDITIONAL and ins.kind == "jump" else None
+        block = _exit_block(instructions, n) if n is not None else None
+        if block is None:
+            out.append(ins)
+            continue
+        for k, b in enumerate(block):
+            copies += 1
+            off = ins.offset if k == 0 else -copies  # copies are never jump targets
+            out.append(Instruction(off, b.op, b.name, b.arg, b.kind, b.argval))
+    return out
+
+
+def _exit_block(instructions: list[Instruction], n: int) -> list[Instruction] | None:
+    """The instructions from `n` up to and including a return, if there are few and none jumps."""
+    block = []
+    for ins in instructions[n : n + MAX_COPY]:
+        if ins.kind == "jump" or ins.name in DROP:
+            return None
+        block.append(ins)
+        if ins.name in ("RETURN_VALUE", "RETURN_CONST"):
+            return block
+    return None
 
 
 def normalise(instructions: list[Instruction]) -> list[str]:
@@ -65,8 +101,10 @@ def normalise(instructions: list[Instruction]) -> list[str]:
     with flags, CONVERT_VALUE + FORMAT_SIMPLE/FORMAT_WITH_SPEC into FORMAT_VALUE, 3.12's
     LOAD_SUPER_ATTR into the call of super() and a LOAD_ATTR, 3.14's BINARY_OP [] into
     BINARY_SUBSCR, 3.13's `__firstlineno__`/`__static_attributes__` in class bodies are left
-    out. What stays different: 3.12 inlines comprehensions (3.11 calls a nested code
+    out, 3.11's JUMP_IF_*_OR_POP become 3.12's COPY/POP_JUMP_IF_*/POP_TOP, and a jump to a return
+    becomes the return (3.12+ duplicates returns). What stays different: 3.12 inlines comprehensions (3.11 calls a nested code
     object), and opcodes that have no counterpart."""
+    instructions = _thread_jumps_to_return(instructions)
     targets = sorted({i.argval for i in instructions if i.kind == "jump" and isinstance(i.argval, int)})
     labels = {off: f"L{n}" for n, off in enumerate(targets, 1)}
     lines: list[str] = []
@@ -111,6 +149,8 @@ def normalise(instructions: list[Instruction]) -> list[str]:
             lines += [f"CALL {2 if two_args else 0}", f"LOAD_ATTR {ins.argval}"]
         elif name == "BINARY_OP" and ins.argval == "[]":
             lines.append("BINARY_SUBSCR")
+        elif name in _OR_POP:  # 3.11; 3.12 compiles COPY, POP_JUMP_IF_*, POP_TOP
+            lines += ["COPY", f"{_OR_POP[name]} {labels.get(ins.argval, '?')}", "POP_TOP"]
         elif name == "STORE_NAME" and ins.argval in _CLASS_BOOKKEEPING:
             if lines and lines[-1].startswith("LOAD_CONST "):  # 3.13 records these in every class body
                 lines.pop()

@@ -106,6 +106,7 @@ class OpcodeTable:
     binary_ops: list[str] = field(default_factory=list)
     jump_base: str = "next"
     backward_jumps: frozenset[int] = frozenset()
+    stack_effects: dict[int, list[int]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: dict) -> OpcodeTable:
@@ -130,11 +131,28 @@ class OpcodeTable:
             binary_ops=list(d.get("binary_ops", [])),
             jump_base=d.get("jump_base", "next"),
             backward_jumps=frozenset(d.get("backward_jumps", [])),
+            stack_effects={int(k): [int(x) for x in v] for k, v in d.get("stack_effects", {}).items()},
         )
 
     def base_op(self, op: int) -> int:
         """The unspecialised opcode for `op` (identity for base opcodes)."""
         return self.deopt.get(op, op)
+
+    def stack_effect(self, op: int, arg: int | None) -> int:
+        """Net stack effect of a base opcode in the profiled version (0 when unknown). Measured
+        for arguments 0..15; beyond that a linear effect is extrapolated, else the low bits decide
+        (flag arguments)."""
+        eff = self.stack_effects.get(op)
+        if not eff:
+            return 0
+        if len(eff) == 1 or arg is None:
+            return eff[0]
+        if arg < len(eff):
+            return eff[arg]
+        step = eff[1] - eff[0]
+        if all(b - a == step for a, b in zip(eff, eff[1:])):
+            return eff[0] + step * arg
+        return eff[arg % len(eff)]
 
     def name(self, op: int) -> str:
         return self.names_full.get(op) or (self.opname[op] if op < len(self.opname) else f"<{op}>")

@@ -204,7 +204,8 @@ def class_record(rt: Runtime, taddr: int, model: bool) -> ClassRecord | None:
     from zen.cpython.snapshot import Encoder
 
     enc = Encoder(rt.ip)
-    skip = {"__module__", "__qualname__", "__dict__", "__weakref__"}
+    # interpreter bookkeeping, not the class's own attributes (3.13 adds the last two to every class)
+    skip = {"__module__", "__qualname__", "__dict__", "__weakref__", "__firstlineno__", "__static_attributes__"}
     attributes = {}
     for key, v in rt.namespace(t.dict_addr).items():
         if key in skip or rt.functions_in(v):

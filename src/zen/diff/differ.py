@@ -115,8 +115,8 @@ def field_changes(r: CodeRecord, b: CodeRecord) -> dict[str, Any]:
 def diff(mr: ModelMR, pr: ProgrammaticRepresentation, base_name: str, base_mr: ModelMR, base_pr: ProgrammaticRepresentation,
          rebuilt: set[str] | None = None) -> DiffResult:  # fmt: skip
     rec_primary, base_primary = primary_modules(mr), primary_modules(base_mr)
-    rec_views = [v for v in views(pr, rec_primary) if v.model_code]
-    base_views = [v for v in views(base_pr, base_primary) if v.model_code]
+    rec_views = [v for v in views(pr, rec_primary, inline=False) if v.model_code]
+    base_views = [v for v in views(base_pr, base_primary, inline=False) if v.model_code]
     match = code_similarity(rec_views, base_views, optimal=False)
     rec_classes = {c.name: c for c in pr.classes if c.module in rec_primary}
     base_classes = {c.name: c for c in base_pr.classes if c.module in base_primary}

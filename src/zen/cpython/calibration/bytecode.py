@@ -80,8 +80,27 @@ class BytecodeMixin:
             ops["cache_entries"] = {str(i): c for i, c in enumerate(cache) if c}
         else:
             ops["cache_entries"] = {}
+        ops["stack_effects"] = stack_effects()
         ops.update(measure_arguments(ops))
         return ops
+
+
+def stack_effects() -> dict:
+    """Net stack effect (not jumping) of every real opcode for arguments 0..15, from this
+    version's `dis.stack_effect`: what a reader of another version's bytecode needs to follow
+    the value stack without that version's `dis`."""
+    out = {}
+    for op, name in enumerate(opcode.opname):
+        if name.startswith("<"):
+            continue
+        try:
+            if op < opcode.HAVE_ARGUMENT:
+                out[str(op)] = [dis.stack_effect(op, jump=False)]
+            else:
+                out[str(op)] = [dis.stack_effect(op, arg, jump=False) for arg in range(16)]
+        except ValueError:
+            continue
+    return out
 
 
 def measure_arguments(ops: dict) -> dict:

@@ -1,12 +1,12 @@
 """Call-level data-flow edges of a model, recovered from its `forward` bytecode (never run).
 
-For every module we take the `forward` found in its class's MRO, rebuild the code object from the
-image and walk its instructions once, in order, with a small abstract stack. Values are the sets
-of "producers" they derive from: the module's inputs, or the outputs of its children. Calling
-`self.<child>(...)` adds an edge from every producer of the arguments to that child; calling an
-element of a container (`for layer in self.layers: x = layer(x)`, or `nn.Sequential`, which
-iterates over itself) chains the container's children in registration order; returning a value
-adds edges to the module's output.
+For every module we take the `forward` found in its class's MRO, decode its code object from the
+image with the image's own opcode tables (so any supported Python version) and walk it once, in
+order, with a small abstract stack. Values are the sets of "producers" they derive from: the
+module's inputs, or the outputs of its children. Calling `self.<child>(...)` adds an edge from
+every producer of the arguments to that child; calling an element of a container (`for layer in
+self.layers: x = layer(x)`, or `nn.Sequential`, which iterates over itself) chains the
+container's children in registration order; returning a value adds edges to the module's output.
 
 What this is and is not: a static, path-insensitive approximation (each instruction once, jumps
 ignored, unknown operations merge their operands), so it shows which children consume which
@@ -17,11 +17,12 @@ flow, or calls into helper functions that call children. Edges are per module:
 
 from __future__ import annotations
 
-import dis
 from typing import Any
 
-from zen.cpython.codebuild import can_rebuild, rebuild_code
+from zen.cpython.instructions import Instruction, decode, pair_parts
 from zen.cpython.interp import Interpreter
+from zen.cpython.profile import OpcodeTable
+from zen.cpython.readers.code import read_code
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.functions import read_function
 from zen.cpython.readers.types import read_type
@@ -50,11 +51,26 @@ def _find_forward(ip: Interpreter, type_addr: int) -> int | None:
     return None
 
 
-class _Walker:
-    """Abstract interpretation of one code object; records edges between tokens."""
+_LOADS = frozenset(("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE"))
+_STORES = frozenset(("STORE_FAST", "STORE_DEREF"))
+_SKIP = frozenset(("PRECALL", "KW_NAMES", "RESUME", "RESUME_CHECK", "NOP", "CACHE", "EXTENDED_ARG", "NOT_TAKEN", "TO_BOOL"))
 
-    def __init__(self, code) -> None:
-        self.code = code
+
+class _Walker:
+    """Abstract interpretation of one code object's instructions; records edges between tokens.
+
+    Instructions come from zen's own decoder driven by the image's profile, and the stack effect
+    of anything not modelled from the profile's table, so a 3.13 image is walked by zen on 3.11
+    exactly as a 3.11 image is. Version differences handled: 3.13's two-local superinstructions,
+    3.12's method flag in LOAD_ATTR (3.11: LOAD_METHOD), 3.13's CALL_KW (names on the stack),
+    3.14's BINARY_OP [] subscripts and LOAD_SMALL_INT, 3.12's RETURN_CONST.
+    """
+
+    def __init__(self, instructions: list[Instruction], params: tuple[str, ...], ops: OpcodeTable) -> None:
+        self.instructions = instructions
+        self.params = params
+        self.ops = ops
+        self.method_flag = ops.name_arg_shift.get("LOAD_ATTR", 0) == 1  # 3.12+: low bit = method load
         self.edges: set[tuple[tuple, tuple]] = set()
 
     @staticmethod
@@ -66,23 +82,27 @@ class _Walker:
         return EMPTY
 
     def run(self, children: list[str]) -> set:
-        code = self.code
-        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         local: dict[str, tuple] = {}
-        for i, n in enumerate(names):
+        for i, n in enumerate(self.params):
             local[n] = ("self",) if i == 0 else ("data", frozenset({("in", n)}))
         stack: list[tuple] = []
 
         def pop() -> tuple:
             return stack.pop() if stack else ("data", EMPTY)
 
-        for n_ins, ins in enumerate(dis.get_instructions(code)):
+        for n_ins, ins in enumerate(self.instructions):
             if n_ins > MAX_INSTRUCTIONS:
                 break
-            op, arg = ins.opname, ins.argval
-            if op in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE"):
+            op, arg = ins.name, ins.argval
+            if ins.kind == "local_pair":
+                for part, name in zip(pair_parts(op) or (), arg):
+                    if part in _STORES:
+                        local[name] = pop()
+                    else:
+                        stack.append(local.get(name, ("data", EMPTY)))
+            elif op in _LOADS:
                 stack.append(local.get(arg, ("data", EMPTY)))
-            elif op in ("STORE_FAST", "STORE_DEREF"):
+            elif op in _STORES:
                 local[arg] = pop()
             elif op == "LOAD_GLOBAL":
                 if ins.arg is not None and ins.arg & 1:
@@ -90,7 +110,7 @@ class _Walker:
                 stack.append(("data", EMPTY))
             elif op in ("LOAD_ATTR", "LOAD_METHOD"):
                 obj = pop()
-                if op == "LOAD_METHOD":
+                if op == "LOAD_METHOD" or (self.method_flag and (ins.arg or 0) & 1):
                     stack.append(("null",))
                 if obj[0] == "self" and arg in children:
                     stack.append(("child", arg))
@@ -98,7 +118,9 @@ class _Walker:
                     stack.append(("data", self.prod(obj)))
             elif op == "PUSH_NULL":
                 stack.append(("null",))
-            elif op == "CALL":
+            elif op in ("CALL", "CALL_KW"):
+                if op == "CALL_KW":
+                    pop()  # the tuple of keyword names
                 args = [pop() for _ in range(ins.arg or 0)]
                 a, b = pop(), pop()
                 callee = a if a[0] != "null" else b
@@ -116,7 +138,7 @@ class _Walker:
             elif op == "FOR_ITER":
                 it = stack[-1] if stack else ("data", EMPTY)
                 stack.append(("elem", it[1]) if it[0] == "iter" else ("data", self.prod(it)))
-            elif op == "BINARY_SUBSCR":
+            elif op == "BINARY_SUBSCR" or (op == "BINARY_OP" and arg == "[]"):
                 idx, container = pop(), pop()
                 stack.append(
                     ("elem", container[1]) if container[0] == "child" else ("data", self.prod(container) | self.prod(idx))
@@ -127,7 +149,7 @@ class _Walker:
             elif op == "RETURN_VALUE":
                 for p in self.prod(pop()):
                     self.edges.add((p, ("out",)))
-            elif op in ("PRECALL", "KW_NAMES", "RESUME", "NOP", "CACHE", "EXTENDED_ARG") or op.startswith("JUMP"):
+            elif op in _SKIP or op.startswith("JUMP"):
                 continue
             elif op == "COPY":
                 stack.append(stack[-(ins.arg or 1)] if len(stack) >= (ins.arg or 1) else ("data", EMPTY))
@@ -152,17 +174,22 @@ class _Walker:
         else:
             stack.append(("data", prods | self.prod(callee)))
 
-    def _generic(self, ins, stack: list[tuple], pop) -> None:
-        try:
-            net = dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
-        except ValueError:
-            net = 0
+    def _generic(self, ins: Instruction, stack: list[tuple], pop) -> None:
+        net = self.ops.stack_effect(ins.op, ins.arg)
         if net < 0:
             merged = frozenset().union(*(self.prod(pop()) for _ in range(-net)))
             top = pop()
             stack.append(("data", self.prod(top) | merged))
         else:
             stack.extend([("data", self.prod(stack[-1]) if stack else EMPTY)] * net)
+
+
+def _decoded(ip: Interpreter, code_addr: int) -> tuple[list[Instruction], tuple[str, ...]]:
+    """(instructions, parameter names) of a code object in the image, in the image's version."""
+    ci = read_code(ip, code_addr)
+    consts = [""] * len(ci.consts)  # constants play no part in the walk
+    params = ci.varnames[: ci.argcount + ci.kwonlyargcount]
+    return decode(ci.code, ci.names, ci.localsplusnames, consts, ip.P.opcodes), params
 
 
 def _node(path: str, tok: tuple, chain_children: dict[str, list[str]], first: bool) -> list[str]:
@@ -181,12 +208,6 @@ def _node(path: str, tok: tuple, chain_children: dict[str, list[str]], first: bo
 
 def dataflow_edges(ip: Interpreter, index: ModuleIndex, mr) -> dict[str, Any]:
     """Graph additions for the MR: {"dataflow": [[src, dst], ...], "dataflow_method", "dataflow_skipped"}."""
-    if not can_rebuild(ip):
-        return {
-            "dataflow": [],
-            "dataflow_method": METHOD,
-            "dataflow_skipped": {"*": f"Python {ip.P.minor} bytecode: not decoded"},
-        }
     edges: set[tuple[str, str]] = set()
     skipped: dict[str, str] = {}
     cache: dict[int, Any] = {}
@@ -197,7 +218,7 @@ def dataflow_edges(ip: Interpreter, index: ModuleIndex, mr) -> dict[str, Any]:
         try:
             if node.type.addr not in cache:
                 f = _find_forward(ip, node.type.addr)
-                cache[node.type.addr] = rebuild_code(ip, read_function(ip, f).code) if f else None
+                cache[node.type.addr] = _decoded(ip, read_function(ip, f).code) if f else None
             code = cache[node.type.addr]
         except ZenError as exc:
             skipped[path] = str(exc)
@@ -206,7 +227,7 @@ def dataflow_edges(ip: Interpreter, index: ModuleIndex, mr) -> dict[str, Any]:
             skipped[path] = "no forward"
             continue
         names = [n for n, c in node.children if c]
-        local = _Walker(code).run(names)
+        local = _Walker(code[0], code[1], ip.P.opcodes).run(names)
         chain = {"self": [f"{path}.{n}" if path else n for n in names]}
         for n, c in node.children:
             if c and c in index.nodes:
