@@ -14,7 +14,7 @@ from zen.cpython.codebuild import can_rebuild, rebuild_code
 from zen.cpython.describe import PLAIN
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
-from zen.cpython.readers.code import read_code
+from zen.cpython.readers.code import read_code, uninstrumented
 from zen.cpython.readers.containers import read_set, read_tuple
 from zen.cpython.readers.functions import read_cell, read_function, read_method, read_property, read_wrapped
 from zen.cpython.readers.instances import read_instance
@@ -241,6 +241,19 @@ def test_code_fields(subject):
     hot = read_code(ip, t.truth["functions"]["hot_loop"]["code"])
     # hot_loop ran 300 times: its adaptive bytecode was specialised, de-specialisation undid it
     assert hot.adaptive != hot.code
+
+
+def test_instrumented_code_is_read_as_it_was(subject):
+    """3.12+ images: code instrumented by sys.monitoring (a debugger's line and instruction events)
+    de-instruments to the original bytecode (the field-by-field census check covers all of it)."""
+    ip, t = subject
+    if not t.truth.get("instrumented"):
+        pytest.skip("no sys.monitoring in this target's Python")
+    line_op = ip.P.constants["INSTRUMENTED_LINE"]
+    for addr in t.truth["instrumented"]:
+        ci = read_code(ip, addr)
+        assert line_op in ci.adaptive[0::2]  # really instrumented in the image
+        assert uninstrumented(ip, addr, ci.adaptive) != ci.adaptive
 
 
 def test_gc_lists_hold_tracked_objects(subject):

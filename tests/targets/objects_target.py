@@ -452,6 +452,7 @@ def main(outdir: str) -> None:
     truth["all_functions"] = index
     truth["gc_tracked_sample"] = [id(o) for o in (p, m, dia, model, values["list"], values["dict_unicode"])]
     truth["threads"] = 1
+    truth["instrumented"] = instrument([hot_loop, with_everything, Diamond.who])
     with open(os.path.join(outdir, "truth.json"), "w") as fh:
         json.dump(truth, fh)
     gc.collect()
@@ -465,6 +466,21 @@ def _cell_full(c) -> bool:
         return True
     except ValueError:
         return False
+
+
+def instrument(functions) -> list:
+    """3.12+: instrument these functions' code for line and instruction events, as a debugger or
+    coverage tool would (sys.monitoring rewrites their bytecode in place); the ids of their code."""
+    mon = getattr(sys, "monitoring", None)
+    if mon is None:
+        return []
+    tool = mon.DEBUGGER_ID
+    mon.use_tool_id(tool, "zen-objects-target")
+    for event in (mon.events.LINE, mon.events.INSTRUCTION):
+        mon.register_callback(tool, event, lambda *args: None)
+    for f in functions:
+        mon.set_local_events(tool, f.__code__, mon.events.LINE | mon.events.INSTRUCTION | mon.events.CALL)
+    return [id(f.__code__) for f in functions]
 
 
 def code_fields(code) -> dict:

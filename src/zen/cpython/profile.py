@@ -107,6 +107,7 @@ class OpcodeTable:
     jump_base: str = "next"
     backward_jumps: frozenset[int] = frozenset()
     stack_effects: dict[int, list[int]] = field(default_factory=dict)
+    enter_executor: int | None = None  # 3.13+: an instruction handed to the tier-2 optimiser
 
     @classmethod
     def from_json(cls, d: dict) -> OpcodeTable:
@@ -132,6 +133,7 @@ class OpcodeTable:
             jump_base=d.get("jump_base", "next"),
             backward_jumps=frozenset(d.get("backward_jumps", [])),
             stack_effects={int(k): [int(x) for x in v] for k, v in d.get("stack_effects", {}).items()},
+            enter_executor=d.get("enter_executor"),
         )
 
     def base_op(self, op: int) -> int:

@@ -71,7 +71,14 @@ class BytecodeMixin:
             for v in variants:
                 if name_to_op.get(v) is not None and base in name_to_op:
                     deopt[name_to_op[v]] = name_to_op[base]
+        # 3.12+ `sys.monitoring` rewrites instructions as INSTRUMENTED_<base>: the base is the
+        # de-instrumented opcode (LINE and INSTRUCTION keep theirs in the monitoring data).
+        for name, op in name_to_op.items():
+            base = name[len("INSTRUMENTED_") :]
+            if op is not None and name.startswith("INSTRUMENTED_") and name_to_op.get(base) is not None:
+                deopt.setdefault(op, name_to_op[base])
         ops["deopt"] = {str(k): v for k, v in sorted(deopt.items())}
+        ops["enter_executor"] = name_to_op.get("ENTER_EXECUTOR")
         ops["opname_full"] = {str(op): name for name, op in name_to_op.items() if op is not None}
         cache = getattr(opcode, "_inline_cache_entries", None)
         if isinstance(cache, dict):

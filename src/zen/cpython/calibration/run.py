@@ -32,12 +32,13 @@ import sys
 
 from zen.cpython.calibration.base import FORMAT, CalibrationFailed, CalibratorBase
 from zen.cpython.calibration.bytecode import BytecodeMixin
+from zen.cpython.calibration.monitoring import MonitoringMixin
 from zen.cpython.calibration.objects import ObjectsMixin
 from zen.cpython.calibration.state import StateMixin
 from zen.cpython.calibration.values import ValuesMixin
 
 
-class Calibrator(ValuesMixin, ObjectsMixin, StateMixin, BytecodeMixin, CalibratorBase):
+class Calibrator(ValuesMixin, ObjectsMixin, StateMixin, MonitoringMixin, BytecodeMixin, CalibratorBase):
     def run(self) -> dict:
         gc.disable()
         try:
@@ -50,6 +51,7 @@ class Calibrator(ValuesMixin, ObjectsMixin, StateMixin, BytecodeMixin, Calibrato
             self.types()
             self.functions()
             self.code()
+            self.monitoring()
             self.sets()
             extra = self.interpreter()
         finally:

@@ -111,7 +111,7 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
         linetable=read_bytes(ip, f.co_linetable),
         exceptiontable=read_bytes(ip, f.co_exceptiontable),
         adaptive=adaptive,
-        code=deoptimize(adaptive, ip.P.opcodes),
+        code=deoptimize(uninstrumented(ip, addr, adaptive), ip.P.opcodes),
     )
     if not (0 <= info.argcount <= 1 << 16 and 0 <= info.nlocalsplus <= 1 << 20 and info.nlocalsplus == len(lp_names)):
         raise ObjectError(addr, "implausible code object counts")
@@ -142,4 +142,73 @@ def read_code_brief(ip: Interpreter, addr: int) -> tuple[str, str, int, bytes]:
         warm = int.from_bytes(raw[C.co_warmup : C.co_warmup + 2], "little", signed=True)
         if warm < 0:
             return ip.str(f.co_qualname), ip.str(f.co_filename), f.co_firstlineno, adaptive
-    return ip.str(f.co_qualname), ip.str(f.co_filename), f.co_firstlineno, deoptimize(adaptive, ip.P.opcodes)
+    return (
+        ip.str(f.co_qualname),
+        ip.str(f.co_filename),
+        f.co_firstlineno,
+        deoptimize(uninstrumented(ip, addr, adaptive), ip.P.opcodes),
+    )
+
+
+def uninstrumented(ip: Interpreter, addr: int, adaptive: bytes) -> bytes:
+    """`adaptive` with the instructions `sys.monitoring` replaced (3.12+) put back.
+
+    INSTRUMENTED_LINE and INSTRUMENTED_INSTRUCTION hide the original opcode, which the code
+    object's monitoring data keeps per code unit (line table first, then the per-instruction
+    opcodes, as CPython resolves them); other INSTRUMENTED_* opcodes de-specialise like any other.
+    An instruction handed to the tier-2 optimiser (ENTER_EXECUTOR, 3.13+) is refused with a clear
+    error: its original lives in the executor, which zen does not read."""
+    c, ops = ip.P.constants, ip.P.opcodes
+    line_op, instr_op, enter = c.get("INSTRUMENTED_LINE"), c.get("INSTRUMENTED_INSTRUCTION"), ops.enter_executor
+    units = adaptive[0::2]
+    suspects = [x for x in (line_op, instr_op, enter) if x is not None and x in units]
+    if not suspects:  # fast path: cache entries may hold these byte values too, instructions do not
+        return adaptive
+    data: list = []  # monitoring data, read when the first instrumented instruction is met
+    out = bytearray(adaptive)
+    n, i, changed = len(units), 0, False
+    while i < n:
+        op = units[i]
+        if op == enter:
+            raise ObjectError(addr, "bytecode holds ENTER_EXECUTOR (the tier-2 optimiser/JIT was on): not supported")
+        if op in (line_op, instr_op):
+            if not data:
+                data.extend(_monitoring_data(ip, addr, n))
+            (lines, step), per_instr = data
+            if op == line_op:
+                if not step or i * step >= len(lines):
+                    raise ObjectError(addr, "INSTRUMENTED_LINE without line instrumentation data")
+                op = lines[i * step]
+            if op == instr_op:
+                if i >= len(per_instr):
+                    raise ObjectError(addr, "INSTRUMENTED_INSTRUCTION without per-instruction data")
+                op = per_instr[i]
+            if op in (line_op, instr_op):
+                raise ObjectError(addr, "instrumented opcode refers to another instrumented opcode")
+            out[2 * i] = op
+            changed = True
+        i += 1 + ops.cache_entries.get(ops.base_op(op), 0)
+    return bytes(out) if changed else adaptive
+
+
+def _monitoring_data(ip: Interpreter, addr: int, n: int) -> tuple[tuple[bytes, int], bytes]:
+    """((line entries, entry size), per-instruction opcodes) of an instrumented code object."""
+    c, C, M = ip.P.constants, ip.P.code, ip.P.comonitoring
+    try:
+        md = ip.ptr(addr + C._co_monitoring)
+        if not md:
+            raise ObjectError(addr, "instrumented bytecode but no monitoring data")
+        lines, per_instr = ip.ptr(md + M.lines), ip.ptr(md + M.per_instruction_opcodes)
+        line_data: tuple[bytes, int] = (b"", 0)
+        if lines and c.get("LINE_DATA_LAYOUT") == 2:
+            bpe = ip.space.read(lines, 1)[0]
+            if not 1 <= bpe <= 16:
+                raise ObjectError(addr, f"implausible line instrumentation entry size {bpe}")
+            line_data = (ip.read_within(lines + 1, bpe * n, addr, "line instrumentation"), bpe)
+        elif lines:
+            stride = c.get("LINE_DATA_STRIDE", 2)
+            line_data = (ip.read_within(lines, stride * n, addr, "line instrumentation"), stride)
+        instr = ip.read_within(per_instr, n, addr, "instruction instrumentation") if per_instr else b""
+    except MemoryReadError:
+        raise ObjectError(addr, "monitoring data of instrumented code not in the image") from None
+    return line_data, instr
