@@ -34,6 +34,7 @@ from families import FAMILIES  # noqa: E402
 from rapidfuzz import fuzz  # noqa: E402
 from run_families import BASE_OF, deploy_and_image, scores_against_every_base, weights_bit_exact, zen  # noqa: E402
 
+from zen.attribute.pr_similarity import views  # noqa: E402
 from zen.represent import case  # noqa: E402
 
 SCENARIOS = [v for vs in FAMILIES.values() for v in vs]
@@ -70,7 +71,8 @@ def recover_and_attribute(name: str, python: str, label: str, work: Path, lib: P
 
 
 def listing_similarity(a: Path, b: Path) -> dict:
-    """IBSS of each model code object with the same-named one of the other case."""
+    """IBSS of each model code object with the same-named one of the other case, as compared by
+    attribution (3.11 comprehensions spliced into their callers)."""
     la, lb = _listings(a), _listings(b)
     keys = sorted(set(la) & set(lb))
     scores = [1.0 if la[k] == lb[k] else fuzz.ratio(la[k], lb[k]) / 100 for k in keys]
@@ -85,15 +87,16 @@ def listing_similarity(a: Path, b: Path) -> dict:
 
 
 def _listings(case_dir: Path) -> dict[str, str]:
-    pr = json.loads((case_dir / case.PR_FILE).read_text())
-    return {c["qualname"]: "\n".join(c["listing"]) for c in pr["codes"]}
+    """qualname -> the listing attribution compares (3.11 comprehensions spliced into their caller)."""
+    return {v.rec.qualname: v.text for v in views(case.load_pr(case_dir))}
 
 
 def reuse_refusal(case_dir: Path, lib: Path, base: str, work: Path) -> str:
     r = zen("reuse", case_dir, "--base", base, "--library", lib, "-o", work / "refused-package", check=False)
     if r.returncode == 0:
         return "UNEXPECTED: reuse of a 3.13 case succeeded under 3.11"
-    return f"exit {r.returncode}: " + " / ".join(line.strip() for line in (r.stderr or r.stdout).strip().splitlines())
+    text = " / ".join(line.strip() for line in (r.stderr or r.stdout).strip().splitlines())
+    return f"exit {r.returncode}: " + text.replace(str(work), "<work>")
 
 
 def write(rows: list[dict], meta: dict, out: Path) -> None:
@@ -127,10 +130,11 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
     lines += [
         "",
         "MR (architecture, weights, operators, and the data-flow graph decoded from `forward` with the target",
-        "version's own opcode tables) does not depend on the interpreter version; what drops is PR, where the",
-        "version-normalised listings of identical source still differ: inlined comprehensions (3.12+; the 3.11 nested",
-        "code object is spliced into its caller for comparison, but the inlined form keeps some stack shuffling) and",
-        "opcodes with no one-to-one counterpart.",
+        "version's own opcode tables) does not depend on the interpreter version. PR compares version-normalised",
+        "listings (3.13's superinstructions, CALL_KW, SET_FUNCTION_ATTRIBUTE, ... mapped back; 3.11 comprehensions",
+        "spliced into their caller as 3.12+ inlines them), so identical source gives identical listings; what is",
+        "left of a drop comes from fuzzy pairs of *different* functions (a fork's new code against the base's),",
+        "whose similarity is not exactly version-independent.",
         "",
         "Lowest-IBSS model functions (3.11 vs 3.13, identical source):",
         "",

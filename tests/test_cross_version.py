@@ -236,6 +236,12 @@ def test_family_from_313_image_attributes_like_311(family_images, base_library, 
             drops[name] = {k: round(scores["3.11"][k] - scores["3.13"][k], 4) for k in ("ur", "mr", "pr")}
             print(f"\n{name}: UR {scores['3.11']['ur']} (3.11 image) vs {scores['3.13']['ur']} (3.13 image), drop {drops[name]}")
             assert abs(drops[name]["ur"]) <= 0.02, drops
+            # Algorithm 2 from listings alone: the same changes as from the 3.11 image
+            diffs = [json.loads(zen("diff", c, "--base", family, "--library", base_library, "--json", "--listing").stdout)
+                     for c in (recovered(img11, t11, name, workdir)[0], case13)]  # fmt: skip
+            summary = [{k: d[k] for k in ("changed", "added", "unchanged", "classes_added")} for d in diffs]
+            assert summary[0] == summary[1] and summary[0]["changed"] + summary[0]["added"] > 0, summary
+            assert [f["recovered"] for f in diffs[0]["functions"]] == [f["recovered"] for f in diffs[1]["functions"]]
             res = zen("reuse", case13, "--base", family, "--library", base_library, "-o", workdir / "reuse-313", check=False)
             assert res.returncode == 2 and "Python 3.13" in res.stderr and "Traceback" not in res.stderr
     finally:

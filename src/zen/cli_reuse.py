@@ -43,13 +43,18 @@ def diff(
     """What the recovered model changed relative to a base model (ZEN Algorithm 2)."""
     from zen.diff.view import change_summary, function_views
     from zen.patch.format import write_patch
-    from zen.reuse.package import _code, make_patch
+    from zen.reuse.package import diff_case
 
     entry, base_blob = _base(library, base)
     from zen.represent import case
 
-    data, d = make_patch(case_dir, entry)
-    rec_code = _code(Path(case_dir), case.load_manifest(case_dir))
+    data, d, rec_code = diff_case(Path(case_dir), entry)
+    if not rec_code:
+        py = (case.load_manifest(case_dir).get("python") or {}).get("version", "?")
+        err.print(f"[yellow]note: the image runs Python {escape(py)}: its code objects cannot be rebuilt by this zen's "
+                  "Python, so changes are shown as listings[/yellow]")  # fmt: skip
+        if patch is not None:
+            raise ZenError("a patch needs the rebuilt code of the case", f"recover the case with zen running under Python {py}")
     base_code = None
     if base_blob:
         try:

@@ -128,7 +128,30 @@ def views(pr: ProgrammaticRepresentation, primary: set[str] | None = None, *, in
         if c.address in inlined:
             continue
         kids = _comprehensions_of(c, by_addr, inlined)
-        out.append(CodeView(c, 1.0, primary is None or c.module in primary, kids))
+        v = CodeView(c, 1.0, primary is None or c.module in primary, kids)
+        if kids:
+            v.text = "\n".join(_uncell(v.text.splitlines(), c, kids, by_addr))
+            v.key = hashlib.sha256(v.text.encode()).hexdigest()
+        out.append(v)
+    return out
+
+
+def _uncell(lines: list[str], c: CodeRecord, kids: list[CodeRecord], by_addr: dict[str, CodeRecord]) -> list[str]:
+    """Variables that were cells only because a 3.11 comprehension closed over them are plain
+    locals once the comprehension is inlined (3.12+): MAKE_CELL goes, *_DEREF become *_FAST."""
+    kid_addrs = {k.address for k in kids}
+    others = {f for a in c.children if a not in kid_addrs and a in by_addr for f in by_addr[a].freevars}
+    plain = {f for k in kids for f in k.freevars} & set(c.cellvars) - others - {"__class__"}
+    if not plain:
+        return lines
+    out = []
+    for line in lines:
+        op, _, arg = line.partition(" ")
+        if arg in plain and op == "MAKE_CELL":
+            continue
+        if arg in plain and op in ("LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF"):
+            line = f"{op.replace('DEREF', 'FAST')} {arg}"
+        out.append(line)
     return out
 
 
@@ -147,41 +170,69 @@ def _comprehensions_of(c: CodeRecord, by_addr: dict[str, CodeRecord], inlined: s
 def inline_comprehensions(listing: list[str], kids: list[CodeRecord]) -> list[str]:
     """`listing` with each 3.11 comprehension call replaced by the comprehension's own body.
 
-    3.11: LOAD_CONST <code Q>, MAKE_FUNCTION n, <iterable>, GET_ITER, CALL 0. Inline (3.12+):
-    <iterable>, GET_ITER, then the body. The body is the nested listing without its `.0` argument
-    load and final RETURN_VALUE; its jump labels are renamed so that they stay unique."""
-    bodies = {f"LOAD_CONST <code {k.qualname}>": k for k in kids}
+    3.11: [cells..., BUILD_TUPLE n,] LOAD_CONST <code Q>, MAKE_FUNCTION n, <iterable>, GET_ITER,
+    CALL 0. Inline (3.12+, as the listing normalises it): <iterable>, GET_ITER, the body. The body
+    is the nested listing without COPY_FREE_VARS, its `.0` argument load and its final
+    RETURN_VALUE. Labels are then renumbered in order of appearance, as a listing numbers them."""
+    return _renumber(_splice(listing, {f"LOAD_CONST <code {k.qualname}>": k for k in kids}, 0))
+
+
+def _splice(listing: list[str], bodies: dict[str, CodeRecord], depth: int) -> list[str]:
     out: list[str] = []
     pending: list[CodeRecord] = []  # made, waiting for their CALL 0
     for line in listing:
         kid = bodies.get(line)
         if kid is not None:
+            if out and out[-1].startswith("BUILD_TUPLE ") and out[-1][12:].isdigit():  # its closure cells
+                n = int(out[-1][12:])
+                if len(out) > n and all(x.startswith("LOAD_FAST ") for x in out[-1 - n : -1]):
+                    del out[-1 - n :]
             pending.append(kid)
             continue
         if pending and line.startswith("MAKE_FUNCTION") and out[-1:] != ["GET_ITER"]:
             continue
         if pending and line == "CALL 0" and out[-1:] == ["GET_ITER"]:
-            k = pending.pop()
-            tag = f"C{len(out)}."
-            body = list(k.listing)
-            if body[:2] and body[1] == "LOAD_FAST .0":
-                del body[1]
+            body = [b for b in pending.pop().listing if b != "COPY_FREE_VARS"]
+            if "LOAD_FAST .0" in body:
+                body.remove("LOAD_FAST .0")
             if body and body[-1] == "RETURN_VALUE":
                 body.pop()
-            out += [_relabel(b, tag) for b in inline_comprehensions(body, kids)]
+            tag = f"C{depth}.{len(out)}."
+            out += [_relabel(b, tag) for b in (_splice(body, bodies, depth + 1) if depth < 16 else body)]
             continue
         out.append(line)
+    return out
+
+
+def _renumber(lines: list[str]) -> list[str]:
+    """Labels renamed L1, L2, ... in the order they are defined."""
+    names = {}
+    for line in lines:
+        if line.endswith(":") and " " not in line:
+            names.setdefault(line[:-1], f"L{len(names) + 1}")
+    out = []
+    for line in lines:
+        if line.endswith(":") and line[:-1] in names:
+            out.append(f"{names[line[:-1]]}:")
+            continue
+        head, _, arg = line.rpartition(" ")
+        out.append(f"{head} {names[arg]}" if head and arg in names else line)
     return out
 
 
 def _relabel(line: str, tag: str) -> str:
     """Prefix jump labels (`L3:`, `JUMP L3`) so spliced bodies keep distinct labels."""
     head, _, arg = line.rpartition(" ")
-    if line.endswith(":") and line[:-1].startswith("L") and line[1:-1].isdigit():
+    if line.endswith(":") and " " not in line:
         return f"{tag}{line}"
-    if head and arg.startswith("L") and arg[1:].isdigit():
+    if head and _is_label(arg):
         return f"{head} {tag}{arg}"
     return line
+
+
+def _is_label(arg: str) -> bool:
+    tail = arg.rsplit(".", 1)[-1]
+    return tail.startswith("L") and tail[1:].isdigit()
 
 
 def greedy_match(delta: list[CodeView], gamma: list[CodeView]) -> MatchResult:

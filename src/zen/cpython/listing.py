@@ -102,8 +102,9 @@ def normalise(instructions: list[Instruction]) -> list[str]:
     LOAD_SUPER_ATTR into the call of super() and a LOAD_ATTR, 3.14's BINARY_OP [] into
     BINARY_SUBSCR, 3.13's `__firstlineno__`/`__static_attributes__` in class bodies are left
     out, 3.11's JUMP_IF_*_OR_POP become 3.12's COPY/POP_JUMP_IF_*/POP_TOP, and a jump to a return
-    becomes the return (3.12+ duplicates returns). What stays different: 3.12 inlines comprehensions (3.11 calls a nested code
-    object), and opcodes that have no counterpart."""
+    becomes the return (3.12+ duplicates returns), and what 3.12+ adds around an inlined
+    comprehension is left out (see `_Inlined`). What stays different: opcodes that have no
+    counterpart."""
     instructions = _thread_jumps_to_return(instructions)
     targets = sorted({i.argval for i in instructions if i.kind == "jump" and isinstance(i.argval, int)})
     labels = {off: f"L{n}" for n, off in enumerate(targets, 1)}
@@ -111,11 +112,12 @@ def normalise(instructions: list[Instruction]) -> list[str]:
     make_function = -1  # index of the last MAKE_FUNCTION line (3.13 sets its attributes after it)
     conversion = 0  # 3.13: CONVERT_VALUE's conversion, for the FORMAT_* that follows
     after_end_for = False
+    comp = _Inlined()
     for ins in instructions:
         if ins.offset in labels:
             lines.append(f"{labels[ins.offset]}:")
         name = ins.name
-        if name in DROP:
+        if name in DROP or comp.skip(name):
             continue
         if after_end_for:
             after_end_for = False
@@ -164,7 +166,69 @@ def normalise(instructions: list[Instruction]) -> list[str]:
                 lines.append(f"{name} {ins.arg}")
             else:
                 lines.append(name)
-    return lines
+    return comp.drop_handlers(lines)
+
+
+class _Inlined:
+    """What 3.12+ adds around an inlined comprehension (PEP 709), so that it can be left out:
+    the comprehension's variables saved (LOAD_FAST_AND_CLEAR) and stack shuffles (SWAP) before
+    its loop, the SWAP + STORE_FASTs that restore them after it, and the cleanup handler
+    (SWAP, POP_TOP, SWAP, STORE_FAST..., RERAISE). What remains is the comprehension's own
+    body, as 3.11 compiled it into a nested code object (which comparisons splice in)."""
+
+    def __init__(self) -> None:
+        self.saved = 0  # variables saved by the comprehension being entered
+        self.prologue = False
+        self.depth = 0  # loops entered (FOR_ITER) and not yet left (END_FOR)
+        self.open: list[tuple[int, int]] = []  # (loop depth, saved) of comprehensions in progress
+        self.restore = 0  # STORE_FASTs still to drop after a comprehension's loop (SWAP first)
+        self.swap_pending = False
+        self.handlers: list[int] = []  # saved counts of every comprehension seen
+
+    def skip(self, name: str) -> bool:
+        if name == "LOAD_FAST_AND_CLEAR":
+            self.saved += 1
+            self.prologue = True
+            return True
+        if self.prologue:
+            if name in ("SWAP", "GET_ITER"):  # 3.13 gets the iterator again after the shuffle
+                return True
+            if name == "FOR_ITER":
+                self.prologue = False
+                self.open.append((self.depth, self.saved))
+                self.handlers.append(self.saved)
+                self.saved = 0
+        if name == "FOR_ITER":
+            self.depth += 1
+        elif name == "END_FOR":
+            self.depth -= 1
+            if self.open and self.open[-1][0] == self.depth:
+                self.restore = self.open.pop()[1]
+                self.swap_pending = True
+        elif self.restore:
+            if self.swap_pending and name == "SWAP":
+                self.swap_pending = False
+                return True
+            if name == "STORE_FAST":
+                self.restore -= 1
+                return True
+            if name == "STORE_FAST_STORE_FAST" and self.restore >= 2:  # 3.13 restores two at once
+                self.restore -= 2
+                return True
+            if name not in ("POP_TOP", "POP_ITER"):
+                self.restore = 0
+        return False
+
+    def drop_handlers(self, lines: list[str]) -> list[str]:
+        for n in self.handlers:
+            pattern_len = 4 + n
+            for i in range(len(lines) - pattern_len + 1):
+                seg = lines[i : i + pattern_len]
+                if (seg[:3] == ["SWAP", "POP_TOP", "SWAP"] and all(x.startswith("STORE_FAST ") for x in seg[3:-1])
+                        and seg[-1] == "RERAISE"):  # fmt: skip
+                    del lines[i : i + pattern_len]
+                    break
+        return lines
 
 
 def listing_sha256(lines: list[str]) -> str:

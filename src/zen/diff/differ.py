@@ -112,11 +112,19 @@ def field_changes(r: CodeRecord, b: CodeRecord) -> dict[str, Any]:
     return out
 
 
+def _python_minor(pr: ProgrammaticRepresentation) -> str:
+    version = ((pr.context or {}).get("runtime") or {}).get("python") or ""
+    return ".".join(version.split(".")[:2])
+
+
 def diff(mr: ModelMR, pr: ProgrammaticRepresentation, base_name: str, base_mr: ModelMR, base_pr: ProgrammaticRepresentation,
          rebuilt: set[str] | None = None) -> DiffResult:  # fmt: skip
     rec_primary, base_primary = primary_modules(mr), primary_modules(base_mr)
-    rec_views = [v for v in views(pr, rec_primary, inline=False) if v.model_code]
-    base_views = [v for v in views(base_pr, base_primary, inline=False) if v.model_code]
+    # Same Python: every code object as it is (patches replace them one by one). Another Python:
+    # 3.11's comprehensions are spliced into their callers, as 3.12+ compiles them.
+    inline = _python_minor(pr) != _python_minor(base_pr)
+    rec_views = [v for v in views(pr, rec_primary, inline=inline) if v.model_code]
+    base_views = [v for v in views(base_pr, base_primary, inline=inline) if v.model_code]
     match = code_similarity(rec_views, base_views, optimal=False)
     rec_classes = {c.name: c for c in pr.classes if c.module in rec_primary}
     base_classes = {c.name: c for c in base_pr.classes if c.module in base_primary}

@@ -90,7 +90,7 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
     from zen.attribute.pr_similarity import code_similarity, views
     from zen.diff.view import change_summary, function_views
     from zen.library.store import Library
-    from zen.reuse.package import make_patch
+    from zen.reuse.package import diff_case
 
     with Library(library, create=False) as lib:
         if len(lib) == 0:
@@ -107,11 +107,10 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
     base_views = [v for v in views(entry.pr, primary_modules(entry.mr)) if v.model_code]
     data["artefacts"] = _artefacts(pr, entry.pr, code_similarity(rec_views, base_views, optimal=False).pairs)
     try:
-        _, d = make_patch(case_dir, entry)
-    except ZenError as exc:  # no rebuilt code (another Python): attribution stands, no diff
+        _, d, rec_code = diff_case(case_dir, entry)  # another Python's image: listings, no rebuilt code
+    except ZenError as exc:
         data["diff"] = {"error": exc.message}
         return
-    rec_code = marshal.loads((case_dir / case.CODE_FILE).read_bytes())
     try:
         base_code = marshal.loads(base_blob) if base_blob else None
     except (ValueError, EOFError, TypeError):

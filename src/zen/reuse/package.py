@@ -91,6 +91,22 @@ def make_patch(case_dir: Path, base=None) -> tuple[dict, Any]:
     return build_patch(d, pr, code, source), d
 
 
+def diff_case(case_dir: Path, base) -> tuple[dict | None, Any, dict]:
+    """(patch document or None, DiffResult, rebuilt code objects) of a case against a library entry.
+
+    A case recovered from another Python version's image has no rebuilt code (zen's interpreter
+    cannot build that version's code objects): the diff is then computed from the PR alone (the
+    listings, which is what Algorithm 2 compares), and there is no patch and no code."""
+    from zen.diff.differ import diff
+
+    case_dir = Path(case_dir)
+    if (case_dir / case.CODE_FILE).is_file():
+        data, d = make_patch(case_dir, base)
+        return data, d, _code(case_dir, case.load_manifest(case_dir))
+    mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
+    return None, diff(mr, pr, base.name, base.mr, base.pr, rebuilt=None), {}
+
+
 def _place(src: Path, dst: Path) -> None:
     """Hard-link when possible (weights can be GBs), else copy."""
     if not src.is_file():
