@@ -160,6 +160,8 @@ def uninstrumented(ip: Interpreter, addr: int, adaptive: bytes) -> bytes:
     error: its original lives in the executor, which zen does not read."""
     c, ops = ip.P.constants, ip.P.opcodes
     line_op, instr_op, enter = c.get("INSTRUMENTED_LINE"), c.get("INSTRUMENTED_INSTRUCTION"), ops.enter_executor
+    if line_op is None and enter is None:  # 3.11: neither exists
+        return adaptive
     units = adaptive[0::2]
     suspects = [x for x in (line_op, instr_op, enter) if x is not None and x in units]
     if not suspects:  # fast path: cache entries may hold these byte values too, instructions do not
