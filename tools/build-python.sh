@@ -26,6 +26,10 @@ exe="$prefix/bin/python$minor"
 if [ -x "$exe" ] && [ -f "$prefix/.zen-build-ok" ]; then echo "$exe"; exit 0; fi
 
 src="$cache/src"; mkdir -p "$src"
+# One build at a time per cache (tests may ask for a build while another run is making it).
+exec 9>"$cache/.build.lock"
+if command -v flock >/dev/null; then flock 9; fi
+if [ -x "$exe" ] && [ -f "$prefix/.zen-build-ok" ]; then echo "$exe"; exit 0; fi
 pkg="python$minor"
 
 # Releases whose .orig tarball was seen on deb.debian.org, with its sha256: used when the index
@@ -42,15 +46,18 @@ fetch_from_index() {
   command -v apt-get >/dev/null || return 1
   if ! apt-cache showsrc "$pkg" >/dev/null 2>&1; then
     [ "$(id -u)" = 0 ] || return 1
-    cat > /etc/apt/sources.list.d/zen-python-src.sources <<'EOF'
+    [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || return 1
+    # A deb-src entry of our own, only for this download: removed again on exit.
+    src_list=/etc/apt/sources.list.d/zen-python-src.sources
+    trap 'rm -f "$src_list"' EXIT
+    cat > "$src_list" <<'EOF'
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: sid trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
-    timeout 600 apt-get update -qq -o Dir::Etc::sourcelist=/etc/apt/sources.list.d/zen-python-src.sources \
-      -o Dir::Etc::sourceparts=- >/dev/null 2>&1 || return 1
+    timeout 600 apt-get update -qq -o Dir::Etc::sourcelist="$src_list" -o Dir::Etc::sourceparts=- >/dev/null 2>&1 || return 1
   fi
   local v
   for v in $(apt-cache showsrc "$pkg" 2>/dev/null | awk '/^Version:/ {print $2}' | sort -Vr); do
@@ -64,7 +71,7 @@ fetch_pinned() {
   read -r ver sum <<<"${PINNED[$minor]}"
   url="http://deb.debian.org/debian/pool/main/p/$pkg/${pkg}_${ver}.orig.tar.xz"
   command -v curl >/dev/null || { echo "error: curl is needed to download $url" >&2; return 1; }
-  curl -sSf -o "$src/${pkg}_${ver}.orig.tar.xz.part" "$url" || return 1
+  curl -sSf --retry 3 --max-time 900 -o "$src/${pkg}_${ver}.orig.tar.xz.part" "$url" || { rm -f "$src/"*.part; return 1; }
   echo "$sum  $src/${pkg}_${ver}.orig.tar.xz.part" | sha256sum -c --quiet - || { rm -f "$src/"*.part; return 1; }
   mv "$src/${pkg}_${ver}.orig.tar.xz.part" "$src/${pkg}_${ver}.orig.tar.xz"
 }

@@ -22,6 +22,9 @@ base="$("$here/build-python.sh" "$minor" shared | tail -1)"
 rm -rf "$venv"
 "$base" -m venv --without-pip "$venv"   # the builds have no ensurepip: pip is driven from outside
 pip_host="${ZEN_PIP_PYTHON:-python3}"
+# `pip --python` (pip >= 22.3) installs into an environment that has no pip of its own.
+"$pip_host" -c 'import pip, sys; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (22, 3))' 2>/dev/null || {
+  echo "error: $pip_host has no pip >= 22.3 (needed for 'pip --python'); set ZEN_PIP_PYTHON to one that has" >&2; exit 1; }
 echo "installing torch==2.13.0 (CUDA build, ~4.5 GB with its NVIDIA packages) into $venv ..." >&2
 "$pip_host" -m pip --python "$venv/bin/python" install -q "torch==2.13.0" safetensors numpy >&2
 "$venv/bin/python" -c 'import torch, safetensors; assert torch.__version__.startswith("2.13.0")'

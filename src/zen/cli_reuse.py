@@ -49,7 +49,7 @@ def diff(
     from zen.represent import case
 
     data, d, rec_code = diff_case(Path(case_dir), entry)
-    if not rec_code:
+    if data is None:
         py = (case.load_manifest(case_dir).get("python") or {}).get("version", "?")
         err.print(f"[yellow]note: the image runs Python {escape(py)}: its code objects cannot be rebuilt by this zen's "
                   "Python, so changes are shown as listings[/yellow]")  # fmt: skip

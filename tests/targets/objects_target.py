@@ -56,6 +56,14 @@ class SlotsAndDict:
     __slots__ = ("s1", "__dict__")
 
 
+class SlottedBase:
+    __slots__ = ("base_slot",)
+
+
+class DictOverSlots(SlottedBase):
+    """instances have a slot before their attribute values (3.14 keeps those inline after it)"""
+
+
 class Base1:
     def who(self):
         return "base1"
@@ -298,6 +306,8 @@ def main(outdir: str) -> None:
     sd = SlotsAndDict()
     sd.s1 = "slot"
     sd.extra = "in dict"
+    dos, dos_attrs = build(DictOverSlots, {"x": "after the slot", "y": 2})
+    dos.base_slot = "in the slot"
     mi = MyInt(5)
     mi.tag = "dict at tp_dictoffset"
     dia, dia_attrs = build(Diamond, {"attr": 1})
@@ -311,6 +321,12 @@ def main(outdir: str) -> None:
         # 3.12+ gives int subclasses a managed dict too; the type's own flag says which it is
         "int_subclass": (mi, "managed-dict" if MyInt.__flags__ & (1 << 4) else "dict-offset", None),
         "diamond": (dia, "inline-values", dia_attrs),
+        # 3.13 inlines values only for instances without fields of their own; 3.14 after any fields
+        "dict_over_slots": (
+            dos,
+            "managed-dict" if DictOverSlots.__flags__ & (1 << 4) and sys.version_info[:2] == (3, 13) else "inline-values",
+            dos_attrs,
+        ),
         "concrete": (conc, "inline-values", {}),
     }
     KEEP.append(instances)

@@ -174,23 +174,31 @@ def inline_comprehensions(listing: list[str], kids: list[CodeRecord]) -> list[st
     CALL 0. Inline (3.12+, as the listing normalises it): <iterable>, GET_ITER, the body. The body
     is the nested listing without COPY_FREE_VARS, its `.0` argument load and its final
     RETURN_VALUE. Labels are then renumbered in order of appearance, as a listing numbers them."""
-    return _renumber(_splice(listing, {f"LOAD_CONST <code {k.qualname}>": k for k in kids}, 0))
+    bodies: dict[str, list[CodeRecord]] = {}
+    for k in sorted(kids, key=lambda k: (k.firstlineno, k.address)):  # two comprehensions can share a qualname
+        bodies.setdefault(f"LOAD_CONST <code {k.qualname}>", []).append(k)
+    return _renumber(_splice(listing, bodies, 0))
 
 
-def _splice(listing: list[str], bodies: dict[str, CodeRecord], depth: int) -> list[str]:
+def _splice(listing: list[str], bodies: dict[str, list[CodeRecord]], depth: int) -> list[str]:
+    """One level of splicing (recursing into spliced bodies); `bodies` is consumed in source order."""
     out: list[str] = []
     pending: list[CodeRecord] = []  # made, waiting for their CALL 0
+    made = False  # the previous line was a comprehension's LOAD_CONST: its MAKE_FUNCTION goes too
     for line in listing:
-        kid = bodies.get(line)
-        if kid is not None:
+        queue = bodies.get(line)
+        if queue:
             if out and out[-1].startswith("BUILD_TUPLE ") and out[-1][12:].isdigit():  # its closure cells
                 n = int(out[-1][12:])
                 if len(out) > n and all(x.startswith("LOAD_FAST ") for x in out[-1 - n : -1]):
                     del out[-1 - n :]
-            pending.append(kid)
+            pending.append(queue.pop(0))
+            made = True
             continue
-        if pending and line.startswith("MAKE_FUNCTION") and out[-1:] != ["GET_ITER"]:
+        if made and line.startswith("MAKE_FUNCTION"):
+            made = False
             continue
+        made = False
         if pending and line == "CALL 0" and out[-1:] == ["GET_ITER"]:
             body = [b for b in pending.pop().listing if b != "COPY_FREE_VARS"]
             if "LOAD_FAST .0" in body:
@@ -231,6 +239,7 @@ def _relabel(line: str, tag: str) -> str:
 
 
 def _is_label(arg: str) -> bool:
+    """Whether an operand is a jump label (`L3`, or `C0.12.L3` once spliced)."""
     tail = arg.rsplit(".", 1)[-1]
     return tail.startswith("L") and tail[1:].isdigit()
 

@@ -36,6 +36,7 @@ def _layouts() -> dict:
 
 
 def supported_minors() -> list[str]:
+    """Minor versions whose table layout is known (an image of one of them must carry a table)."""
     return sorted(_layouts()["layouts"])
 
 

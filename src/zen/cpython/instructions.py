@@ -40,7 +40,7 @@ def decode(
     while i < n and len(out) < MAX_INSTRUCTIONS:
         op, raw = code[i], code[i + 1]
         if op == ops.extended_arg:
-            ext = (ext | raw) << 8
+            ext = ((ext | raw) << 8) & 0xFFFFFFFF  # opargs are 32-bit; hostile prefix runs stay bounded
             i += 2
             continue
         arg = (ext | raw) if op >= have_arg else None

@@ -11,6 +11,7 @@ listing, and a file moved to another line or path gives exactly the same one.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 
 from zen.cpython.instructions import Instruction, pair_parts
 
@@ -186,6 +187,7 @@ class _Inlined:
         self.handlers: list[int] = []  # saved counts of every comprehension seen
 
     def skip(self, name: str) -> bool:
+        """Whether instruction `name` is comprehension bookkeeping to leave out; called in order."""
         if name == "LOAD_FAST_AND_CLEAR":
             self.saved += 1
             self.prologue = True
@@ -220,15 +222,24 @@ class _Inlined:
         return False
 
     def drop_handlers(self, lines: list[str]) -> list[str]:
-        for n in self.handlers:
-            pattern_len = 4 + n
-            for i in range(len(lines) - pattern_len + 1):
-                seg = lines[i : i + pattern_len]
-                if (seg[:3] == ["SWAP", "POP_TOP", "SWAP"] and all(x.startswith("STORE_FAST ") for x in seg[3:-1])
-                        and seg[-1] == "RERAISE"):  # fmt: skip
-                    del lines[i : i + pattern_len]
-                    break
-        return lines
+        """Leave out each comprehension's cleanup handler (one pass over the lines)."""
+        wanted = Counter(self.handlers)
+        if not wanted:
+            return lines
+        out: list[str] = []
+        i, n = 0, len(lines)
+        while i < n:
+            if lines[i : i + 3] == ["SWAP", "POP_TOP", "SWAP"]:
+                k = 0
+                while i + 3 + k < n and lines[i + 3 + k].startswith("STORE_FAST ") and k <= 255:
+                    k += 1
+                if i + 3 + k < n and lines[i + 3 + k] == "RERAISE" and wanted[k] > 0:
+                    wanted[k] -= 1
+                    i += 4 + k
+                    continue
+            out.append(lines[i])
+            i += 1
+        return out
 
 
 def listing_sha256(lines: list[str]) -> str:

@@ -91,7 +91,7 @@ def make_patch(case_dir: Path, base=None) -> tuple[dict, Any]:
     return build_patch(d, pr, code, source), d
 
 
-def diff_case(case_dir: Path, base) -> tuple[dict | None, Any, dict]:
+def diff_case(case_dir: Path, base: Any) -> tuple[dict | None, Any, dict]:
     """(patch document or None, DiffResult, rebuilt code objects) of a case against a library entry.
 
     A case recovered from another Python version's image has no rebuilt code (zen's interpreter

@@ -3,8 +3,9 @@
 A process run under a debugger, profiler or coverage tool has INSTRUMENTED_* opcodes in its code
 objects. Most stand for one base opcode (INSTRUMENTED_CALL for CALL); INSTRUMENTED_LINE and
 INSTRUMENTED_INSTRUCTION replace an instruction whose original opcode the interpreter keeps in the
-code object's monitoring data (`_co_monitoring`): per code unit in the line table (3.12/3.13: an
-array of 2-byte entries; 3.14: a `bytes_per_entry` byte, then the entries) and in the
+code object's monitoring data (`_co_monitoring`): per code unit in the line table (3.12 and 3.13.0:
+an array of 2-byte entries; later 3.13 releases and 3.14: a `bytes_per_entry` byte, then the
+entries; readers try both) and in the
 per-instruction opcode array. We instrument a sample function with a monitoring tool of our own
 and find those arrays by the opcodes we know were there.
 

@@ -421,7 +421,6 @@ class ObjectsMixin:
     def _code_start(self, c, size: int) -> int:
         """Offset of the inline bytecode. From 3.12 code objects are quickened when created, so
         inline cache entries already hold counters: compare only the instruction units."""
-        import dis
         import opcode
 
         m = self.m
@@ -438,7 +437,6 @@ class ObjectsMixin:
             n = caches.get(opcode.opname[op], 0) if isinstance(caches, dict) else (caches[op] if caches else 0)
             units.append(i)
             i += 2 + 2 * n
-        del dis
         # Quickening may also have replaced opcodes with (super)instruction variants: compare
         # through the version's de-specialisation map, arguments as they are.
         deopt = {int(k): v for k, v in self.opcodes()["deopt"].items()}

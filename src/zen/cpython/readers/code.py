@@ -166,51 +166,76 @@ def uninstrumented(ip: Interpreter, addr: int, adaptive: bytes) -> bytes:
     suspects = [x for x in (line_op, instr_op, enter) if x is not None and x in units]
     if not suspects:  # fast path: cache entries may hold these byte values too, instructions do not
         return adaptive
-    data: list = []  # monitoring data, read when the first instrumented instruction is met
-    out = bytearray(adaptive)
-    n, i, changed = len(units), 0, False
-    while i < n:
-        op = units[i]
-        if op == enter:
-            raise ObjectError(addr, "bytecode holds ENTER_EXECUTOR (the tier-2 optimiser/JIT was on): not supported")
-        if op in (line_op, instr_op):
-            if not data:
-                data.extend(_monitoring_data(ip, addr, n))
-            (lines, step), per_instr = data
-            if op == line_op:
-                if not step or i * step >= len(lines):
-                    raise ObjectError(addr, "INSTRUMENTED_LINE without line instrumentation data")
-                op = lines[i * step]
-            if op == instr_op:
-                if i >= len(per_instr):
-                    raise ObjectError(addr, "INSTRUMENTED_INSTRUCTION without per-instruction data")
-                op = per_instr[i]
+
+    def walk(lines: tuple[bytes, int], per_instr: bytes) -> bytes:
+        out = bytearray(adaptive)
+        n, i = len(units), 0
+        while i < n:
+            op = units[i]
+            if op == enter:
+                raise ObjectError(addr, "bytecode holds ENTER_EXECUTOR (the tier-2 optimiser/JIT was on): not supported")
             if op in (line_op, instr_op):
-                raise ObjectError(addr, "instrumented opcode refers to another instrumented opcode")
-            out[2 * i] = op
-            changed = True
-        i += 1 + ops.cache_entries.get(ops.base_op(op), 0)
-    return bytes(out) if changed else adaptive
+                data, step = lines
+                if op == line_op:
+                    if not step or i * step >= len(data):
+                        raise ObjectError(addr, "INSTRUMENTED_LINE without line instrumentation data")
+                    op = data[i * step]
+                if op == instr_op:
+                    if i >= len(per_instr):
+                        raise ObjectError(addr, "INSTRUMENTED_INSTRUCTION without per-instruction data")
+                    op = per_instr[i]
+                if op in (line_op, instr_op) or op == 0 or ops.name(op).startswith("<"):
+                    raise ObjectError(addr, f"instrumented instruction {i} resolves to no opcode ({op})")
+                out[2 * i] = op
+            i += 1 + ops.cache_entries.get(ops.base_op(op), 0)
+        return bytes(out)
+
+    if line_op not in units and instr_op not in units:
+        return walk((b"", 0), b"")  # only ENTER_EXECUTOR candidates (or cache bytes that look alike)
+    try:
+        readings, per_instr = _monitoring_data(ip, addr, len(units))
+        problem: ObjectError | None = None
+    except ObjectError as exc:  # cache entries can hold those byte values: only real instructions need it
+        readings, per_instr, problem = [], b"", exc
+    for reading in readings or [(b"", 0)]:
+        try:
+            return walk(reading, per_instr)
+        except ObjectError as exc:  # another reading of the line table may fit (3.13.0 vs later)
+            problem = problem or exc
+    raise problem or ObjectError(addr, "instrumented bytecode could not be read")
 
 
-def _monitoring_data(ip: Interpreter, addr: int, n: int) -> tuple[tuple[bytes, int], bytes]:
-    """((line entries, entry size), per-instruction opcodes) of an instrumented code object."""
-    c, C, M = ip.P.constants, ip.P.code, ip.P.comonitoring
+def _monitoring_data(ip: Interpreter, addr: int, n: int) -> tuple[list[tuple[bytes, int]], bytes]:
+    """(readings of the line table as (entries, entry size), per-instruction opcodes) of an
+    instrumented code object.
+
+    The line table's layout changed within 3.13 (3.13.0: 2-byte entries; later: a
+    `bytes_per_entry` byte first), so both readings are tried, the profile's first, and the one
+    whose entries are real opcodes wherever the code says INSTRUMENTED_LINE is kept."""
+    c, C = ip.P.constants, ip.P.code
+    if not C.has("_co_monitoring") or "comonitoring" not in ip.P.structs:
+        raise ObjectError(addr, "instrumented bytecode, but the layout profile has no monitoring data layout")
+    M = ip.P.comonitoring
     try:
         md = ip.ptr(addr + C._co_monitoring)
         if not md:
             raise ObjectError(addr, "instrumented bytecode but no monitoring data")
         lines, per_instr = ip.ptr(md + M.lines), ip.ptr(md + M.per_instruction_opcodes)
-        line_data: tuple[bytes, int] = (b"", 0)
-        if lines and c.get("LINE_DATA_LAYOUT") == 2:
-            bpe = ip.space.read(lines, 1)[0]
-            if not 1 <= bpe <= 16:
-                raise ObjectError(addr, f"implausible line instrumentation entry size {bpe}")
-            line_data = (ip.read_within(lines + 1, bpe * n, addr, "line instrumentation"), bpe)
-        elif lines:
-            stride = c.get("LINE_DATA_STRIDE", 2)
-            line_data = (ip.read_within(lines, stride * n, addr, "line instrumentation"), stride)
         instr = ip.read_within(per_instr, n, addr, "instruction instrumentation") if per_instr else b""
     except MemoryReadError:
         raise ObjectError(addr, "monitoring data of instrumented code not in the image") from None
-    return line_data, instr
+    if not lines:
+        return [], instr
+    readings = []
+    for layout in (c.get("LINE_DATA_LAYOUT", 1), 3 - c.get("LINE_DATA_LAYOUT", 1)):
+        try:
+            if layout == 2:
+                bpe = ip.space.read(lines, 1)[0]
+                if 1 <= bpe <= 16:
+                    readings.append((ip.read_within(lines + 1, bpe * n, addr, "line instrumentation"), bpe))
+            else:
+                stride = c.get("LINE_DATA_STRIDE", 2)
+                readings.append((ip.read_within(lines, stride * n, addr, "line instrumentation"), stride))
+        except (MemoryReadError, ObjectError):
+            continue
+    return readings, instr

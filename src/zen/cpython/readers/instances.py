@@ -48,7 +48,7 @@ def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
     info = InstanceInfo(addr, tp, t.full_name)
     c = ip.P.constants
     if t.flags & c["TPFLAGS_MANAGED_DICT"]:
-        dict_ptr, values = _managed(ip, addr, t.flags)
+        dict_ptr, values = _managed(ip, addr, t.flags, t.basicsize)
         if dict_ptr:
             info.dict_addr = dict_ptr
             info.storage = "managed-dict"
@@ -74,7 +74,7 @@ def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
     return info
 
 
-def _managed(ip: Interpreter, addr: int, flags: int) -> tuple[int, int]:
+def _managed(ip: Interpreter, addr: int, flags: int, basicsize: int) -> tuple[int, int]:
     """(dict, values) of an instance with a managed dict; either may be 0.
 
     3.11: two pointers before the object. 3.12: one pointer that is the dict, or the values
@@ -91,7 +91,8 @@ def _managed(ip: Interpreter, addr: int, flags: int) -> tuple[int, int]:
                 return dict_ptr, 0
             return dict_ptr, values
         if I.has("inline_values") and flags & c.get("TPFLAGS_INLINE_VALUES", 0):
-            at = addr + I.inline_values
+            # after the instance's own fields: 3.13 only inlines for basicsize 16, 3.14 for any
+            at = addr + basicsize
             valid = ip.space.read(at + ip.P.dictvalues.valid, 1)[0]
             return dict_ptr, (at if valid else 0)
         return dict_ptr, 0

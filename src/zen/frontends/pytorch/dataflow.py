@@ -17,6 +17,7 @@ flow, or calls into helper functions that call children. Edges are per module:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from zen.cpython.instructions import Instruction, decode, pair_parts
@@ -53,6 +54,7 @@ def _find_forward(ip: Interpreter, type_addr: int) -> int | None:
 
 _LOADS = frozenset(("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE"))
 _STORES = frozenset(("STORE_FAST", "STORE_DEREF"))
+MAX_COUNT = 256  # operands one instruction may pop or push here: image opargs are untrusted
 _SKIP = frozenset(("PRECALL", "KW_NAMES", "RESUME", "RESUME_CHECK", "NOP", "CACHE", "EXTENDED_ARG", "NOT_TAKEN", "TO_BOOL"))
 
 
@@ -121,7 +123,7 @@ class _Walker:
             elif op in ("CALL", "CALL_KW"):
                 if op == "CALL_KW":
                     pop()  # the tuple of keyword names
-                args = [pop() for _ in range(ins.arg or 0)]
+                args = [pop() for _ in range(self._count(ins.arg, stack))]
                 a, b = pop(), pop()
                 callee = a if a[0] != "null" else b
                 self._call(callee, args, stack)
@@ -143,9 +145,11 @@ class _Walker:
                 stack.append(
                     ("elem", container[1]) if container[0] == "child" else ("data", self.prod(container) | self.prod(idx))
                 )
-            elif op == "UNPACK_SEQUENCE":
+            elif op in ("UNPACK_SEQUENCE", "UNPACK_EX"):
                 v = pop()
-                stack.extend([("data", self.prod(v))] * (ins.arg or 0))
+                arg = ins.arg or 0
+                n = arg if op == "UNPACK_SEQUENCE" else (arg & 0xFF) + (arg >> 8) + 1  # before, starred, after
+                stack.extend([("data", self.prod(v))] * min(n, MAX_COUNT))
             elif op == "RETURN_VALUE":
                 for p in self.prod(pop()):
                     self.edges.add((p, ("out",)))
@@ -174,8 +178,13 @@ class _Walker:
         else:
             stack.append(("data", prods | self.prod(callee)))
 
-    def _generic(self, ins: Instruction, stack: list[tuple], pop) -> None:
-        net = self.ops.stack_effect(ins.op, ins.arg)
+    @staticmethod
+    def _count(arg: int | None, stack: list[tuple]) -> int:
+        """How many operands an instruction takes, bounded by what the stack can hold."""
+        return min(arg or 0, len(stack) + 1, MAX_COUNT)
+
+    def _generic(self, ins: Instruction, stack: list[tuple], pop: Callable[[], tuple]) -> None:
+        net = max(-MAX_COUNT, min(MAX_COUNT, self.ops.stack_effect(ins.op, ins.arg)))
         if net < 0:
             merged = frozenset().union(*(self.prod(pop()) for _ in range(-net)))
             top = pop()
