@@ -160,3 +160,21 @@ def test_library_build_from_recipe(family_images, hf_image, workdir, tmp_path):
     c = case_of("mobile_ghost", "mobile", family_images, hf_image, workdir)
     out = json.loads(zen("attribute", c, "--library", lib, "--json").stdout)
     assert out["attributed"] == "mobile"
+
+
+def test_entry_with_older_listing_format_is_flagged(family_images, hf_image, workdir, tmp_path):
+    """A library entry fingerprinted before listings were version-normalised (no listing_version
+    in its PR) is named in the explanation: its exact code matches may be missed."""
+    import shutil
+
+    old = tmp_path / "old-convnet"
+    shutil.copytree(case_of("convnet", "convnet", family_images, hf_image, workdir), old)
+    pr = json.loads((old / case.PR_FILE).read_text())
+    assert pr.pop("listing_version") == 2
+    (old / case.PR_FILE).write_text(json.dumps(pr))
+    with Library(tmp_path / "lib.sqlite") as lib:
+        lib.add_case(old, "convnet")
+        fork = case_of("convnet_se", "convnet", family_images, hf_image, workdir)
+        att = attribute(case.load_mr(fork), case.load_pr(fork), lib)
+    assert att.attributed == "convnet" and att.details["stale_listings"] == ["convnet"]
+    assert "another listing format" in att.explanation and "zen library build --replace" in att.explanation

@@ -130,6 +130,14 @@ def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, 
     best = cands[0]
     att = Attribution(best.name, cands, "", "", size, {"primary": sorted(primary_modules(mr))})
     att.explanation = explain(att, pr)
+    stale = sorted(e.name for e in library.entries(ranked[:FULL_COMPARE]) if e.pr.listing_version != pr.listing_version)
+    if stale:
+        att.details["stale_listings"] = stale
+        att.explanation += (
+            f" Note: {', '.join(stale)} {'was' if len(stale) == 1 else 'were'} fingerprinted by a zen with another listing "
+            f"format (this case: {pr.listing_version}), so identical code may not match exactly; re-add "
+            f"{'it' if len(stale) == 1 else 'them'} (`zen library build --replace` or `zen library add`)."
+        )
     return att
 
 

@@ -15,6 +15,10 @@ from collections import Counter
 
 from zen.cpython.instructions import Instruction, pair_parts
 
+# Bumped whenever normalisation changes what a listing says: fingerprints made by another
+# listing version do not match exactly (attribution says so). 2: normalised across 3.11-3.14.
+LISTING_VERSION = 2
+
 DROP = frozenset({"CACHE", "RESUME", "PRECALL", "NOP", "EXTENDED_ARG", "PUSH_NULL", "RESUME_CHECK", "NOT_TAKEN", "TO_BOOL"})
 RENAME = {
     "LOAD_METHOD": "LOAD_ATTR",

@@ -12,7 +12,7 @@ import hashlib
 
 from zen.cpython.closure import Closure, ClosureResult
 from zen.cpython.instructions import decode
-from zen.cpython.listing import listing_sha256, normalise
+from zen.cpython.listing import LISTING_VERSION, listing_sha256, normalise
 from zen.cpython.readers.code import CodeInfo, read_code_brief
 from zen.cpython.runtime import Runtime
 from zen.errors import ZenError
@@ -280,7 +280,7 @@ def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool 
     return ProgrammaticRepresentation(
         codes=codes, classes=classes, modules=modules, dependencies=dict(sorted(result.dependencies.items())),
         counts=counts, context=context, system_codes=system_table(rt) if system else [],
-        exclusion=["torch.*", "numpy.*", "builtins", "the standard library"],
+        exclusion=["torch.*", "numpy.*", "builtins", "the standard library"], listing_version=LISTING_VERSION,
     )  # fmt: skip
 
 

@@ -125,6 +125,7 @@ class ProgrammaticRepresentation:
     exclusion: list[str] = field(default_factory=list)  # what "not model code" meant here
     # module -> {global name referenced by its model code (LOAD_GLOBAL) -> encoded value (cpython.snapshot)}
     module_globals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    listing_version: int = 1  # zen.cpython.listing.LISTING_VERSION of the listings (1: before it was recorded)
     format: int = PR_FORMAT
 
     def to_json(self) -> dict[str, Any]:
@@ -156,6 +157,7 @@ class ProgrammaticRepresentation:
             codes=codes, classes=[ClassRecord(**c) for c in d["classes"]], modules=d["modules"],
             dependencies=d["dependencies"], counts=d["counts"], context=d["context"], system_codes=d["system_codes"],
             exclusion=d.get("exclusion", []), module_globals=d.get("module_globals", {}),
+            listing_version=d.get("listing_version", 1),
         )  # fmt: skip
 
 
