@@ -197,20 +197,22 @@ def torch_python(minor: str) -> str | None:
     return str(exe) if exe.is_file() and (venv / ".zen-torch-ok").is_file() else None
 
 
+@pytest.mark.parametrize("minor", FOREIGN)
 @pytest.mark.parametrize("family,models", [("convnet", ("convnet_se", "convnet_wide")), ("gptmini", ("gptmini_lora",))])
-def test_family_from_313_image_attributes_like_311(family_images, base_library, workdir, family, models):
-    """The same family process under 3.13: the model-specific code equal to what the 3.13 process
+def test_family_from_foreign_image_attributes_like_311(family_images, base_library, workdir, family, models, minor):
+    """The same family process under 3.13 or 3.14: the model-specific code equal to what the 3.13 process
     says it is, the same data-flow graph, each fork attributed to the same base as from the 3.11
     image, and the score drop the version change causes, printed. (GPTMini's __init__ holds a list
     comprehension: a nested code object in 3.11, inlined from 3.12.)"""
     from test_code_recovery import compare
 
-    exe = torch_python("3.13")
+    exe = torch_python(minor)
     if exe is None:
-        pytest.skip("no CPython 3.13 with torch 2.13.0 (tools/torch-venv.sh 3.13)")
-    t = start_target("family_target.py", workdir / f"{family}-313-target", family, "--src", str(workdir / "families-src"),
+        pytest.skip(f"no CPython {minor} with torch 2.13.0 (tools/torch-venv.sh {minor})")
+    tag = minor.replace(".", "")
+    t = start_target("family_target.py", workdir / f"{family}-{tag}-target", family, "--src", str(workdir / "families-src"),
                      python=exe)  # fmt: skip
-    img = workdir / f"{family}-313.core"
+    img = workdir / f"{family}-{tag}.core"
     try:
         zen("acquire", "--pid", t.pid, "-o", img, "--lean")
     finally:
@@ -220,21 +222,23 @@ def test_family_from_313_image_attributes_like_311(family_images, base_library, 
     try:
         for name in models:
             case13, mr13, manifest, _ = recovered(img, t, name, workdir)
-            assert manifest["python"]["version"].startswith("3.13.") and manifest["python"]["debug_offsets"]["checked"] >= 39
+            assert manifest["python"]["version"].startswith(minor + ".") and manifest["python"]["debug_offsets"]["checked"] >= 39
             assert manifest["status"] == "complete", manifest["problems"]
-            compare(case13, t, name)  # functions, classes, code objects, dependencies: ground truth of the 3.13 process
-            assert not (case13 / "code.marshal").exists()  # 3.13 code objects cannot be rebuilt by zen's 3.11
-            # data flow from the forward bytecode, decoded with 3.13's own opcode tables: same graph as from 3.11
+            compare(case13, t, name)  # functions, classes, code objects, dependencies: ground truth of that process
+            assert not (case13 / "code.marshal").exists()  # its code objects cannot be rebuilt by zen's 3.11
+            # data flow from the forward bytecode, decoded with that version's opcode tables: same graph as from 3.11
             mr11 = recovered(img11, t11, name, workdir)[1]
             assert mr13["graph"]["dataflow"] == mr11["graph"]["dataflow"] and not mr13["graph"]["dataflow_skipped"]
             assert len(mr13["graph"]["dataflow"]) > 20
             scores = {}
-            for label, case_dir in (("3.11", recovered(img11, t11, name, workdir)[0]), ("3.13", case13)):
+            for label, case_dir in (("3.11", recovered(img11, t11, name, workdir)[0]), (minor, case13)):
                 att = json.loads(zen("attribute", case_dir, "--library", base_library, "--json", "--no-optimal").stdout)
                 assert att["attributed"] == family, (label, att["candidates"][:2])
                 scores[label] = att["candidates"][0]
-            drops[name] = {k: round(scores["3.11"][k] - scores["3.13"][k], 4) for k in ("ur", "mr", "pr")}
-            print(f"\n{name}: UR {scores['3.11']['ur']} (3.11 image) vs {scores['3.13']['ur']} (3.13 image), drop {drops[name]}")
+            drops[name] = {k: round(scores["3.11"][k] - scores[minor][k], 4) for k in ("ur", "mr", "pr")}
+            print(
+                f"\n{name}: UR {scores['3.11']['ur']} (3.11 image) vs {scores[minor]['ur']} ({minor} image), drop {drops[name]}"
+            )
             assert abs(drops[name]["ur"]) <= 0.02, drops
             # Algorithm 2 from listings alone: the same changes as from the 3.11 image
             diffs = [json.loads(zen("diff", c, "--base", family, "--library", base_library, "--json", "--listing").stdout)
@@ -242,7 +246,7 @@ def test_family_from_313_image_attributes_like_311(family_images, base_library, 
             summary = [{k: d[k] for k in ("changed", "added", "unchanged", "classes_added")} for d in diffs]
             assert summary[0] == summary[1] and summary[0]["changed"] + summary[0]["added"] > 0, summary
             assert [f["recovered"] for f in diffs[0]["functions"]] == [f["recovered"] for f in diffs[1]["functions"]]
-            res = zen("reuse", case13, "--base", family, "--library", base_library, "-o", workdir / "reuse-313", check=False)
-            assert res.returncode == 2 and "Python 3.13" in res.stderr and "Traceback" not in res.stderr
+            res = zen("reuse", case13, "--base", family, "--library", base_library, "-o", workdir / f"reuse-{tag}", check=False)
+            assert res.returncode == 2 and f"Python {minor}" in res.stderr and "Traceback" not in res.stderr
     finally:
         img.unlink(missing_ok=True)

@@ -49,8 +49,7 @@ _WITH_ARG = frozenset(
         "BUILD_LIST",
         "BUILD_MAP",
         "BUILD_SET",
-        "UNPACK_SEQUENCE",
-        "CALL_FUNCTION_EX",
+        "UNPACK_SEQUENCE",  # not CALL_FUNCTION_EX: 3.14 dropped its kwargs flag (a NULL on the stack instead)
         "BUILD_SLICE",
         "FORMAT_VALUE",
     )  # fmt: skip

@@ -128,7 +128,8 @@ class _Walker:
                 callee = a if a[0] != "null" else b
                 self._call(callee, args, stack)
             elif op == "CALL_FUNCTION_EX":
-                vals = [pop() for _ in range(3 if (ins.arg or 0) & 1 else 2)]
+                # 3.14 has no argument and always a kwargs slot (the dict or NULL); before, bit 0 says
+                vals = [pop() for _ in range(3 if ins.arg is None or ins.arg & 1 else 2)]
                 null = pop()
                 callee = vals[-1] if vals[-1][0] != "null" else null
                 self._call(callee, vals[:-1], stack)
