@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from zen import __version__, cli_library, cli_reuse
+from zen import __version__, cli_library, cli_reuse, cli_system
 from zen.errors import ZenError
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ app.command("diff")(cli_reuse.diff)
 app.command("reuse")(cli_reuse.reuse)
 app.command("verify")(cli_reuse.verify)
 app.command("report")(cli_reuse.report)
+app.command("ps")(cli_system.ps)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -41,12 +42,17 @@ err = Console(stderr=True, highlight=False)
 EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see the problems listed)
 
 
-def _open(image: Path | None, pid: int | None):
+IMAGE_HELP = "Memory image: a process core (zen acquire, gcore, kernel core) or a whole-machine image (LiME, AVML, raw, ELF)."
+PID_HELP = "With IMAGE: a process of a whole-machine image (default: the one Python process with torch). Alone: a live process."
+SYMBOLS_HELP = "Kernel symbols (ISF file or directory) for a whole-machine image; repeatable. Default: zen's symbol cache."
+
+
+def _open(image: Path | None, pid: int | None, symbols: list[Path] | None = None):
     from zen.memory import open_space
 
     if image is None and pid is None:
         raise ZenError("give an image file or --pid PID", "see `zen COMMAND --help`")
-    return open_space(image, pid)
+    return open_space(image, pid, symbols=symbols)
 
 
 def _print_problems(space) -> None:
@@ -101,8 +107,9 @@ def acquire(
 
 @app.command()
 def info(
-    image: Path | None = typer.Argument(None, help="ELF core file (zen acquire, gcore, kernel core)."),
-    pid: int | None = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
+    image: Path | None = typer.Argument(None, help=IMAGE_HELP),
+    pid: int | None = typer.Option(None, "--pid", help=PID_HELP),
+    symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
     top: int = typer.Option(25, help="How many types to list in the census."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     census: bool = typer.Option(True, "--census/--no-census", help="Count objects by type (a scan of the whole heap)."),
@@ -110,9 +117,9 @@ def info(
     """Versions, memory regions, interpreter address, object counts by type, threads."""
     from zen.info import image_info
 
-    space = _open(image, pid)
+    space = _open(image, pid, symbols)
     with space:
-        res = _frozen(pid, lambda: image_info(space, top=top, census=census))
+        res = _frozen(image, pid, lambda: image_info(space, top=top, census=census))
         if as_json:
             out.print_json(json.dumps(res, default=str))
         else:
@@ -122,8 +129,9 @@ def info(
             raise typer.Exit(EXIT_PARTIAL)
 
 
-def _frozen(pid: int | None, fn):
-    if pid is None:
+def _frozen(image: Path | None, pid: int | None, fn):
+    """Run fn with the live process stopped; with an image, --pid names a process in it instead."""
+    if pid is None or image is not None:
         return fn()
     from zen.memory.live import frozen
 
@@ -135,6 +143,11 @@ def _render_info(res: dict) -> None:
     ip = res["interpreter"]
     mem = res["memory"]
     out.print(f"[bold]{res['source']}[/bold]")
+    if "system" in res:
+        sy = res["system"]
+        out.print(f"machine image: {sy['container']}")
+        out.print(f"kernel: {sy['banner']}  (symbols {sy['symbols']['file']}, {sy['symbols']['source']})")
+        out.print(f"process chosen: PID {sy['process']['pid']} {sy['process']['comm']} ({sy['process']['chosen_by']})")
     if "process" in res:
         p = res["process"]
         out.print(f"process: pid {p['pid']}  command: {p['command'] or '?'}  producer: {p['producer']}")
@@ -176,9 +189,10 @@ def _render_info(res: dict) -> None:
 
 @app.command()
 def objects(
-    image: Path | None = typer.Argument(None, help="ELF core file."),
+    image: Path | None = typer.Argument(None, help=IMAGE_HELP),
     type_name: str = typer.Option(..., "--type", help="Type name: 'function', 'dict', 'torch.nn.modules.linear.Linear', ..."),
-    pid: int | None = typer.Option(None, "--pid", help="Analyse a live process instead of an image."),
+    pid: int | None = typer.Option(None, "--pid", help=PID_HELP),
+    symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
     limit: int = typer.Option(20, "--limit", help="Show at most this many objects (0: count only)."),
     subclasses: bool = typer.Option(False, "--subclasses", help="Include instances of subclasses."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -188,7 +202,7 @@ def objects(
     from zen.cpython.heap import Heap
     from zen.cpython.interp import Interpreter
 
-    space = _open(image, pid)
+    space = _open(image, pid, symbols)
     with space:
 
         def run():
@@ -208,7 +222,7 @@ def objects(
             shown = [describe(ip, a) for a in addrs[: max(limit, 0)]]
             return {"type": type_name, "types": [f"{t:#x}" for t in taddrs], "count": len(addrs), "objects": shown}
 
-        res = _frozen(pid, run)
+        res = _frozen(image, pid, run)
         if as_json:
             out.print_json(json.dumps(res, default=str))
         else:
@@ -221,9 +235,10 @@ def objects(
 
 @app.command()
 def recover(
-    image: Path | None = typer.Argument(None, help="ELF core file (zen acquire, gcore, kernel core)."),
+    image: Path | None = typer.Argument(None, help=IMAGE_HELP),
     output: Path = typer.Option(..., "-o", "--output", help="Case directory to write (created if needed)."),
-    pid: int | None = typer.Option(None, "--pid", help="Recover from a live process (stopped while read)."),
+    pid: int | None = typer.Option(None, "--pid", help=PID_HELP + " (A live process is stopped while read.)"),
+    symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
     model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
 ) -> None:
     """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs."""
@@ -240,7 +255,7 @@ def recover(
         def tick(stage: str, done: int, total: int) -> None:
             prog.update(task, description=stage, completed=done, total=total)
 
-        res = _frozen(pid, lambda: do_recover(image, pid, output, model=model, progress=tick))
+        res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, progress=tick, symbols=symbols))
     _render_recover(res)
     if res.status != "complete":
         raise typer.Exit(EXIT_PARTIAL)

@@ -69,3 +69,8 @@ class VersionMismatch(ZenError):
 
 class CalibrationError(ZenError):
     """Measuring a layout in the running interpreter gave no unique answer."""
+
+
+class KernelSymbolsError(ProfileError):
+    """No usable kernel symbol file (ISF) for a whole-machine image: none matches its banner, or the
+    one given does not describe the imaged kernel. Exit code 4, like a missing layout profile."""

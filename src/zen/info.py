@@ -50,6 +50,9 @@ def image_info(space: AddressSpace, *, top: int = 25, census: bool = True, threa
             "acquisition": core.acquisition,
             "mapped_files": len(core.files),
         }
+    system = getattr(space, "system", None)
+    if system is not None:
+        out["system"] = system
     ip = Interpreter.open(space)
     out["interpreter"] = ip.info.to_json()
     out["interpreter"]["profile"] = ip.P.source

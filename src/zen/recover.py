@@ -81,16 +81,25 @@ def select_root(roots, choice: str | None):
 
 
 def recover(
-    image: Path | None, pid: int | None, out: Path, *, model: str | None = None, progress: Progress | None = None
+    image: Path | None,
+    pid: int | None,
+    out: Path,
+    *,
+    model: str | None = None,
+    progress: Progress | None = None,
+    symbols: list[Path] | None = None,
 ) -> RecoverResult:
     t0 = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out = case.prepare(out)
-    space = open_space(image, pid)
-    hasher = _Hasher(Path(image)) if image is not None else None
+    # The image is hashed in a thread while it is analysed (hashlib releases the GIL).
+    hasher = _Hasher(Path(image)) if image is not None and Path(image).is_file() else None
     if hasher:
         hasher.start()
+    space = open_space(image, pid, symbols=symbols)
     timings: dict[str, float] = {}
+    if getattr(space, "system", None) is not None:
+        timings["open_image"] = time.perf_counter() - t0
     try:
         ip = Interpreter.open(space)
         heap = Heap(ip)
@@ -272,6 +281,9 @@ def _evidence(space, image, pid, hasher) -> dict:
     info = getattr(space, "info", None)
     if info is not None:
         ev.update(producer=info.producer, pid=info.pid, command=info.command, acquisition=info.acquisition)
+    system = getattr(space, "system", None)
+    if system is not None:
+        ev["system"] = system
     if hasher and hasher.error:
         ev["sha256_error"] = hasher.error
     return ev

@@ -15,12 +15,47 @@ from zen.memory.space import AddressSpace, BytesChunk
 __all__ = ["AddressSpace", "BytesChunk", "ElfCoreSpace", "LiveSpace", "Region", "Source", "open_space"]
 
 
-def open_space(image: str | os.PathLike | None = None, pid: int | None = None, *, file_root: str | None = None) -> AddressSpace:
-    """Open an image file or a live process (exactly one of them)."""
-    if (image is None) == (pid is None):
-        from zen.errors import ZenError
+def open_space(
+    image: str | os.PathLike | None = None,
+    pid: int | None = None,
+    *,
+    file_root: str | None = None,
+    symbols: list[str | os.PathLike] | None = None,
+) -> AddressSpace:
+    """Open a process: a core file, one process of a whole-machine image, or a live process.
 
-        raise ZenError("give either an image file or --pid, not both and not neither")
-    if pid is not None:
+    With an image, `pid` chooses a process of a whole-machine image (LiME, AVML, raw, ELF
+    physical dump; default: the one Python process with torch loaded) and must match the
+    process of a core file; without one, `pid` is a live process on this machine.
+    """
+    from pathlib import Path
+
+    from zen.errors import ImageError, ZenError
+
+    if image is None and pid is None:
+        raise ZenError("give an image file or --pid PID", "see `zen COMMAND --help`")
+    if image is None:
         return LiveSpace(pid)
-    return ElfCoreSpace(image, file_root=file_root)
+    path = Path(image)
+    if not path.exists():
+        raise ImageError(f"image not found: {path}", "check the path")
+    if path.is_dir():
+        raise ImageError(f"image is a directory, not a file: {path}")
+    from zen.memory.system.formats import sniff
+
+    try:
+        fmt = sniff(path)
+    except PermissionError:
+        raise ImageError(f"image is not readable (permission denied): {path}") from None
+    if fmt is not None:
+        from zen.memory.system.image import open_system_process
+
+        return open_system_process(path, fmt, pid, [Path(s) for s in symbols or []], file_root)
+    space = ElfCoreSpace(path, file_root=file_root)
+    if pid is not None and space.info.pid not in (None, pid):
+        space.close()
+        raise ZenError(
+            f"{path} is a core of PID {space.info.pid}, not {pid}",
+            "--pid with an image chooses a process of a whole-machine image; leave it out for a process core",
+        )
+    return space

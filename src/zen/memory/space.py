@@ -202,6 +202,23 @@ class AddressSpace:
             addr = c.end
         return True
 
+    def gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The sub-ranges of [start, end) that no chunk covers (mapped but not captured)."""
+        out: list[tuple[int, int]] = []
+        i = max(0, bisect_right(self._starts, start) - 1)
+        pos = start
+        while pos < end:
+            while i < len(self._chunks) and self._chunks[i].end <= pos:
+                i += 1
+            if i >= len(self._chunks) or self._chunks[i].start >= end:
+                out.append((pos, end))
+                break
+            c = self._chunks[i]
+            if c.start > pos:
+                out.append((pos, c.start))
+            pos = c.end
+        return out
+
     def iter_arrays(self, chunks: Sequence[Chunk] | None = None, block: int = SCAN_BLOCK) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (start address, uint8 array) pieces of at most `block` bytes, chunk by chunk: the
         bulk-scan view of the space. Each piece's pages are released from the resident set once

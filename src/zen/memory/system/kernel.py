@@ -1,0 +1,282 @@
+"""The Linux kernel of a whole-machine image, found through Volatility 3.
+
+Volatility 3 is the engine here: its physical layers (LiME, ELF, AVML), its Intel page-table
+layers, its symbol tables and its Linux object extensions (task list, maple-tree VMAs, dentry
+paths). zen drives it programmatically instead of through its automagic, for three reasons:
+
+- speed: automagic validates every ISF against the JSON schema and scans every known banner on
+  each run (minutes on a first run). zen picks the one ISF whose banner the image holds (an index
+  lookup) and validates an ISF once per file hash, not once per run;
+- bounds: zen parses the container headers itself first (`formats`), so a hostile file fails
+  with a clear sentence before Volatility walks it;
+- clarity: every failure (no banner, no matching ISF, 5-level paging, no init_task) becomes one
+  `ZenError` that names what was found and what to bring.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zen.errors import ImageError, KernelSymbolsError
+from zen.memory.system.formats import PhysicalImage
+
+# Where `linux_banner` (and /proc/version) text starts; the kernel adds "\n" and a NUL.
+BANNER_PREFIX = b"Linux version "
+_BANNER_RE = re.compile(rb"Linux version [0-9][\x20-\x7e]{8,400}\n?\x00")
+MAX_BANNER_HITS = 4096
+# init_task's comm is "swapper/0" (SMP) or "swapper": the same signature Volatility scans for.
+_SWAPPER_RE = re.compile(rb"swapper(/0|\x00\x00)\x00\x00\x00\x00\x00\x00")
+MAX_SWAPPER_HITS = 4096
+KERNEL_MAP_BASE = 0xFFFFFFFF80000000  # x86_64 __START_KERNEL_map
+
+
+def quiet_volatility() -> None:
+    """Volatility logs warnings for things zen reports itself; keep stderr to zen's own lines."""
+    logging.getLogger("volatility3").setLevel(logging.ERROR)
+
+
+@dataclass
+class KernelFacts:
+    """What the manifest and `zen ps` say about the kernel and how it was found."""
+
+    banner: str
+    isf: str
+    isf_sha256: str
+    isf_source: str
+    dtb: int
+    kaslr_shift: int  # physical
+    aslr_shift: int  # virtual
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "banner": self.banner,
+            "symbols": {"file": self.isf, "sha256": self.isf_sha256, "source": self.isf_source},
+            "dtb": f"{self.dtb:#x}",
+            "kaslr_physical_shift": f"{self.kaslr_shift:#x}",
+            "kaslr_virtual_shift": f"{self.aslr_shift:#x}",
+        }
+
+
+def find_banners(phys: PhysicalImage, mm: mmap.mmap | None) -> list[bytes]:
+    """Distinct kernel banners (text of `linux_banner`, NUL-terminated) in the image, most frequent
+    first. The running kernel's banner appears several times (its .rodata, the log buffer, page
+    cache copies of /proc/version readers); another kernel's (a kexec'd one, a VM image file in
+    the page cache) may appear too, which is why the ISF lookup tries each."""
+    counts: dict[bytes, int] = {}
+    if mm is not None:
+        pos, hits = 0, 0
+        while hits < MAX_BANNER_HITS:
+            i = mm.find(BANNER_PREFIX, pos)
+            if i < 0:
+                break
+            hits += 1
+            m = _BANNER_RE.match(mm, i)
+            if m:
+                text = m.group(0).rstrip(b"\x00")
+                counts[text] = counts.get(text, 0) + 1
+            pos = i + len(BANNER_PREFIX)
+    return sorted(counts, key=lambda b: (-counts[b], b))
+
+
+class Kernel:
+    """A Volatility context over one physical image, with the kernel's layer and symbols."""
+
+    def __init__(self, phys: PhysicalImage, symbols: list[Path] | None = None) -> None:
+        quiet_volatility()
+        from volatility3.framework import contexts
+        from volatility3.framework.layers import physical
+
+        self.phys = phys
+        self._fh = open(phys.path, "rb")
+        self.mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if phys.mmappable else None
+        self.ctx = contexts.Context()
+        self.ctx.config["zen.file.location"] = phys.path.resolve().as_uri()
+        self.ctx.add_layer(physical.FileLayer(self.ctx, "zen.file", "file"))
+        self.phys_layer = self._physical_layer()
+        banners = find_banners(phys, self.mm) if self.mm is not None else self._scan_banners()
+        if not banners:
+            raise ImageError(
+                f"no Linux kernel banner ('Linux version ...') in {phys.path}",
+                "is this a memory image of a Linux machine? zen reads LiME, AVML, raw and ELF physical dumps of Linux",
+            )
+        from zen.memory.system.symbols.lookup import find_isf
+
+        isf = find_isf(banners, symbols or [])
+        self.banner = isf.banner
+        self.facts = self._stack(isf)
+
+    # -- layers ------------------------------------------------------------------------------
+    def _physical_layer(self) -> str:
+        """Volatility's layer over the container (Volatility's own parser, checked against ours)."""
+        from volatility3.framework.layers import avml, elf, lime
+
+        fmt = self.phys.format
+        if fmt == "raw":
+            return "file"
+        stacker = {"lime": lime.LimeStacker, "elf": elf.Elf64Stacker, "avml": avml.AVMLStacker}[fmt]
+        try:
+            layer = stacker.stack(self.ctx, "file")
+        except Exception as exc:  # Volatility raises its own exception types for bad files
+            raise ImageError(f"Volatility cannot open {self.phys.path} as {fmt}: {exc}") from None
+        if layer is None:
+            hint = "install python-snappy for compressed AVML images" if fmt == "avml" else None
+            raise ImageError(f"Volatility does not recognise {self.phys.path} as a {fmt} image", hint)
+        self.ctx.add_layer(layer)
+        return layer.name
+
+    def _scan_banners(self) -> list[bytes]:
+        """Banner search through Volatility's layer, for containers that are not file-contiguous."""
+        from volatility3.framework.layers import scanners
+
+        layer = self.ctx.layers[self.phys_layer]
+        found: dict[bytes, int] = {}
+        for n, offset in enumerate(layer.scan(self.ctx, scanners.BytesScanner(BANNER_PREFIX))):
+            if n >= MAX_BANNER_HITS:
+                break
+            data = layer.read(offset, 420, pad=True)
+            m = _BANNER_RE.match(data)
+            if m:
+                text = m.group(0).rstrip(b"\x00")
+                found[text] = found.get(text, 0) + 1
+        return sorted(found, key=lambda b: (-found[b], b))
+
+    def _stack(self, isf) -> KernelFacts:
+        from volatility3.framework import contexts
+        from volatility3.framework.layers import intel
+        from volatility3.framework.symbols import linux
+
+        table_name = self.ctx.symbol_space.free_table_name("kernel")
+        try:
+            table = linux.LinuxKernelIntermedSymbols(
+                self.ctx, "zen.kernel_symbols", name=table_name, isf_url=isf.path.resolve().as_uri(), validate=False
+            )
+        except Exception as exc:
+            raise KernelSymbolsError(f"symbol file {isf.path} cannot be loaded: {exc}", "rebuild it with `zen symbols`") from None
+        self.ctx.symbol_space.append(table)
+        self.table_name = table_name
+        for need in ("init_task", "init_files", "init_mm", "task_struct"):
+            try:
+                (table.get_type if need.endswith("_struct") else table.get_symbol)(need)
+            except Exception:
+                raise KernelSymbolsError(
+                    f"symbol file {isf.path} lacks {need}: it is not a complete Linux kernel ISF",
+                    "build one with `zen symbols --kernel VMLINUZ` (see `zen symbols --help`)",
+                ) from None
+        kaslr, aslr = self._find_aslr(table_name, isf)
+        self._check_la57(table, kaslr)
+        if "init_top_pgt" in table.symbols:
+            dtb_symbol = "init_top_pgt"
+        elif "init_level4_pgt" in table.symbols:
+            dtb_symbol = "init_level4_pgt"
+        else:
+            raise KernelSymbolsError(
+                f"symbol file {isf.path} has neither init_top_pgt nor init_level4_pgt: not an x86_64 kernel?",
+                "zen reads x86_64 Linux images",
+            )
+        dtb = table.get_symbol(dtb_symbol).address + kaslr - KERNEL_MAP_BASE
+        cfg = "zen.kernel_layer"
+        self.ctx.config[f"{cfg}.memory_layer"] = self.phys_layer
+        self.ctx.config[f"{cfg}.page_map_offset"] = dtb
+        self.ctx.config[f"{cfg}.kernel_banner"] = self.banner.decode("latin-1")
+        layer = intel.LinuxIntel32e(self.ctx, config_path=cfg, name="kernel", metadata={"os": "Linux"})
+        layer.config["kernel_virtual_offset"] = aslr
+        self.ctx.add_layer(layer)
+        self.layer_name = layer.name
+        module = contexts.Module.create(
+            self.ctx, module_name="kernel", layer_name=layer.name, offset=aslr, symbol_table_name=table_name
+        )
+        self.ctx.modules.add_module(module)
+        self.module_name = module.name
+        self.module = module
+        return KernelFacts(
+            banner=self.banner.decode("latin-1").strip(),
+            isf=str(isf.path),
+            isf_sha256=isf.sha256,
+            isf_source=isf.source,
+            dtb=dtb,
+            kaslr_shift=kaslr,
+            aslr_shift=aslr,
+        )
+
+    def _find_aslr(self, table_name: str, isf) -> tuple[int, int]:
+        """(physical, virtual) KASLR shifts from the one `init_task` that validates.
+
+        The signature scan runs over the mmap'ed file with `re` (C speed) rather than through
+        Volatility's layer scanner; each hit is then checked with Volatility's objects exactly as
+        its Linux stacker does (pid 0, `files` pointing at `init_files` once shifted).
+        """
+        from volatility3.framework import exceptions
+
+        module = self.ctx.module(table_name, self.phys_layer, 0)
+        init_task_sym = module.get_symbol("init_task").address
+        init_files = module.get_symbol("init_files").address
+        comm = module.get_type("task_struct").relative_child_offset("comm")
+        for paddr in self._swapper_hits():
+            task_addr = paddr - comm
+            try:
+                task = module.object(object_type="task_struct", offset=task_addr, absolute=True)
+                if task.pid != 0:
+                    continue
+                files = int(task.files)
+            except exceptions.InvalidAddressException:
+                continue
+            aslr = files - init_files
+            kaslr = task_addr - (init_task_sym - KERNEL_MAP_BASE)
+            if aslr & 0xFFF or kaslr & 0xFFF or not -(1 << 32) < aslr < (1 << 32):
+                continue
+            return kaslr, aslr
+        raise KernelSymbolsError(
+            f"the kernel's init_task was not found with symbol file {isf.path}: the symbols do not describe the kernel "
+            f"in this image (banner {self.banner.decode('latin-1').strip()!r})",
+            "build the ISF from this exact kernel's vmlinuz/BTF and kallsyms (`zen symbols --help`)",
+        )
+
+    def _swapper_hits(self):
+        if self.mm is not None:
+            by_file = sorted((s.file_offset, s) for s in self.phys.segments if s.file_offset is not None)
+            for n, m in enumerate(_SWAPPER_RE.finditer(self.mm)):
+                if n >= MAX_SWAPPER_HITS:
+                    return
+                off = m.start()
+                for foff, seg in by_file:  # few segments: a linear pass is fine
+                    if foff <= off < foff + seg.length:
+                        yield seg.start + (off - foff)
+                        break
+            return
+        from volatility3.framework.layers import scanners
+
+        layer = self.ctx.layers[self.phys_layer]
+        for n, off in enumerate(layer.scan(self.ctx, scanners.RegExScanner(_SWAPPER_RE.pattern))):
+            if n >= MAX_SWAPPER_HITS:
+                return
+            yield off
+
+    def _check_la57(self, table, kaslr: int) -> None:
+        """Refuse 5-level paging clearly: Volatility 3 walks 4-level tables only, and with LA57 it
+        silently lists nothing (QEMU `-cpu max` guests and Ice Lake+ hosts with CONFIG_X86_5LEVEL)."""
+        name = next((n for n in ("__pgtable_l5_enabled", "pgtable_l5_enabled") if n in table.symbols), None)
+        if name is None:
+            return
+        paddr = table.get_symbol(name).address - KERNEL_MAP_BASE + kaslr
+        try:
+            value = int.from_bytes(self.ctx.layers.read(self.phys_layer, paddr, 4), "little")
+        except Exception:
+            return
+        if value:
+            raise ImageError(
+                "the imaged kernel uses 5-level page tables (LA57), which Volatility 3 cannot translate",
+                "re-image a machine booted with the kernel option `no5lvl` (for QEMU guests: `-cpu ...,la57=off`)",
+            )
+
+    def close(self) -> None:
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:
+                pass
+        self._fh.close()

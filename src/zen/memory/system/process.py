@@ -1,0 +1,250 @@
+"""One process of a whole-machine image as zen's `AddressSpace`.
+
+Its regions are the process's VMAs; its chunks are the pages the page tables say are resident,
+translated to file offsets of the image. Runs of virtual pages that are also contiguous in the
+file become one `MmapChunk`, so bulk scans stay numpy views over the image and nothing is
+copied. Pages that are mapped but not resident (swapped out, never touched, or dropped from the
+page cache) are "mapped but not captured", exactly as in a truncated core.
+
+Read-only file mappings are completed from the mapped files on this machine when pages are
+missing, as for lean cores; a file is used only when every resident page of it in the image
+equals the file's bytes at the same offset (checked here, and noted in the manifest).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from zen.errors import ImageError
+from zen.memory.elfcore import CoreInfo
+from zen.memory.regions import Region, Source
+from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk
+from zen.memory.system.kernel import Kernel
+from zen.memory.system.tasks import ProcessEntry, process_layer, process_vmas
+
+PAGE = 4096
+# Pages the page tables may hand out per process before zen stops believing them: more than
+# the image's physical pages times this factor means the tables are cyclic or forged.
+MAPPING_BUDGET_FACTOR = 4
+# Below this share of resident bytes in anonymous writable mappings, the process's heap is
+# effectively gone (swapped out or not imaged): refuse with the missing ranges named.
+MIN_RESIDENT_SHARE = 0.02
+
+
+class LayerChunk:
+    """Bytes of a non-file-contiguous image (compressed AVML) read through Volatility's layer."""
+
+    __slots__ = ("start", "end", "source", "_ctx", "_layer", "_phys")
+
+    def __init__(self, start: int, end: int, ctx, layer: str, phys: int) -> None:
+        self.start, self.end, self.source = start, end, Source.IMAGE
+        self._ctx, self._layer, self._phys = ctx, layer, phys
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self._ctx.layers.read(self._layer, self._phys + offset, size)
+
+    def view(self, offset: int, size: int) -> bytes:
+        return self.read(offset, size)
+
+    def array(self):
+        import numpy as np
+
+        return np.frombuffer(self.read(0, self.end - self.start), dtype=np.uint8)
+
+    def release(self, offset: int = 0, size: int | None = None) -> None:
+        pass
+
+
+class SystemProcessSpace(AddressSpace):
+    """The virtual memory of one process of a whole-machine image."""
+
+    def __init__(self, kernel: Kernel, entry: ProcessEntry, *, fill_from_disk: bool = True, file_root: str | None = None) -> None:
+        self.kernel = kernel
+        self.entry = entry
+        self._disk_maps: list[mmap.mmap] = []
+        if entry.kernel_thread:
+            raise ImageError(f"PID {entry.pid} ({entry.comm}) is a kernel thread: it has no user address space")
+        regions = process_vmas(kernel, entry)
+        layer = process_layer(kernel, entry)
+        if layer is None or not regions:
+            raise ImageError(
+                f"PID {entry.pid} ({entry.comm}): its page tables or mappings are not readable in the image",
+                "the process may have exited while the image was taken; choose another with `zen ps`",
+            )
+        problems: list[str] = list(entry.problems)
+        notes: list[str] = []
+        chunks = self._resident_chunks(layer, regions, problems)
+        chunks, regions = self._fill(regions, chunks, fill_from_disk, file_root, problems, notes)
+        super().__init__(regions, chunks, description=f"PID {entry.pid} ({entry.comm}) of {kernel.phys.describe()}")
+        self.problems.extend(kernel.phys.problems)
+        self.problems.extend(problems)
+        self.notes.extend(notes)
+        self.info = CoreInfo(
+            command=entry.cmdline or entry.comm, pid=entry.pid, producer=f"full-system {kernel.phys.format} image"
+        )
+        self._check_resident()
+
+    # -- resident pages ----------------------------------------------------------------------
+    def _resident_chunks(self, layer_name: str, regions: list[Region], problems: list[str]) -> list[Chunk]:
+        ctx, phys = self.kernel.ctx, self.kernel.phys
+        layer = ctx.layers[layer_name]
+        budget = max(1 << 18, MAPPING_BUDGET_FACTOR * (phys.physical_bytes // PAGE))
+        pages = 0
+        chunks: list[Chunk] = []
+        missing_phys = 0
+        mm = self.kernel.mm
+        # current run: virtual start, virtual end, file offset of the start
+        run: list[int] | None = None
+
+        def flush() -> None:
+            nonlocal run
+            if run is not None:
+                chunks.append(MmapChunk(run[0], run[1], mm, run[2], Source.IMAGE))
+                run = None
+
+        for r in regions:
+            if not r.readable and not r.path:  # PROT_NONE reservations hold nothing readable
+                continue
+            for vaddr, size, paddr, _, lname in layer.mapping(r.start, r.size, ignore_errors=True):
+                pages += max(1, size // PAGE)
+                if pages > budget:
+                    flush()
+                    problems.append(
+                        f"the page tables map more than {budget:,} pages for this process: cyclic or forged tables? "
+                        "translation stopped there"
+                    )
+                    return chunks
+                if mm is None:
+                    chunks.append(LayerChunk(vaddr, vaddr + size, ctx, lname, paddr))
+                    continue
+                pos = 0
+                while pos < size:
+                    hit = phys.file_offset(paddr + pos, size - pos)
+                    if hit is None:
+                        flush()
+                        missing_phys += PAGE
+                        pos += PAGE
+                        continue
+                    foff, n = hit
+                    va = vaddr + pos
+                    if run is not None and run[1] == va and run[2] + (run[1] - run[0]) == foff:
+                        run[1] += n
+                    else:
+                        flush()
+                        run = [va, va + n, foff]
+                    pos += n
+            flush()
+        if missing_phys:
+            problems.append(
+                f"{missing_phys:,} bytes of this process's resident pages lie at physical addresses the image does not hold "
+                "(truncated image, or ranges the acquisition tool skipped)"
+            )
+        return chunks
+
+    # -- completion from disk ----------------------------------------------------------------
+    def _fill(self, regions, chunks, fill_from_disk, file_root, problems, notes):
+        """Map missing pages of read-only file mappings from the files on this machine."""
+        space = AddressSpace(regions, chunks)
+        if not fill_from_disk:
+            return chunks, regions
+        filled: dict[str, int] = {}
+        refused: set[str] = set()
+        opened: dict[str, tuple[mmap.mmap, int] | None] = {}
+        out_regions = []
+        for r in regions:
+            if not (r.file_backed and r.readable and not r.writable) or r.path.endswith(" (deleted)"):
+                out_regions.append(r)
+                continue
+            gaps = _gaps(space, r.start, r.end)
+            if not gaps:
+                out_regions.append(r)
+                continue
+            if r.path not in opened:
+                opened[r.path] = self._open_verified(r.path, file_root, space, regions, refused)
+            entry = opened[r.path]
+            if entry is None:
+                out_regions.append(r)
+                continue
+            dm, fsize = entry
+            for lo, hi in gaps:
+                foff = r.offset + (lo - r.start)
+                if foff >= fsize:
+                    continue
+                n = min(hi - lo, fsize - foff)
+                chunks.append(MmapChunk(lo, lo + n, dm, foff, Source.DISK))
+                tail = min(hi, (lo + n + PAGE - 1) // PAGE * PAGE)
+                if tail > lo + n:
+                    chunks.append(BytesChunk(lo + n, bytes(tail - lo - n), Source.DISK))
+                filled[r.path] = filled.get(r.path, 0) + (tail - lo)
+            out_regions.append(r)
+        for path in sorted(refused):
+            problems.append(f"mapped file {path} on this machine differs from its pages in the image; not used")
+        if filled:
+            notes.append(
+                f"{sum(filled.values()):,} bytes of read-only file mappings ({len(filled)} files) were not resident in the "
+                "image and were read from the mapped files on this machine (each verified against its resident pages)"
+            )
+        return chunks, out_regions
+
+    def _open_verified(self, path: str, file_root, space: AddressSpace, regions: list[Region], refused: set[str]):
+        local = os.path.join(file_root, path.lstrip("/")) if file_root else path
+        try:
+            if not os.path.isfile(local) or (size := os.stat(local).st_size) == 0:
+                return None
+            with open(local, "rb") as fh:
+                dm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError:
+            return None
+        checked = 0
+        for r in regions:
+            if r.path != path or r.writable:
+                continue
+            for c in space.chunks:
+                if c.source is not Source.IMAGE or c.end <= r.start or c.start >= r.end:
+                    continue
+                lo, hi = max(c.start, r.start), min(c.end, r.end)
+                foff = r.offset + (lo - r.start)
+                n = min(hi - lo, max(0, size - foff))
+                if n <= 0:
+                    continue
+                if dm[foff : foff + n] != c.read(lo - c.start, n):
+                    dm.close()
+                    refused.add(path)
+                    return None
+                checked += n
+        self._disk_maps.append(dm)
+        return dm, size
+
+    def _check_resident(self) -> None:
+        anon = [r for r in self.regions if r.writable and not r.file_backed and r.size < 1 << 40]
+        total = sum(r.size for r in anon)
+        have = sum(_captured(self, r.start, r.end) for r in anon)
+        if self.captured_bytes == 0 or (total > 64 * PAGE and have < MIN_RESIDENT_SHARE * total):
+            worst = sorted(anon, key=lambda r: -(r.size - _captured(self, r.start, r.end)))[:5]
+            named = ", ".join(f"{r.start:#x}-{r.end:#x} {r.path or '[anon]'}" for r in worst)
+            raise ImageError(
+                f"PID {self.entry.pid} ({self.entry.comm}): only {have:,} of {total:,} bytes of its writable memory are "
+                f"in the image (largest missing ranges: {named})",
+                "the process was swapped out or the image is incomplete; an image taken while the model was serving helps",
+            )
+
+    def close(self) -> None:
+        for m in self._disk_maps:
+            try:
+                m.close()
+            except BufferError:
+                pass
+        self._disk_maps.clear()
+        img = getattr(self, "system_image", None)
+        if img is not None:
+            img.close()
+            self.system_image = None
+
+
+def _gaps(space: AddressSpace, start: int, end: int) -> list[tuple[int, int]]:
+    return space.gaps(start, end)
+
+
+def _captured(space: AddressSpace, start: int, end: int) -> int:
+    return (end - start) - sum(hi - lo for lo, hi in space.gaps(start, end))

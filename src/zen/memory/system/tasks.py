@@ -1,0 +1,219 @@
+"""Processes of a whole-machine image and their memory mappings, read with Volatility's objects.
+
+Everything read here comes from the image's kernel data structures, which an attacker or a
+corrupt dump may have made cyclic or huge: the task list, VMA trees and command lines are walked
+with hard caps, and a structure that fails to read is skipped with a note rather than aborting
+the listing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from zen.memory.regions import Region, Source
+from zen.memory.system.kernel import Kernel
+
+MAX_TASKS = 1 << 17  # pid_max's default ceiling on 64-bit is 4M, but real machines have < 100k
+MAX_VMAS = 1 << 16  # vm.max_map_count's default is 65530
+MAX_CMDLINE = 1 << 16
+_PYTHON_EXE = re.compile(r"/python(\d)(?:\.(\d+))?[a-z]*$")
+_LIBPYTHON = re.compile(r"/libpython(\d)\.(\d+)[a-z]*\.so")
+_TORCH = re.compile(r"/libtorch(?:_cpu)?\.so|/torch/_C\.")
+# vm_flags bits (include/linux/mm.h)
+VM_READ, VM_WRITE, VM_EXEC, VM_SHARED = 0x1, 0x2, 0x4, 0x8
+
+
+@dataclass
+class ProcessEntry:
+    """One process (thread-group leader) of the image, as `zen ps` shows it."""
+
+    pid: int
+    ppid: int
+    uid: int | None
+    comm: str
+    cmdline: str = ""
+    start_time: str | None = None  # ISO 8601, UTC, as ps would compute it from boot time
+    kernel_thread: bool = False
+    python: str | None = None  # "3.11" when a libpython or python executable is mapped
+    torch: bool = False
+    task: Any = field(default=None, repr=False, compare=False)
+    vmas: list[Region] | None = field(default=None, repr=False, compare=False)
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "pid": self.pid,
+            "ppid": self.ppid,
+            "uid": self.uid,
+            "comm": self.comm,
+            "cmdline": self.cmdline,
+            "start_time": self.start_time,
+            "kernel_thread": self.kernel_thread,
+            "python": self.python,
+            "torch": self.torch,
+        }
+
+
+def list_processes(kernel: Kernel, *, details: bool = True) -> list[ProcessEntry]:
+    """Thread-group leaders in the kernel's task list, sorted by pid.
+
+    With `details`, user processes also get their command line and, from their mappings, whether
+    they run Python and have torch loaded (what `zen ps` and the automatic choice need).
+    """
+    from volatility3.framework import exceptions
+    from volatility3.plugins.linux import pslist
+
+    out: list[ProcessEntry] = []
+    seen: set[int] = set()
+    tasks = pslist.PsList.list_tasks(kernel.ctx, kernel.module_name)
+    for n, task in enumerate(tasks):
+        if n >= MAX_TASKS:
+            break
+        try:
+            pid = int(task.pid)
+            if pid in seen or pid <= 0:
+                continue
+            seen.add(pid)
+            entry = ProcessEntry(
+                pid=pid,
+                ppid=_ppid(task),
+                uid=_uid(task),
+                comm=_text(task.comm.cast("string", max_length=16, errors="replace")),
+                kernel_thread=bool(task.is_kernel_thread),
+                task=task,
+            )
+        except exceptions.InvalidAddressException:
+            continue
+        if details and not entry.kernel_thread:
+            fill_details(kernel, entry)
+        out.append(entry)
+    out.sort(key=lambda e: e.pid)
+    return out
+
+
+def fill_details(kernel: Kernel, entry: ProcessEntry) -> None:
+    """Command line, start time, and (from the mappings) Python version and torch of a process."""
+    from volatility3.framework import exceptions
+
+    entry.start_time = _start_time(entry.task)
+    entry.cmdline = read_cmdline(kernel, entry)
+    try:
+        vmas = process_vmas(kernel, entry)
+    except exceptions.InvalidAddressException as exc:
+        entry.problems.append(f"mappings unreadable: {exc}")
+        vmas = []
+    entry.python = python_version(vmas)
+    entry.torch = any(_TORCH.search(r.path) for r in vmas)
+
+
+def _text(v) -> str:
+    return str(v).split("\x00", 1)[0]
+
+
+def _ppid(task) -> int:
+    try:
+        return int(task.get_parent_pid())
+    except Exception:
+        return 0
+
+
+def _uid(task) -> int | None:
+    try:
+        return int(task.cred.uid.val) if hasattr(task.cred.uid, "val") else int(task.cred.uid)
+    except Exception:
+        return None
+
+
+def _start_time(task) -> str | None:
+    try:
+        t = task.get_create_time()
+    except Exception:
+        return None
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ") if t is not None else None
+
+
+def process_layer(kernel: Kernel, entry: ProcessEntry) -> str | None:
+    """Name of the Volatility layer translating this process's virtual addresses (its own pgd)."""
+    from volatility3.framework import exceptions
+
+    try:
+        return entry.task.add_process_layer()
+    except (exceptions.InvalidAddressException, TypeError):
+        return None
+
+
+def read_cmdline(kernel: Kernel, entry: ProcessEntry) -> str:
+    """The command line from the process's own memory (mm->arg_start..arg_end), as /proc shows it."""
+    from volatility3.framework import exceptions
+
+    try:
+        mm = entry.task.mm
+        if not mm:
+            return ""
+        start, end = int(mm.arg_start), int(mm.arg_end)
+        name = process_layer(kernel, entry)
+        if name is None or not 0 < end - start <= MAX_CMDLINE:
+            return ""
+        data = kernel.ctx.layers[name].read(start, end - start)
+    except exceptions.InvalidAddressException:
+        return ""
+    return " ".join(p.decode("utf-8", "replace") for p in data.rstrip(b"\x00").split(b"\x00"))
+
+
+def process_vmas(kernel: Kernel, entry: ProcessEntry) -> list[Region]:
+    """The process's mappings as zen `Region`s (paths as the process saw them, from its root)."""
+    if entry.vmas is not None:
+        return entry.vmas
+    from volatility3.framework import exceptions
+
+    mm = entry.task.mm
+    regions: list[Region] = []
+    if not mm:
+        entry.vmas = regions
+        return regions
+    for n, vma in enumerate(mm.get_vma_iter()):
+        if n >= MAX_VMAS:
+            entry.problems.append(f"more than {MAX_VMAS} mappings: the rest are ignored (corrupt or hostile VMA tree?)")
+            break
+        try:
+            start, end, flags = int(vma.vm_start), int(vma.vm_end), int(vma.vm_flags)
+            if not 0 <= start < end <= 1 << 57:
+                continue
+            path = vma.get_name(kernel.ctx, entry.task) or ""
+            offset = int(vma.vm_pgoff) << 12 if vma.vm_file else 0
+        except exceptions.InvalidAddressException:
+            continue
+        if path == "Anonymous Mapping":
+            path = ""
+        perms = (
+            ("r" if flags & VM_READ else "-")
+            + ("w" if flags & VM_WRITE else "-")
+            + ("x" if flags & VM_EXEC else "-")
+            + ("s" if flags & VM_SHARED else "p")
+        )
+        regions.append(Region(start, end, perms, path, offset, Source.IMAGE))
+    regions.sort(key=lambda r: r.start)
+    # A hostile tree can hand out overlapping ranges: keep the first of any overlap.
+    clean: list[Region] = []
+    for r in regions:
+        if clean and r.start < clean[-1].end:
+            entry.problems.append(f"overlapping mappings at {r.start:#x} in the VMA tree: the later one is ignored")
+            continue
+        clean.append(r)
+    entry.vmas = clean
+    return clean
+
+
+def python_version(vmas: list[Region]) -> str | None:
+    """ "3.11" when the process maps a libpython or runs a python executable, else None."""
+    for r in vmas:
+        m = _LIBPYTHON.search(r.path)
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    for r in vmas:
+        m = _PYTHON_EXE.search(r.path)
+        if m and r.offset == 0:
+            return f"{m.group(1)}.{m.group(2)}" if m.group(2) else m.group(1)
+    return None
