@@ -98,12 +98,21 @@ class Interpreter:
     def read_within(self, addr: int, size: int, owner: int, what: str) -> bytes:
         """Read `size` bytes that must lie inside one mapping (objects never span mappings).
 
-        This bounds the work a corrupt length field can cause to the size of one region.
+        This bounds the work a corrupt length field can cause to the size of one region. In a
+        process core a mapping is one chunk; in a whole-machine image its resident pages are
+        many chunks (one per run of physically contiguous pages), so the check is on the region
+        and the read may span chunks.
         """
         c = self.space.chunk_of(addr)
-        if c is None or addr + size > c.end or size < 0:
+        if c is not None and 0 <= size and addr + size <= c.end:
+            return c.read(addr - c.start, size)
+        r = self.space.region_of(addr)
+        if r is None or addr + size > r.end or size < 0:
             raise ObjectError(owner, f"{what} ({size:,} bytes at {addr:#x}) not inside one captured mapping")
-        return c.read(addr - c.start, size)
+        try:
+            return self.space.read(addr, size)
+        except MemoryReadError as exc:
+            raise ObjectError(owner, f"{what} ({size:,} bytes at {addr:#x}): {exc.reason}") from None
 
     def header(self, addr: int) -> tuple[int, int]:
         """(refcount, type address) of the object at `addr`, validated for plausibility."""

@@ -35,8 +35,14 @@ KERNEL_MAP_BASE = 0xFFFFFFFF80000000  # x86_64 __START_KERNEL_map
 
 
 def quiet_volatility() -> None:
-    """Volatility logs warnings for things zen reports itself; keep stderr to zen's own lines."""
+    """Volatility logs warnings for things zen reports itself; keep stderr to zen's own lines.
+
+    Also imports the Linux object extensions Volatility's symbol classes look up by attribute
+    (its own CLI imports every plugin for that; zen needs only these)."""
     logging.getLogger("volatility3").setLevel(logging.ERROR)
+    import volatility3.framework.symbols.linux.extensions.bash  # noqa: F401
+    import volatility3.framework.symbols.linux.extensions.elf  # noqa: F401
+    import volatility3.framework.symbols.linux.extensions.network  # noqa: F401
 
 
 @dataclass
@@ -190,7 +196,8 @@ class Kernel:
         module = contexts.Module.create(
             self.ctx, module_name="kernel", layer_name=layer.name, offset=aslr, symbol_table_name=table_name
         )
-        self.ctx.modules.add_module(module)
+        if module.name not in self.ctx.modules:
+            self.ctx.modules.add_module(module)
         self.module_name = module.name
         self.module = module
         return KernelFacts(
@@ -222,7 +229,8 @@ class Kernel:
                 task = module.object(object_type="task_struct", offset=task_addr, absolute=True)
                 if task.pid != 0:
                     continue
-                files = int(task.files)
+                # Raw bytes: a pointer read through the physical layer is masked to its address width.
+                files = int.from_bytes(task.files.cast("bytes", length=8), "little")
             except exceptions.InvalidAddressException:
                 continue
             aslr = files - init_files

@@ -196,14 +196,20 @@ class SystemProcessSpace(AddressSpace):
                 dm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError:
             return None
+        # Compare the pages that a process never writes: the ELF header page (offset 0) and
+        # executable text. Read-only data at other offsets may legitimately differ (RELRO pages
+        # are relocated copy-on-write, then made read-only), so it is kept from the image, never
+        # used as evidence that the file is another one.
         checked = 0
         for r in regions:
-            if r.path != path or r.writable:
+            if r.path != path or r.writable or not (r.executable or r.offset == 0):
                 continue
             for c in space.chunks:
                 if c.source is not Source.IMAGE or c.end <= r.start or c.start >= r.end:
                     continue
                 lo, hi = max(c.start, r.start), min(c.end, r.end)
+                if not r.executable:
+                    hi = min(hi, r.start + PAGE)
                 foff = r.offset + (lo - r.start)
                 n = min(hi - lo, max(0, size - foff))
                 if n <= 0:
