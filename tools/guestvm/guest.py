@@ -83,6 +83,7 @@ class Guest:
         lime: str | None = None,
         accel: str | None = None,
         boot_timeout: float = 300,
+        la57: bool = False,
     ) -> None:
         self.assets = assets
         self.memory_mib = memory_mib
@@ -94,6 +95,7 @@ class Guest:
         self.lime = lime
         self.accel = accel
         self.boot_timeout = boot_timeout
+        self.la57 = la57  # TCG only: boot with 5-level page tables (as on LA57 hosts)
         self.ctl = self.share / "ctl"
         self.vm: VM | None = None
         self._seq = 0
@@ -136,6 +138,7 @@ class Guest:
             accel=accel,
             disk=self.disk,
             hostfwd_port=self.port,
+            la57=self.la57,
             workdir=workdir,
         )
         t0 = time.monotonic()

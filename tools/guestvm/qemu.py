@@ -42,6 +42,7 @@ class VMConfig:
     append_extra: str = ""
     disk: Path | None = None  # virtio raw disk (/dev/vda): LiME's block-device output
     hostfwd_port: int | None = None  # host 127.0.0.1:PORT -> guest :4444 (LiME tcp)
+    la57: bool = False  # let a TCG guest use 5-level paging (tests of zen's refusal)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="zen-vm-")))
 
     def append(self) -> str:
@@ -50,7 +51,7 @@ class VMConfig:
         return f"{base} {self.append_extra}".strip()
 
     def argv(self) -> list[str]:
-        cpu = "host,la57=off" if self.accel == "kvm" else "max,la57=off"
+        cpu = "host,la57=off" if self.accel == "kvm" else ("max" if self.la57 else "max,la57=off")
         a = [
             QEMU,
             "-nodefaults",

@@ -89,6 +89,13 @@ def list_processes(kernel: Kernel, *, details: bool = True) -> list[ProcessEntry
         if details and not entry.kernel_thread:
             fill_details(kernel, entry)
         out.append(entry)
+    if not out:
+        from zen.errors import ImageError
+
+        raise ImageError(
+            "the kernel's task list is empty or unreadable: the page tables or symbols do not fit this image",
+            "check that the symbols are this kernel's (`zen symbols`), and that the machine did not use 5-level paging",
+        )
     out.sort(key=lambda e: e.pid)
     return out
 
