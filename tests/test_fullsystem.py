@@ -223,3 +223,19 @@ def test_truncated_image_gives_partial_results(guest, tmp_path):
     assert "Traceback" not in res.stderr
     assert "does not hold" in res.stderr or "not in the image" in res.stderr or "missing" in res.stderr
     cut.unlink()
+
+
+def test_numpy_page_walk_equals_volatilitys(guest):
+    """zen's table-at-a-time page walk gives exactly the chunks Volatility's layer gives page by page."""
+    from zen.memory.system.image import SystemImage
+    from zen.memory.system.process import SystemProcessSpace
+
+    img = SystemImage(guest["images"]["elf"], "elf", [guest["symbols"]])
+    try:
+        entry = img.process(guest["record"]["workload_pid"])
+        spaces = [SystemProcessSpace(img.kernel, entry, walker=w) for w in ("numpy", "volatility")]
+        a, b = ([(c.start, c.end, c.source, c.read(0, 64)) for c in s.chunks] for s in spaces)
+        assert a == b and len(a) > 1000
+        assert spaces[0].captured_bytes == spaces[1].captured_bytes > 100 << 20
+    finally:
+        img.close()

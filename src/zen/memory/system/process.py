@@ -32,6 +32,10 @@ MAPPING_BUDGET_FACTOR = 4
 MIN_RESIDENT_SHARE = 0.02
 
 
+class _Budget(Exception):
+    """The page-table walk exceeded its budget."""
+
+
 class LayerChunk:
     """Bytes of a non-file-contiguous image (compressed AVML) read through Volatility's layer."""
 
@@ -59,7 +63,15 @@ class LayerChunk:
 class SystemProcessSpace(AddressSpace):
     """The virtual memory of one process of a whole-machine image."""
 
-    def __init__(self, kernel: Kernel, entry: ProcessEntry, *, fill_from_disk: bool = True, file_root: str | None = None) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        entry: ProcessEntry,
+        *,
+        fill_from_disk: bool = True,
+        file_root: str | None = None,
+        walker: str = "numpy",
+    ) -> None:
         self.kernel = kernel
         self.entry = entry
         self._disk_maps: list[mmap.mmap] = []
@@ -74,7 +86,7 @@ class SystemProcessSpace(AddressSpace):
             )
         problems: list[str] = list(entry.problems)
         notes: list[str] = []
-        chunks = self._resident_chunks(layer, regions, problems)
+        chunks = self._resident_chunks(layer, regions, problems, walker)
         chunks, regions = self._fill(regions, chunks, fill_from_disk, file_root, problems, notes)
         super().__init__(regions, chunks, description=f"PID {entry.pid} ({entry.comm}) of {kernel.phys.describe()}")
         self.problems.extend(kernel.phys.problems)
@@ -86,11 +98,57 @@ class SystemProcessSpace(AddressSpace):
         self._check_resident()
 
     # -- resident pages ----------------------------------------------------------------------
-    def _resident_chunks(self, layer_name: str, regions: list[Region], problems: list[str]) -> list[Chunk]:
-        ctx, phys = self.kernel.ctx, self.kernel.phys
-        layer = ctx.layers[layer_name]
-        budget = max(1 << 18, MAPPING_BUDGET_FACTOR * (phys.physical_bytes // PAGE))
+    def _translations(self, layer_name: str, regions: list[Region], walker: str, budget: int):
+        """(virtual, size, physical, physical layer) runs of resident pages, region by region.
+
+        `walker` "numpy" reads whole page tables from the image's mmap (pagetables.py);
+        "volatility" asks Volatility's layer page by page (the reference, and the only way for
+        images that are not file-contiguous)."""
+        from zen.memory.system.pagetables import PageTableWalker, WalkBudgetExceeded
+
+        kernel = self.kernel
+        readable = [r for r in regions if r.readable or r.path]  # PROT_NONE reservations hold nothing
+        if walker == "numpy" and kernel.mm is not None:
+            pgd = self._pgd_physical()
+            if pgd is not None:
+                pt = PageTableWalker(self._read_table, max_tables=budget // 64 + 4096, max_pages=budget)
+                try:
+                    for r in readable:
+                        for v, n, p in pt.runs(pgd, r.start, r.end):
+                            yield v, n, p, kernel.phys_layer
+                except WalkBudgetExceeded as exc:
+                    raise _Budget(str(exc)) from None
+                return
+        layer = kernel.ctx.layers[layer_name]
         pages = 0
+        for r in readable:
+            for vaddr, size, paddr, _, lname in layer.mapping(r.start, r.size, ignore_errors=True):
+                pages += max(1, size // PAGE)
+                if pages > budget:
+                    raise _Budget(f"more than {budget:,} resident pages mapped")
+                yield vaddr, size, paddr, lname
+
+    def _pgd_physical(self) -> int | None:
+        from volatility3.framework import exceptions
+
+        try:
+            pgd = int(self.entry.task.mm.pgd)
+            phys, _ = self.kernel.ctx.layers[self.kernel.layer_name].translate(pgd)
+            return phys
+        except (exceptions.InvalidAddressException, TypeError):
+            return None
+
+    def _read_table(self, phys: int):
+        import numpy as np
+
+        hit = self.kernel.phys.file_offset(phys, PAGE)
+        if hit is None or hit[1] < PAGE:
+            return None
+        return np.frombuffer(self.kernel.mm, dtype=np.uint64, count=512, offset=hit[0])
+
+    def _resident_chunks(self, layer_name: str, regions: list[Region], problems: list[str], walker: str) -> list[Chunk]:
+        ctx, phys = self.kernel.ctx, self.kernel.phys
+        budget = max(1 << 18, MAPPING_BUDGET_FACTOR * (phys.physical_bytes // PAGE))
         chunks: list[Chunk] = []
         missing_phys = 0
         mm = self.kernel.mm
@@ -103,18 +161,8 @@ class SystemProcessSpace(AddressSpace):
                 chunks.append(MmapChunk(run[0], run[1], mm, run[2], Source.IMAGE))
                 run = None
 
-        for r in regions:
-            if not r.readable and not r.path:  # PROT_NONE reservations hold nothing readable
-                continue
-            for vaddr, size, paddr, _, lname in layer.mapping(r.start, r.size, ignore_errors=True):
-                pages += max(1, size // PAGE)
-                if pages > budget:
-                    flush()
-                    problems.append(
-                        f"the page tables map more than {budget:,} pages for this process: cyclic or forged tables? "
-                        "translation stopped there"
-                    )
-                    return chunks
+        try:
+            for vaddr, size, paddr, lname in self._translations(layer_name, regions, walker, budget):
                 if mm is None:
                     chunks.append(LayerChunk(vaddr, vaddr + size, ctx, lname, paddr))
                     continue
@@ -134,7 +182,9 @@ class SystemProcessSpace(AddressSpace):
                         flush()
                         run = [va, va + n, foff]
                     pos += n
-            flush()
+        except _Budget as exc:
+            problems.append(f"the page tables of this process look cyclic or forged ({exc}): translation stopped there")
+        flush()
         if missing_phys:
             problems.append(
                 f"{missing_phys:,} bytes of this process's resident pages lie at physical addresses the image does not hold "
