@@ -141,7 +141,7 @@ def test_kernel_found_and_recorded(guest, workdir):
     assert ev["system"]["symbols"]["sha256"] and ev["sha256"]
 
 
-@pytest.mark.parametrize("kind", ["elf", "raw"])
+@pytest.mark.parametrize("kind", ["elf", "raw", "lime"])
 @pytest.mark.parametrize("name", VARIANTS)
 def test_every_tensor_bit_exact(guest, workdir, kind, name):
     case = _case(guest, kind, name, workdir)
