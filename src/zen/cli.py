@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from zen import __version__, cli_library, cli_reuse, cli_system
+from zen import __version__, cli_library, cli_reuse, cli_symbols, cli_system
 from zen.errors import ZenError
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ app.command("reuse")(cli_reuse.reuse)
 app.command("verify")(cli_reuse.verify)
 app.command("report")(cli_reuse.report)
 app.command("ps")(cli_system.ps)
+app.command("symbols")(cli_symbols.symbols)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

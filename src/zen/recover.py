@@ -284,6 +284,8 @@ def _evidence(space, image, pid, hasher) -> dict:
     system = getattr(space, "system", None)
     if system is not None:
         ev["system"] = system
+    if space.notes:  # how the evidence was completed (e.g. pages read from mapped files on disk)
+        ev["notes"] = list(space.notes)
     if hasher and hasher.error:
         ev["sha256_error"] = hasher.error
     return ev

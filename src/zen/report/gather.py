@@ -26,12 +26,28 @@ def _evidence(case_dir: Path, manifest: dict) -> dict:
     acq = ev.get("acquisition") or {}
     return {
         "image": ev.get("image"), "size": ev.get("size"), "sha256": ev.get("sha256"), "producer": ev.get("producer"),
-        "acquired_at": acq.get("acquired_at"), "acquisition_mode": acq.get("mode"), "pid": ev.get("pid") or acq.get("pid"),
+        "acquired_at": acq.get("acquired_at"), "pid": ev.get("pid") or acq.get("pid"),
+        "acquisition_mode": acq.get("mode") or ("whole-machine image" if ev.get("system") else None),
         "command": ev.get("command"), "python": manifest.get("python"), "torch": manifest.get("torch"),
         "profiles": manifest.get("profiles"), "status": manifest.get("status"), "problems": manifest.get("problems", []),
         "files": manifest.get("files", {}), "case": str(case_dir.resolve()),
         "recovered_by": " ".join(str(v) for v in (manifest.get("tool") or {}).values()) or None,
+        "system": _system(ev.get("system")), "notes": ev.get("notes") or [],
     }  # fmt: skip
+
+
+def _system(sy: dict | None) -> list[tuple[str, str]] | None:
+    """Rows describing a whole-machine image: the kernel, its symbols, the process and why."""
+    if not sy:
+        return None
+    sym, proc = sy.get("symbols") or {}, sy.get("process") or {}
+    return [
+        ("machine image", str(sy.get("container"))),
+        ("kernel", str(sy.get("banner"))),
+        ("kernel symbols", f"{sym.get('file')} (sha256 {sym.get('sha256')}; {sym.get('source')})"),
+        ("KASLR", f"virtual shift {sy.get('kaslr_virtual_shift')}, physical shift {sy.get('kaslr_physical_shift')}"),
+        ("process chosen", f"PID {proc.get('pid')} (parent {proc.get('ppid')}, uid {proc.get('uid')}): {proc.get('chosen_by')}"),
+    ]
 
 
 def _summary(mr, pr) -> dict:

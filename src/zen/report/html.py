@@ -72,7 +72,10 @@ def _evidence(d: dict) -> str:
             ("torch", _t(torch.get("version"))), ("layout profiles", f"<code>{_t(json.dumps(e.get('profiles')))}</code>"),
             ("recovery status", _t(e.get("status"))), ("recovered by", _t(e.get("recovered_by"))),
             ("case directory", f"<code>{_t(e['case'])}</code>")]  # fmt: skip
+    rows[5:5] = [(k, _t(v)) for k, v in e.get("system") or []]
     html = _kv(rows)
+    if e.get("notes"):
+        html += "<ul>" + "".join(f"<li>note: {_t(n)}</li>" for n in e["notes"]) + "</ul>"
     if e.get("problems"):
         html += '<div class="warn"><b>problems with the evidence</b><ul>' + "".join(
             f"<li>{_t(p)}</li>" for p in e["problems"]) + "</ul></div>"  # fmt: skip

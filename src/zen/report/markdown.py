@@ -58,7 +58,9 @@ def render(d: dict) -> str:
                                ["process", f"PID {e.get('pid')}: {e.get('command') or ''}"],
                                ["Python", py.get("version")], ["torch", (e.get("torch") or {}).get("version")],
                                ["layout profiles", _code(json.dumps(e.get("profiles")))], ["status", e.get("status")],
-                               ["case", _code(e["case"])]])  # fmt: skip
+                               ["case", _code(e["case"])]] + [[k, v] for k, v in e.get("system") or []])  # fmt: skip
+    for n in e.get("notes") or []:
+        lines.append(f"- note: {_txt(n)}")
     for p in e.get("problems") or []:
         lines.append(f"- problem: {_txt(p)}")
     lines += ["## 2. Recovered model", ""]

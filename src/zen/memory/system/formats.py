@@ -90,6 +90,12 @@ class PhysicalImage:
             return None
         return s.file_offset + (phys - s.start), min(length, s.end - phys)
 
+    @property
+    def producer(self) -> str:
+        """Who made the image, as far as the container tells (for the evidence record)."""
+        what = {"lime": "LiME", "avml": "AVML", "elf": "ELF physical dump", "raw": "raw physical dump"}[self.format]
+        return f"{what} ({self.detail})" if self.detail else what
+
     def describe(self) -> str:
         what = {"lime": "LiME", "avml": "AVML (compressed)", "elf": "ELF physical dump", "raw": "raw physical"}[self.format]
         extra = f", {self.detail}" if self.detail else ""

@@ -93,7 +93,7 @@ class SystemProcessSpace(AddressSpace):
         self.problems.extend(problems)
         self.notes.extend(notes)
         self.info = CoreInfo(
-            command=entry.cmdline or entry.comm, pid=entry.pid, producer=f"full-system {kernel.phys.format} image"
+            command=entry.cmdline or entry.comm, pid=entry.pid, producer=kernel.phys.producer
         )
         self._check_resident()
 
