@@ -64,6 +64,7 @@ def main() -> None:
     argv = [sys.executable, str(ROOT / "tests/targets/family_target.py"), str(out), "convnet", "--src", str(src)]
     images = {"ELF (QEMU dump-guest-memory)": work / "guest.elf", "LiME (in the guest)": share / "guest.lime"}
     core = share / "process.core"
+    out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     with Guest(assets, memory_mib=args.memory, share=share, workload=argv, cwd=ROOT, lime="share") as g:
         g.wait_for(out / "truth.json", 900)

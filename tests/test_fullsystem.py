@@ -58,6 +58,7 @@ def guest(workdir):
     out, src = share / "out", share / "src"
     argv = [sys.executable, str(TARGETS / "family_target.py"), str(out), "convnet", "--src", str(src)]
     images = {"elf": workdir / "guest.elf", "raw": workdir / "guest.raw", "lime": share / "guest.lime"}
+    out.mkdir(parents=True, exist_ok=True)
     with Guest(assets, memory_mib=1536, share=share, workload=argv, cwd=HERE.parent, lime="share") as g:
         g.wait_for(out / "truth.json", 900)
         g.wait_for(g.workload_log, 120, contains="READY")

@@ -181,6 +181,10 @@ class Guest:
 
         while not done():
             vm.check()
+            if self.workload and (self.ctl / "workload.exited").exists() and not done():
+                wl = self.ctl / "workload.log"
+                tail = wl.read_text(errors="replace")[-3000:] if wl.exists() else ""
+                raise GuestError(f"the workload exited before {path.name} appeared; its output:\n{tail}")
             if time.monotonic() > deadline:
                 wl = self.ctl / "workload.log"
                 extra = f"\n--- workload.log ---\n{wl.read_text(errors='replace')[-3000:]}" if wl.exists() else ""

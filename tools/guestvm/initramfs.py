@@ -63,7 +63,8 @@ mkdir -p "$CTL"
 if [ -f "$CTL/workload.sh" ]; then
     # stdin stays open for ever (a program reading stdin must block, not see EOF)
     sleep 2147483647 | chroot $R /bin/sh "$SHARE/ctl/workload.sh" > "$CTL/workload.log" 2>&1 &
-    echo $! > "$CTL/workload.pid"
+    WPID=$!
+    echo $WPID > "$CTL/workload.pid"
     echo "guestvm: workload pid $!"
 fi
 echo "guestvm: ready"
@@ -81,6 +82,10 @@ while :; do
         echo $? > "$b.rc"
         : > "$b.done"
     done
+    # a workload that died is reported at once (kill is a builtin: no process is spawned)
+    if [ -n "$WPID" ] && [ ! -e "$CTL/workload.exited" ] && ! kill -0 "$WPID" 2>/dev/null; then
+        : > "$CTL/workload.exited"
+    fi
     read -t 0.3 -u 3 _ || true
 done
 """
