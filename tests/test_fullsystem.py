@@ -50,6 +50,9 @@ def _guest_or_skip():
 def guest(workdir):
     """One guest for the session, imaged once: ELF and raw dumps of one paused instant, a LiME
     image taken from inside, and a process core of the model process made by zen in the guest.
+    LiME streams over TCP, as responders do: writing the dump into the guest's own page cache (a
+    9p share or a disk) puts the guest under memory pressure, and pages migrated while LiME runs
+    leave ~7% of the process's pages zero in the image (smear), measured here.
     The guest keeps running so that rebuilt models can be checked on the same (virtual) CPU."""
     from guestvm import Guest
 
@@ -59,7 +62,7 @@ def guest(workdir):
     argv = [sys.executable, str(TARGETS / "family_target.py"), str(out), "convnet", "--src", str(src)]
     images = {"elf": workdir / "guest.elf", "raw": workdir / "guest.raw", "lime": share / "guest.lime"}
     out.mkdir(parents=True, exist_ok=True)
-    with Guest(assets, memory_mib=1536, share=share, workload=argv, cwd=HERE.parent, lime="share") as g:
+    with Guest(assets, memory_mib=1536, share=share, workload=argv, cwd=HERE.parent, lime="tcp") as g:
         g.wait_for(out / "truth.json", 900)
         g.wait_for(g.workload_log, 120, contains="READY")
         record = g.record()
@@ -71,7 +74,10 @@ def guest(workdir):
         # comparison the issue asks for: machine image and process core must give the same case.
         core = share / "process.core"
         zen_exe = Path(sys.executable).parent / "zen"
-        g.run(f"chroot $R {zen_exe} acquire --pid {record['workload_pid']} -o {core} > {share}/acquire.log 2>&1", timeout=900)
+        g.run(
+            f"chroot $R /bin/sh -c '{zen_exe} acquire --pid {record['workload_pid']} -o {core} > {share}/acquire.log 2>&1'",
+            timeout=900,
+        )
         images["core"] = core
         isf_dir = workdir / "isf"
         made = zen("symbols", "--kernel", assets.vmlinuz, "-o", isf_dir / f"linux-{assets.version}.json.xz", timeout=900)
@@ -97,7 +103,7 @@ def check_in_guest(guest, pkg: Path, io: Path, path: Path | None) -> dict:
     out = guest["share"] / f"check-{pkg.name}.json"
     env = f"PYTHONPATH={path} " if path else ""
     cmd = f"cd {pkg.parent} && {env}{sys.executable} {TARGETS / 'reuse_check.py'} {pkg} {io} {out} --attack"
-    guest["vm"].run(f"chroot $R /bin/sh -c '{cmd}' > {out}.log 2>&1; echo rc=$?", timeout=600)
+    guest["vm"].run(f"chroot $R /bin/sh -c '{cmd} > {out}.log 2>&1'", timeout=600, check=False)
     assert out.exists(), (guest["share"] / f"{out.name}.log").read_text()[-3000:]
     return json.loads(out.read_text())
 

@@ -20,7 +20,7 @@ from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
-from zen.errors import ZenError
+from zen.errors import ObjectError, ZenError
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex, NoModelFound, references
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
@@ -58,10 +58,24 @@ def torch_version(ip: Interpreter, heap: Heap) -> str:
     if "torch" not in mods:
         raise NoModelFound("no PyTorch models found: torch is not imported in this process",
                            "zen recovers PyTorch models; `zen info` shows what the process has loaded")  # fmt: skip
-    v = dict_get(ip, read_module(ip, mods["torch"]).dict, "__version__")
-    if v is None:
-        raise ZenError("torch is imported but its __version__ is not readable in the image")
-    return str(ip.value(v))
+    # `torch.__version__` first; its module dict is large (1,500 names), so in an image taken while
+    # the machine ran (LiME, AVML: pages can move during acquisition) it may be damaged while the
+    # small `torch.version` module still reads.
+    errors = []
+    for name in ("torch", "torch.version"):
+        if name not in mods:
+            continue
+        try:
+            v = dict_get(ip, read_module(ip, mods[name]).dict, "__version__")
+        except ObjectError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        if v is not None:
+            return str(ip.value(v))
+    raise ZenError(
+        "torch is imported but its __version__ is not readable in the image" + (f" ({'; '.join(errors)})" if errors else ""),
+        "the image may be damaged where torch's module dict lies (smear in a live acquisition?)",
+    )
 
 
 def select_root(roots, choice: str | None):
