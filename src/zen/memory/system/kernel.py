@@ -219,14 +219,17 @@ class Kernel:
         """
         from volatility3.framework import exceptions
 
-        module = self.ctx.module(table_name, self.phys_layer, 0)
-        init_task_sym = module.get_symbol("init_task").address
-        init_files = module.get_symbol("init_files").address
-        comm = module.get_type("task_struct").relative_child_offset("comm")
+        # Objects are made directly over the physical layer, without a module: a second module
+        # of the kernel's symbol table would be found first by Volatility's type-to-module lookup
+        # and make later reads (tk_core for start times) go to the physical layer.
+        space, bang = self.ctx.symbol_space, table_name + "!"
+        init_task_sym = space.get_symbol(bang + "init_task").address
+        init_files = space.get_symbol(bang + "init_files").address
+        comm = space.get_type(bang + "task_struct").relative_child_offset("comm")
         for paddr in self._swapper_hits():
             task_addr = paddr - comm
             try:
-                task = module.object(object_type="task_struct", offset=task_addr, absolute=True)
+                task = self.ctx.object(bang + "task_struct", layer_name=self.phys_layer, offset=task_addr)
                 if task.pid != 0:
                     continue
                 # Raw bytes: a pointer read through the physical layer is masked to its address width.

@@ -17,12 +17,14 @@ import hashlib
 import json
 import lzma
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from zen.errors import KernelSymbolsError
 
 ISF_SUFFIXES = (".json", ".json.xz", ".json.gz", ".json.bz2")
+NOT_ISF = {"index.json"}  # zen's own bookkeeping next to the ISFs in the cache
 MAX_ISF_BYTES = 1 << 31  # decompressed; real kernel ISFs are 20-100 MB
 MAX_FILES = 10_000
 
@@ -55,7 +57,7 @@ def isf_files(paths: list[Path]) -> list[Path]:
         elif p.is_dir():
             for root, _dirs, files in os.walk(p):
                 for f in sorted(files):
-                    if f.endswith(ISF_SUFFIXES):
+                    if f.endswith(ISF_SUFFIXES) and f not in NOT_ISF:
                         out.append(Path(root) / f)
                         if len(out) >= MAX_FILES:
                             return out
@@ -130,15 +132,21 @@ class _Index:
         e = self.data.get(key)
         if isinstance(e, dict) and e.get("size") == st.st_size and e.get("mtime") == st.st_mtime_ns:
             return e
-        doc = load_isf_json(isf)
-        banner = isf_banner(doc)
-        producer = doc.get("metadata", {}).get("producer", {})
+        from zen.memory.system.symbols.build import read_isf_banner
+
+        # zen's ISFs name their banner in the metadata at the start: no full parse needed
+        with _open_text(isf) as fh:
+            head = fh.read(1 << 16)
+        zen_made = re.search(rb'"producer":\s*\{[^{}]*"name":\s*"zen"', head) is not None
+        if not zen_made:
+            load_isf_json(isf)  # a clear error for a file that is not an ISF at all
+        banner = read_isf_banner(isf)
         e = {
             "size": st.st_size,
             "mtime": st.st_mtime_ns,
             "sha256": file_sha256(isf),
-            "banner": banner.decode("latin-1") if banner is not None else None,
-            "producer": producer.get("name") if isinstance(producer, dict) else None,
+            "banner": normalise_banner(banner).decode("latin-1") if banner is not None else None,
+            "producer": "zen" if zen_made else None,
             "valid": None,
         }
         self.data[key] = e
@@ -184,7 +192,12 @@ def find_isf(banners: list[bytes], given: list[Path]) -> IsfMatch:
         seen_banners: list[str] = []
         for files, source in ((given_files, "given (--symbols)"), (cached, "zen symbol cache")):
             for f in files:
-                e = index.entry(f)
+                try:
+                    e = index.entry(f)
+                except (KernelSymbolsError, OSError, EOFError, lzma.LZMAError):
+                    if source.startswith("given") and f in given:
+                        raise
+                    continue  # a broken or foreign file in a directory is not a reason to stop
                 if e["banner"] is None:
                     if source.startswith("given"):
                         unbannered.append((f, e))
