@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import zen
 
 from zen.errors import ImageError
 from zen.memory.system.formats import LIME_MAGIC, MAX_SEGMENTS, open_physical, sniff
-
-from conftest import zen
 
 PAGE = 4096
 
