@@ -169,9 +169,16 @@ def _validate_once(index: _Index, isf: Path, e: dict) -> None:
     """Schema-validate an ISF that zen did not write, once per content hash."""
     if e.get("producer") == "zen" or e.get("valid") is True:
         return
+    import jsonschema  # a dependency of zen: without it Volatility reports every ISF as valid
     from volatility3 import schemas
 
-    ok = schemas.validate(load_isf_json(isf), use_cache=False)
+    try:
+        ok = schemas.validate(load_isf_json(isf), use_cache=False)
+    except jsonschema.exceptions.ValidationError as exc:  # Volatility lets these escape
+        raise KernelSymbolsError(
+            f"symbol file {isf} does not pass Volatility's ISF schema validation: {exc.message[:200]}",
+            "rebuild it with `zen symbols`",
+        ) from None
     e["valid"] = bool(ok)
     index.dirty = True
     if not ok:
