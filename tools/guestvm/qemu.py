@@ -47,7 +47,8 @@ class VMConfig:
 
     def append(self) -> str:
         """Kernel command line: serial console, 4-level paging, KASLR left on (as in the field)."""
-        base = f"console=ttyS0 no5lvl panic=-1 guestvm.share={self.share}"
+        paging = "" if self.la57 else " no5lvl"
+        base = f"console=ttyS0{paging} panic=-1 guestvm.share={self.share}"
         return f"{base} {self.append_extra}".strip()
 
     def argv(self) -> list[str]:

@@ -193,8 +193,10 @@ def find_isf(banners: list[bytes], given: list[Path]) -> IsfMatch:
     index = _Index()
     try:
         given_files = isf_files(given)
+        # Symbols given on the command line are the only candidates: silently taking another
+        # file from the cache would hide that the investigator's symbols are for another kernel.
         cache = symbol_cache_dir()
-        cached = isf_files([cache]) if cache.is_dir() else []
+        cached = isf_files([cache]) if cache.is_dir() and not given else []
         unbannered: list[tuple[Path, dict]] = []
         seen_banners: list[str] = []
         for files, source in ((given_files, "given (--symbols)"), (cached, "zen symbol cache")):
