@@ -88,40 +88,62 @@ def find_u64_in(
 
 
 def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Read the 8-byte little-endian word at each address, vectorised per chunk.
+    """Read the 8-byte little-endian word at each address, vectorised.
 
     Returns (values, ok): `ok[i]` is False where the 8 bytes are not all inside one chunk, in which
-    case `values[i]` is `missing`.
+    case `values[i]` is `missing`. Addresses are mapped to chunks with one search, then to their
+    offsets in the chunk's backing buffer (the image's mmap, a file on disk), and each buffer is
+    indexed once: a whole-machine image's tens of thousands of page-sized chunks cost no more
+    than a core's few hundred mappings.
     """
     addrs = np.asarray(addrs, dtype=np.uint64)
     out = np.full(addrs.shape, missing, dtype=np.uint64)
     ok = np.zeros(addrs.shape, dtype=bool)
-    if addrs.size == 0:
+    if addrs.size == 0 or not space.chunks:
         return out, ok
-    chunks = space.chunks
-    starts = np.fromiter((c.start for c in chunks), dtype=np.uint64, count=len(chunks))
+    starts, ends, ids, offs, buffers = space.chunk_table()
     which = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
-    order = np.argsort(which, kind="stable")
-    sorted_which = which[order]
-    bounds = np.flatnonzero(np.diff(sorted_which)) + 1
-    for group in np.split(order, bounds):
-        ci = int(which[group[0]])
-        if ci < 0:
-            continue
-        c = chunks[ci]
-        rel = addrs[group] - np.uint64(c.start)
-        inside = rel + np.uint64(8) <= np.uint64(c.end - c.start)
-        if not inside.any():
-            continue
-        arr = c.array()
-        sel = group[inside]
-        offs = rel[inside].astype(np.int64)
-        if c.start % 8 == 0 and not (offs & 7).any():
-            # the common case: aligned words in an aligned chunk, one gather on a uint64 view
-            out[sel] = arr[: len(arr) // 8 * 8].view("<u8")[offs >> 3]
+    inside = which >= 0
+    w = np.where(inside, which, 0)
+    rel = addrs - starts[w]  # no wrap-around: starts[w] <= addr wherever `inside`
+    size = ends[w] - starts[w]
+    inside &= (rel < size) & (size - rel >= np.uint64(8))
+    backed = inside & (ids[w] >= 0)
+    for b in np.unique(ids[w[backed]]).tolist():
+        sel = np.flatnonzero(backed & (ids[w] == b))
+        buf = np.frombuffer(buffers[b], dtype=np.uint8)
+        pos = offs[w[sel]] + rel[sel].astype(np.int64)
+        if not (pos & 7).any():
+            out[sel] = buf[: len(buf) // 8 * 8].view("<u8")[pos >> 3]
         else:
-            raw = arr[offs[:, None] + np.arange(8, dtype=np.int64)]
-            out[sel] = raw.view("<u8").reshape(-1)
+            out[sel] = buf[pos[:, None] + np.arange(8, dtype=np.int64)].view("<u8").reshape(-1)
         ok[sel] = True
-        c.release()  # gathers touch pages all over a chunk: do not keep them resident
+        _drop_resident(buffers[b])
+    rest = np.flatnonzero(inside & ~backed)
+    if rest.size:
+        _gather_unbacked(space, addrs, w, rest, out, ok)
     return out, ok
+
+
+def _drop_resident(buf) -> None:
+    """Gathers touch pages all over an image: do not keep them in zen's resident set."""
+    import mmap
+
+    if isinstance(buf, mmap.mmap):
+        try:
+            buf.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _gather_unbacked(space: AddressSpace, addrs, which, sel_all, out, ok) -> None:
+    """Chunks without a buffer (live processes, layers read through Volatility): per chunk."""
+    chunks = space.chunks
+    order = sel_all[np.argsort(which[sel_all], kind="stable")]
+    bounds = np.flatnonzero(np.diff(which[order])) + 1
+    for group in np.split(order, bounds):
+        c = chunks[int(which[group[0]])]
+        arr = c.array()
+        offs = (addrs[group] - np.uint64(c.start)).astype(np.int64)  # checked inside the chunk
+        out[group] = arr[offs[:, None] + np.arange(8, dtype=np.int64)].view("<u8").reshape(-1)
+        ok[group] = True

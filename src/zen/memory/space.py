@@ -75,6 +75,11 @@ class MmapChunk:
     def array(self) -> np.ndarray:
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.end - self.start, offset=self._file_offset)
 
+    def backing(self) -> tuple[mmap.mmap, int]:
+        """The buffer holding this chunk's bytes and the offset of its first byte in it: lets a
+        gather over many small chunks of one image index the image once (scan.gather_u64)."""
+        return self._mm, self._file_offset
+
     def release(self, offset: int = 0, size: int | None = None) -> None:
         """Drop pages of this chunk from our resident set; they stay in the page cache and fault back
         in on the next access. Bulk passes call this so that scanning or streaming a multi-GB image
@@ -107,6 +112,9 @@ class BytesChunk:
 
     def array(self) -> np.ndarray:
         return np.frombuffer(self._data, dtype=np.uint8)
+
+    def backing(self) -> tuple[bytes, int]:
+        return self._data, 0
 
     def release(self, offset: int = 0, size: int | None = None) -> None:
         pass
@@ -224,16 +232,73 @@ class AddressSpace:
         bulk-scan view of the space. Each piece's pages are released from the resident set once
         the caller moves on, so a scan's memory cost is one block, not the image.
         """
-        for c in self._chunks if chunks is None else chunks:
-            arr = c.array()
-            head = (-c.start) % 8  # keep pieces 8-byte aligned in virtual addresses
+        for start, arr, release in self._coalesced(self._chunks if chunks is None else chunks, block):
+            head = (-start) % 8  # keep pieces 8-byte aligned in virtual addresses
             for pos in range(0, len(arr), block):
                 lo = pos if pos == 0 else pos + head
                 hi = min(len(arr), pos + block + head)
                 if lo >= hi:
                     continue
-                yield c.start + lo, arr[lo:hi]
-                c.release(lo, hi - lo)
+                yield start + lo, arr[lo:hi]
+                release(lo, hi - lo)
+
+    @staticmethod
+    def _coalesced(chunks: Sequence[Chunk], block: int) -> Iterator[tuple[int, np.ndarray, object]]:
+        """(start, bytes, release) for scanning, with runs of small virtually adjacent chunks joined.
+
+        A process of a whole-machine image has tens of thousands of one-page chunks (its pages
+        are scattered in physical memory); scanning each alone costs more in per-call overhead
+        than in comparisons. Small neighbours are copied into one array instead (at most `block`
+        bytes, released by the caller's next step).
+        """
+        small = 1 << 20
+        group: list[Chunk] = []
+        size = 0
+
+        def joined():
+            if len(group) == 1:
+                return group[0].start, group[0].array(), group[0].release
+            data = np.concatenate([g.array() for g in group])
+            for g in group:
+                g.release()
+            return group[0].start, data, lambda *_: None
+
+        for c in chunks:
+            n = c.end - c.start
+            if group and (c.start != group[-1].end or n >= small or size + n > block):
+                yield joined()
+                group, size = [], 0
+            if n >= small:
+                yield c.start, c.array(), c.release
+                continue
+            group.append(c)
+            size += n
+        if group:
+            yield joined()
+
+    def chunk_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]:
+        """Per chunk: start, end, index of its backing buffer (-1: none) and offset in it; and
+        the backing buffers. Built once: chunks never change after the space is made."""
+        t = getattr(self, "_chunk_table", None)
+        if t is None:
+            n = len(self._chunks)
+            starts = np.fromiter((c.start for c in self._chunks), dtype=np.uint64, count=n)
+            ends = np.fromiter((c.end for c in self._chunks), dtype=np.uint64, count=n)
+            ids = np.full(n, -1, dtype=np.int64)
+            offs = np.zeros(n, dtype=np.int64)
+            buffers: list = []
+            index: dict[int, int] = {}
+            for i, c in enumerate(self._chunks):
+                get = getattr(c, "backing", None)
+                if get is None:
+                    continue
+                buf, off = get()
+                if id(buf) not in index:
+                    index[id(buf)] = len(buffers)
+                    buffers.append(buf)
+                ids[i], offs[i] = index[id(buf)], off
+            t = self._chunk_table = (starts, ends, ids, offs, buffers)
+        return t
 
     def release(self) -> None:
         """Drop all image pages from zen's resident set (they stay in the page cache)."""

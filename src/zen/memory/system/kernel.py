@@ -75,18 +75,37 @@ def find_banners(phys: PhysicalImage, mm: mmap.mmap | None) -> list[bytes]:
     the page cache) may appear too, which is why the ISF lookup tries each."""
     counts: dict[bytes, int] = {}
     if mm is not None:
-        pos, hits = 0, 0
-        while hits < MAX_BANNER_HITS:
-            i = mm.find(BANNER_PREFIX, pos)
-            if i < 0:
-                break
-            hits += 1
-            m = _BANNER_RE.match(mm, i)
-            if m:
-                text = m.group(0).rstrip(b"\x00")
-                counts[text] = counts.get(text, 0) + 1
-            pos = i + len(BANNER_PREFIX)
+        hits = 0
+        for lo, hi in _windows(mm, len(BANNER_PREFIX)):
+            pos = lo
+            while hits < MAX_BANNER_HITS:
+                i = mm.find(BANNER_PREFIX, pos, hi)
+                if i < 0:
+                    break
+                hits += 1
+                m = _BANNER_RE.match(mm, i)
+                if m:
+                    text = m.group(0).rstrip(b"\x00")
+                    counts[text] = counts.get(text, 0) + 1
+                pos = i + 1
     return sorted(counts, key=lambda b: (-counts[b], b))
+
+
+SCAN_WINDOW = 128 << 20
+
+
+def _windows(mm: mmap.mmap, overlap: int):
+    """[lo, hi) windows over an mmap for a pattern of `overlap` bytes, each window's pages dropped
+    from zen's resident set once scanned: a pass over a multi-GB image must not make zen's RSS the
+    size of the image (file pages read through a mapping count as resident)."""
+    size = len(mm)
+    for lo in range(0, size, SCAN_WINDOW):
+        hi = min(size, lo + SCAN_WINDOW + overlap)
+        yield lo, hi
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, lo, min(SCAN_WINDOW, size - lo))
+        except (OSError, ValueError):
+            pass
 
 
 class Kernel:
@@ -249,15 +268,21 @@ class Kernel:
 
     def _swapper_hits(self):
         if self.mm is not None:
-            by_file = sorted((s.file_offset, s) for s in self.phys.segments if s.file_offset is not None)
-            for n, m in enumerate(_SWAPPER_RE.finditer(self.mm)):
-                if n >= MAX_SWAPPER_HITS:
-                    return
-                off = m.start()
-                for foff, seg in by_file:  # few segments: a linear pass is fine
-                    if foff <= off < foff + seg.length:
-                        yield seg.start + (off - foff)
-                        break
+            by_file = sorted(((s.file_offset, s) for s in self.phys.segments if s.file_offset is not None), key=lambda t: t[0])
+            n, seen = 0, set()
+            for lo, hi in _windows(self.mm, 16):
+                for m in _SWAPPER_RE.finditer(self.mm, lo, hi):
+                    off = m.start()
+                    if off in seen:  # windows overlap by a few bytes
+                        continue
+                    seen.add(off)
+                    n += 1
+                    if n > MAX_SWAPPER_HITS:
+                        return
+                    for foff, seg in by_file:  # few segments: a linear pass is fine
+                        if foff <= off < foff + seg.length:
+                            yield seg.start + (off - foff)
+                            break
             return
         from volatility3.framework.layers import scanners
 
