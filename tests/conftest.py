@@ -319,3 +319,80 @@ def base_library(family_images, hf_image, workdir):
         for name, source in BASES.items():
             lib.add_case(case_of(name, source, family_images, hf_image, workdir), name)
     return path
+
+
+# -- whole-machine images (issue 14): one guest VM per session ------------------------------------
+
+TOOLS = HERE.parent / "tools"  # tools/guestvm: the guest VM that whole-machine images come from
+
+
+class GuestTarget:
+    """The guest's model process seen like a local target: truth.json and its output dir."""
+
+    def __init__(self, outdir: Path) -> None:
+        self.outdir = outdir
+        self.truth = json.loads((outdir / "truth.json").read_text())
+
+
+def _guest_or_skip():
+    sys.path.insert(0, str(TOOLS))
+    if not shutil.which("qemu-system-x86_64"):
+        pytest.skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86 busybox-static)")
+    from guestvm import GuestError, build_kernel_assets
+
+    try:
+        return build_kernel_assets(lime=True)
+    except GuestError as exc:
+        pytest.skip(f"guest kernel assets could not be built here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def guest(workdir):
+    """One guest for the session, imaged once: ELF and raw dumps of one paused instant, a LiME
+    image taken from inside, and a process core of the model process made by zen in the guest.
+    LiME streams over TCP, as responders do: writing the dump into the guest's own page cache (a
+    9p share or a disk) puts the guest under memory pressure, and pages migrated while LiME runs
+    leave ~7% of the process's pages zero in the image (smear), measured here.
+    The guest keeps running so that rebuilt models can be checked on the same (virtual) CPU."""
+    from guestvm import Guest
+
+    assets = _guest_or_skip()
+    share = workdir / "guest-share"
+    out, src = share / "out", share / "src"
+    argv = [sys.executable, str(TARGETS / "family_target.py"), str(out), "convnet", "--src", str(src)]
+    images = {"elf": workdir / "guest.elf", "raw": workdir / "guest.raw", "lime": share / "guest.lime"}
+    out.mkdir(parents=True, exist_ok=True)
+    with Guest(assets, memory_mib=1536, share=share, workload=argv, cwd=HERE.parent, lime="tcp") as g:
+        g.wait_for(out / "truth.json", 900)
+        g.wait_for(g.workload_log, 120, contains="READY")
+        record = g.record()
+        with g.paused():
+            g.dump_elf(images["elf"])
+            g.dump_raw(images["raw"])
+        g.dump_lime(images["lime"])
+        # The same process imaged from inside the guest by zen itself (a process core), for the
+        # comparison the issue asks for: machine image and process core must give the same case.
+        core = share / "process.core"
+        zen_exe = Path(sys.executable).parent / "zen"
+        g.run(
+            f"chroot $R /bin/sh -c '{zen_exe} acquire --pid {record['workload_pid']} -o {core} > {share}/acquire.log 2>&1'",
+            timeout=900,
+        )
+        images["core"] = core
+        isf_dir = workdir / "isf"
+        made = zen("symbols", "--kernel", assets.vmlinuz, "-o", isf_dir / f"linux-{assets.version}.json.xz", timeout=900)
+        yield {
+            "vm": g,
+            "assets": assets,
+            "images": images,
+            "share": share,
+            "record": record,
+            "guest": share / "guest",
+            "target": GuestTarget(out),
+            "symbols": isf_dir,
+            "symbols_log": made.stdout,
+        }
+    for p in images.values():
+        p.unlink(missing_ok=True)
+
+

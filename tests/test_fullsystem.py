@@ -19,81 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HERE, TARGETS, zen
+from conftest import TARGETS, zen
 from safetensors.torch import load_file
 
-TOOLS = HERE.parent / "tools"
-sys.path.insert(0, str(TOOLS))
 VARIANTS = ("convnet", "convnet_se", "convnet_wide", "convnet_renamed")
-
-
-class GuestTarget:
-    """The guest's model process seen like a local target: truth.json and its output dir."""
-
-    def __init__(self, outdir: Path) -> None:
-        self.outdir = outdir
-        self.truth = json.loads((outdir / "truth.json").read_text())
-
-
-def _guest_or_skip():
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86 busybox-static)")
-    from guestvm import GuestError, build_kernel_assets
-
-    try:
-        return build_kernel_assets(lime=True)
-    except GuestError as exc:
-        pytest.skip(f"guest kernel assets could not be built here: {exc}")
-
-
-@pytest.fixture(scope="session")
-def guest(workdir):
-    """One guest for the session, imaged once: ELF and raw dumps of one paused instant, a LiME
-    image taken from inside, and a process core of the model process made by zen in the guest.
-    LiME streams over TCP, as responders do: writing the dump into the guest's own page cache (a
-    9p share or a disk) puts the guest under memory pressure, and pages migrated while LiME runs
-    leave ~7% of the process's pages zero in the image (smear), measured here.
-    The guest keeps running so that rebuilt models can be checked on the same (virtual) CPU."""
-    from guestvm import Guest
-
-    assets = _guest_or_skip()
-    share = workdir / "guest-share"
-    out, src = share / "out", share / "src"
-    argv = [sys.executable, str(TARGETS / "family_target.py"), str(out), "convnet", "--src", str(src)]
-    images = {"elf": workdir / "guest.elf", "raw": workdir / "guest.raw", "lime": share / "guest.lime"}
-    out.mkdir(parents=True, exist_ok=True)
-    with Guest(assets, memory_mib=1536, share=share, workload=argv, cwd=HERE.parent, lime="tcp") as g:
-        g.wait_for(out / "truth.json", 900)
-        g.wait_for(g.workload_log, 120, contains="READY")
-        record = g.record()
-        with g.paused():
-            g.dump_elf(images["elf"])
-            g.dump_raw(images["raw"])
-        g.dump_lime(images["lime"])
-        # The same process imaged from inside the guest by zen itself (a process core), for the
-        # comparison the issue asks for: machine image and process core must give the same case.
-        core = share / "process.core"
-        zen_exe = Path(sys.executable).parent / "zen"
-        g.run(
-            f"chroot $R /bin/sh -c '{zen_exe} acquire --pid {record['workload_pid']} -o {core} > {share}/acquire.log 2>&1'",
-            timeout=900,
-        )
-        images["core"] = core
-        isf_dir = workdir / "isf"
-        made = zen("symbols", "--kernel", assets.vmlinuz, "-o", isf_dir / f"linux-{assets.version}.json.xz", timeout=900)
-        yield {
-            "vm": g,
-            "assets": assets,
-            "images": images,
-            "share": share,
-            "record": record,
-            "guest": share / "guest",
-            "target": GuestTarget(out),
-            "symbols": isf_dir,
-            "symbols_log": made.stdout,
-        }
-    for p in images.values():
-        p.unlink(missing_ok=True)
 
 
 def check_in_guest(guest, pkg: Path, io: Path, path: Path | None) -> dict:
@@ -246,3 +175,43 @@ def test_numpy_page_walk_equals_volatilitys(guest):
         assert spaces[0].captured_bytes == spaces[1].captured_bytes > 100 << 20
     finally:
         img.close()
+
+
+def test_process_whose_memory_is_gone_is_refused_naming_ranges(guest, tmp_path):
+    """A LiME image made from the raw dump without the physical pages of the model process's
+    writable anonymous memory (as if it had been swapped out): zen names the missing ranges."""
+    import struct
+
+    from zen.memory.system.formats import LIME_MAGIC
+    from zen.memory.system.image import SystemImage
+    from zen.memory.system.process import SystemProcessSpace
+
+    raw = guest["images"]["raw"]
+    img = SystemImage(raw, "raw", [guest["symbols"]])
+    try:
+        space = SystemProcessSpace(img.kernel, img.process(guest["record"]["workload_pid"]))
+        holes = sorted(
+            {c._file_offset // 4096 + i for c in space.chunks if c.source.value == "image"
+             and (r := space.region_of(c.start)) is not None and r.writable and not r.file_backed
+             for i in range((c.end - c.start) // 4096)}
+        )  # fmt: skip
+        space.close()
+    finally:
+        img.close()
+    out = tmp_path / "gone.lime"
+    pages = raw.stat().st_size // 4096
+    with open(raw, "rb") as src, open(out, "wb") as dst:
+        start = 0
+        for hole in [*holes, pages]:
+            if hole > start:
+                src.seek(start * 4096)
+                dst.write(struct.pack("<IIQQQ", LIME_MAGIC, 1, start * 4096, hole * 4096 - 1, 0))
+                left = (hole - start) * 4096
+                while left:
+                    left -= dst.write(src.read(min(left, 1 << 24)))
+            start = hole + 1
+    res = zen("recover", out, "--pid", guest["record"]["workload_pid"], "--symbols", guest["symbols"], "-o", tmp_path / "c",
+              check=False)  # fmt: skip
+    out.unlink()
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "of its writable memory are in the image" in res.stderr and "largest missing ranges" in res.stderr

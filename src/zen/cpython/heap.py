@@ -283,6 +283,8 @@ class Heap:
         from zen.cpython.readers.functions import read_cell
 
         ip = self.ip
+        if "code" not in frame or "frame" not in frame:  # a thread whose frames could not be read
+            return {}
         ci = read_code(ip, frame["code"])
         n = len(ci.localsplusnames)
         raw = ip.read_within(frame["frame"] + ip.P.iframe.localsplus, 8 * n, frame["frame"], "frame locals")

@@ -149,7 +149,7 @@ class Kernel:
         except Exception as exc:  # Volatility raises its own exception types for bad files
             raise ImageError(f"Volatility cannot open {self.phys.path} as {fmt}: {exc}") from None
         if layer is None:
-            hint = "install python-snappy for compressed AVML images" if fmt == "avml" else None
+            hint = "compressed AVML needs the snappy C library (Debian: libsnappy1v5)" if fmt == "avml" else None
             raise ImageError(f"Volatility does not recognise {self.phys.path} as a {fmt} image", hint)
         self.ctx.add_layer(layer)
         return layer.name
@@ -310,6 +310,9 @@ class Kernel:
             )
 
     def close(self) -> None:
+        avml = getattr(self.phys, "avml", None)
+        if avml is not None:
+            avml.close()
         if self.mm is not None:
             try:
                 self.mm.close()

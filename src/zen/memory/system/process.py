@@ -30,23 +30,26 @@ MAPPING_BUDGET_FACTOR = 4
 # Below this share of resident bytes in anonymous writable mappings, the process's heap is
 # effectively gone (swapped out or not imaged): refuse with the missing ranges named.
 MIN_RESIDENT_SHARE = 0.02
+# Bytes of a mapped file compared with the image before the file may complete missing pages.
+VERIFY_BYTES = 1 << 20
 
 
 class _Budget(Exception):
     """The page-table walk exceeded its budget."""
 
 
-class LayerChunk:
-    """Bytes of a non-file-contiguous image (compressed AVML) read through Volatility's layer."""
+class AvmlChunk:
+    """Bytes of a compressed AVML image (not file-contiguous), read through the image's frame table
+    (`formats.AvmlFrames`: one decompression per 64 KiB frame, cached) at physical `phys`."""
 
-    __slots__ = ("start", "end", "source", "_ctx", "_layer", "_phys")
+    __slots__ = ("start", "end", "source", "_frames", "_phys")
 
-    def __init__(self, start: int, end: int, ctx, layer: str, phys: int) -> None:
+    def __init__(self, start: int, end: int, frames, phys: int) -> None:
         self.start, self.end, self.source = start, end, Source.IMAGE
-        self._ctx, self._layer, self._phys = ctx, layer, phys
+        self._frames, self._phys = frames, phys
 
     def read(self, offset: int, size: int) -> bytes:
-        return self._ctx.layers.read(self._layer, self._phys + offset, size)
+        return self._frames.read(self._phys + offset, size)
 
     def view(self, offset: int, size: int) -> bytes:
         return self.read(offset, size)
@@ -96,19 +99,19 @@ class SystemProcessSpace(AddressSpace):
             command=entry.cmdline or entry.comm, pid=entry.pid, producer=kernel.phys.producer
         )
         self._check_resident()
+        self.release()  # pages touched while verifying and walking need not stay in zen's RSS
 
     # -- resident pages ----------------------------------------------------------------------
     def _translations(self, layer_name: str, regions: list[Region], walker: str, budget: int):
         """(virtual, size, physical, physical layer) runs of resident pages, region by region.
 
-        `walker` "numpy" reads whole page tables from the image's mmap (pagetables.py);
-        "volatility" asks Volatility's layer page by page (the reference, and the only way for
-        images that are not file-contiguous)."""
+        `walker` "numpy" reads whole page tables from the image's mmap, or from its AVML frames
+        (pagetables.py); "volatility" asks Volatility's layer page by page (the reference)."""
         from zen.memory.system.pagetables import PageTableWalker, WalkBudgetExceeded
 
         kernel = self.kernel
         readable = [r for r in regions if r.readable or r.path]  # PROT_NONE reservations hold nothing
-        if walker == "numpy" and kernel.mm is not None:
+        if walker == "numpy" and (kernel.mm is not None or kernel.phys.avml is not None):
             pgd = self._pgd_physical()
             if pgd is not None:
                 pt = PageTableWalker(self._read_table, max_tables=budget // 64 + 4096, max_pages=budget)
@@ -141,34 +144,43 @@ class SystemProcessSpace(AddressSpace):
     def _read_table(self, phys: int):
         import numpy as np
 
-        hit = self.kernel.phys.file_offset(phys, PAGE)
+        img = self.kernel.phys
+        if self.kernel.mm is None:
+            hit = img.physical_run(phys, PAGE)
+            if hit is None or hit[1] < PAGE:
+                return None
+            return np.frombuffer(img.avml.read(phys, PAGE), dtype=np.uint64)
+        hit = img.file_offset(phys, PAGE)
         if hit is None or hit[1] < PAGE:
             return None
         return np.frombuffer(self.kernel.mm, dtype=np.uint64, count=512, offset=hit[0])
 
     def _resident_chunks(self, layer_name: str, regions: list[Region], problems: list[str], walker: str) -> list[Chunk]:
-        ctx, phys = self.kernel.ctx, self.kernel.phys
+        phys = self.kernel.phys
         budget = max(1 << 18, MAPPING_BUDGET_FACTOR * (phys.physical_bytes // PAGE))
         chunks: list[Chunk] = []
         missing_phys = 0
         mm = self.kernel.mm
-        # current run: virtual start, virtual end, file offset of the start
+        # Where a physical address lies: a file offset in the mmap, or (compressed AVML) the
+        # physical address itself, read through the image's frames.
+        locate = phys.file_offset if mm is not None else phys.physical_run
+        # current run: virtual start, virtual end, file offset (or physical address) of the start
         run: list[int] | None = None
 
         def flush() -> None:
             nonlocal run
             if run is not None:
-                chunks.append(MmapChunk(run[0], run[1], mm, run[2], Source.IMAGE))
+                if mm is not None:
+                    chunks.append(MmapChunk(run[0], run[1], mm, run[2], Source.IMAGE))
+                else:
+                    chunks.append(AvmlChunk(run[0], run[1], phys.avml, run[2]))
                 run = None
 
         try:
-            for vaddr, size, paddr, lname in self._translations(layer_name, regions, walker, budget):
-                if mm is None:
-                    chunks.append(LayerChunk(vaddr, vaddr + size, ctx, lname, paddr))
-                    continue
+            for vaddr, size, paddr, _lname in self._translations(layer_name, regions, walker, budget):
                 pos = 0
                 while pos < size:
-                    hit = phys.file_offset(paddr + pos, size - pos)
+                    hit = locate(paddr + pos, size - pos)
                     if hit is None:
                         flush()
                         missing_phys += PAGE
@@ -250,14 +262,16 @@ class SystemProcessSpace(AddressSpace):
         # executable text. Read-only data at other offsets may legitimately differ (RELRO pages
         # are relocated copy-on-write, then made read-only), so it is kept from the image, never
         # used as evidence that the file is another one.
+        # At most VERIFY_BYTES per file: another build differs everywhere, so a sample decides,
+        # and comparing all of a large library's resident text would make zen's RSS grow by it.
         checked = 0
         for r in regions:
             if r.path != path or r.writable or not (r.executable or r.offset == 0):
                 continue
-            for c in space.chunks:
-                if c.source is not Source.IMAGE or c.end <= r.start or c.start >= r.end:
+            for c in _chunks_in(space, r.start, r.end):
+                if c.source is not Source.IMAGE or checked >= VERIFY_BYTES:
                     continue
-                lo, hi = max(c.start, r.start), min(c.end, r.end)
+                lo, hi = max(c.start, r.start), min(c.end, r.end, max(c.start, r.start) + VERIFY_BYTES - checked)
                 if not r.executable:
                     hi = min(hi, r.start + PAGE)
                 foff = r.offset + (lo - r.start)
@@ -269,6 +283,10 @@ class SystemProcessSpace(AddressSpace):
                     refused.add(path)
                     return None
                 checked += n
+        try:
+            dm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
         self._disk_maps.append(dm)
         return dm, size
 
@@ -285,6 +303,16 @@ class SystemProcessSpace(AddressSpace):
                 "the process was swapped out or the image is incomplete; an image taken while the model was serving helps",
             )
 
+    def release(self) -> None:
+        """Drop every image and file page from zen's resident set: one madvise per mapping
+        instead of one per chunk (there are tens of thousands of chunks here)."""
+        for buf in self.chunk_table()[4]:
+            if isinstance(buf, mmap.mmap):
+                try:
+                    buf.madvise(mmap.MADV_DONTNEED)
+                except (OSError, ValueError):
+                    pass
+
     def close(self) -> None:
         for m in self._disk_maps:
             try:
@@ -292,10 +320,19 @@ class SystemProcessSpace(AddressSpace):
             except BufferError:
                 pass
         self._disk_maps.clear()
+        if self.kernel.phys.avml is not None:
+            self.kernel.phys.avml.close()
         img = getattr(self, "system_image", None)
         if img is not None:
             img.close()
             self.system_image = None
+
+
+def _chunks_in(space: AddressSpace, start: int, end: int) -> list[Chunk]:
+    from bisect import bisect_left, bisect_right
+
+    starts = [c.start for c in space.chunks] if not hasattr(space, "_starts") else space._starts
+    return space.chunks[max(0, bisect_right(starts, start) - 1) : bisect_left(starts, end)]
 
 
 def _gaps(space: AddressSpace, start: int, end: int) -> list[tuple[int, int]]:
