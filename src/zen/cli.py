@@ -24,7 +24,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="zen: recover deep-learning models, and the code that implements them, from memory images of Python processes.",
+    help="zen: recover deep-learning models, and the code that implements them, from memory images of Python processes "
+    "(process cores, live PIDs, or whole-machine RAM images: LiME, AVML, raw, ELF dumps).",
 )
 profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles (struct offsets) for a Python version.")
 app.add_typer(profile_app, name="profile")
