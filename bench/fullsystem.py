@@ -31,6 +31,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_recover import sequential_read  # noqa: E402
 
+QUIESCE = (
+    "echo never > /sys/kernel/mm/transparent_hugepage/enabled; "
+    "echo never > /sys/kernel/mm/transparent_hugepage/defrag; "
+    "echo 0 > /proc/sys/vm/compaction_proactiveness"
+)
+
 ZEN = [sys.executable, "-m", "zen"]
 
 
@@ -66,11 +72,12 @@ def main() -> None:
     core = share / "process.core"
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    with Guest(assets, memory_mib=args.memory, share=share, workload=argv, cwd=ROOT, lime="share") as g:
+    with Guest(assets, memory_mib=args.memory, share=share, workload=argv, cwd=ROOT, lime="tcp") as g:
         g.wait_for(out / "truth.json", 900)
         record = g.record()
         timings["boot"] = g.timings.get("boot_s", 0.0)
         timings["dump ELF"] = g.dump_elf(images["ELF (QEMU dump-guest-memory)"])
+        g.run(QUIESCE)  # see tests/conftest.py: THP collapse during LiME smears the image
         timings["LiME"] = g.dump_lime(images["LiME (in the guest)"])
         zen_exe = Path(sys.executable).parent / "zen"
         t = time.perf_counter()

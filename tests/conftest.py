@@ -326,6 +326,18 @@ def base_library(family_images, hf_image, workdir):
 TOOLS = HERE.parent / "tools"  # tools/guestvm: the guest VM that whole-machine images come from
 
 
+# LiME copies RAM while the guest runs. With transparent huge pages on (Debian's default),
+# khugepaged collapses the model process's heap into new 2 MiB pages during the copy, and the
+# image then holds page tables pointing at frames copied before they were filled (zeros with
+# init_on_alloc): measured, ~7% of the process's pages, and no model recoverable. The fixture stops
+# THP collapse and proactive compaction first; a responder can do the same before running LiME.
+QUIESCE = (
+    "echo never > /sys/kernel/mm/transparent_hugepage/enabled; "
+    "echo never > /sys/kernel/mm/transparent_hugepage/defrag; "
+    "echo 0 > /proc/sys/vm/compaction_proactiveness"
+)
+
+
 class GuestTarget:
     """The guest's model process seen like a local target: truth.json and its output dir."""
 
@@ -350,9 +362,7 @@ def _guest_or_skip():
 def guest(workdir):
     """One guest for the session, imaged once: ELF and raw dumps of one paused instant, a LiME
     image taken from inside, and a process core of the model process made by zen in the guest.
-    LiME streams over TCP, as responders do: writing the dump into the guest's own page cache (a
-    9p share or a disk) puts the guest under memory pressure, and pages migrated while LiME runs
-    leave ~7% of the process's pages zero in the image (smear), measured here.
+    LiME streams over TCP, as responders do, after THP collapse is stopped (QUIESCE above).
     The guest keeps running so that rebuilt models can be checked on the same (virtual) CPU."""
     from guestvm import Guest
 
@@ -369,6 +379,7 @@ def guest(workdir):
         with g.paused():
             g.dump_elf(images["elf"])
             g.dump_raw(images["raw"])
+        g.run(QUIESCE)
         g.dump_lime(images["lime"])
         # The same process imaged from inside the guest by zen itself (a process core), for the
         # comparison the issue asks for: machine image and process core must give the same case.
