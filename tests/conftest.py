@@ -324,6 +324,7 @@ def base_library(family_images, hf_image, workdir):
 # -- whole-machine images (issue 14): one guest VM per session ------------------------------------
 
 TOOLS = HERE.parent / "tools"  # tools/guestvm: the guest VM that whole-machine images come from
+sys.path.insert(0, str(TOOLS))
 
 
 # LiME copies RAM while the guest runs. With transparent huge pages on (Debian's default),
@@ -347,7 +348,6 @@ class GuestTarget:
 
 
 def _guest_or_skip():
-    sys.path.insert(0, str(TOOLS))
     if not shutil.which("qemu-system-x86_64"):
         pytest.skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86 busybox-static)")
     from guestvm import GuestError, build_kernel_assets
