@@ -38,6 +38,8 @@ def check_in_guest(guest, pkg: Path, io: Path, path: Path | None) -> dict:
 
 
 def _case(guest, kind: str, name: str, workdir: Path) -> Path:
+    if kind not in guest["images"]:
+        pytest.skip(f"no {kind} image of the guest (see the fixture's output)")
     case = workdir / f"guest-case-{kind}-{name}"
     if not (case / "manifest.json").exists():
         mid = guest["target"].truth["variants"][name]["model_id"]
