@@ -12,5 +12,12 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e '.[test]'
+# Whole-machine image tests boot a QEMU guest (tools/guestvm); compressed AVML images need libsnappy.
+# Installed when this runs as root on Debian/Ubuntu; without them those tests skip, zen itself works.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+  (timeout 600 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq \
+      qemu-system-x86 busybox-static libsnappy1v5 >/dev/null) \
+    || echo "qemu/busybox could not be installed: the full-system image tests will be skipped"
+fi
 .venv/bin/zen version
 echo "installed: activate with '. .venv/bin/activate' or call .venv/bin/zen"
