@@ -139,6 +139,7 @@ class Guest:
             disk=self.disk,
             hostfwd_port=self.port,
             la57=self.la57,
+            expose=self._hidden_paths(),
             workdir=workdir,
         )
         t0 = time.monotonic()
@@ -146,6 +147,21 @@ class Guest:
         self.accel = accel
         self.wait_for(self.ctl / "ready", self.boot_timeout)
         self.timings["boot_s"] = time.monotonic() - t0
+
+    def _hidden_paths(self) -> list[Path]:
+        """The working directory and the workload's program when they lie under /tmp or /run,
+        which the guest covers with its own tmpfs (a CI checkout under /tmp, say)."""
+        hidden = ("/tmp/", "/run/")
+        cands = [self.cwd]
+        if self.workload:
+            exe = Path(self.workload[0])
+            cands.append(exe.parent.parent if exe.parent.name == "bin" else exe.parent)
+        out: list[Path] = []
+        for p in cands:
+            p = Path(os.path.abspath(p))
+            if str(p).startswith(hidden) and not any(str(p).startswith(str(q) + "/") or p == q for q in out):
+                out.append(p)
+        return out[:4]
 
     def shutdown(self, timeout: float = 30) -> None:
         """Power the guest off (QMP quit; killed if it lingers) and remove temporary files."""

@@ -54,6 +54,15 @@ mount -t sysfs sys $R/sys
 mount --bind /dev $R/dev
 mount -t tmpfs tmp $R/tmp
 mount -t tmpfs run $R/run
+# host directories under /tmp or /run (hidden by the tmpfs above) that the workload needs
+for w in $(cat /proc/cmdline); do
+    case "$w" in guestvm.x[0-9]=*)
+        tag="${w%%=*}"; tag="${tag#guestvm.}"; dir="${w#*=}"
+        mkdir -p "$R$dir" 2>/dev/null
+        mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=@MSIZE@,cache=loose "$tag" "$R$dir" \
+            || echo "guestvm: cannot mount $dir (9p tag $tag)";;
+    esac
+done
 mkdir -p "$R$SHARE" 2>/dev/null
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=@MSIZE@,cache=none share "$R$SHARE" \
     || die "cannot mount the share (9p tag share) at $SHARE"

@@ -43,12 +43,16 @@ class VMConfig:
     disk: Path | None = None  # virtio raw disk (/dev/vda): LiME's block-device output
     hostfwd_port: int | None = None  # host 127.0.0.1:PORT -> guest :4444 (LiME tcp)
     la57: bool = False  # let a TCG guest use 5-level paging (tests of zen's refusal)
+    # host directories hidden in the guest by its own tmpfs on /tmp and /run (a checkout or venv
+    # under /tmp): shared read-only and mounted at the same path inside the chroot
+    expose: list[Path] = field(default_factory=list)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="zen-vm-")))
 
     def append(self) -> str:
         """Kernel command line: serial console, 4-level paging, KASLR left on (as in the field)."""
         paging = "" if self.la57 else " no5lvl"
         base = f"console=ttyS0{paging} panic=-1 guestvm.share={self.share}"
+        base += "".join(f" guestvm.x{i}={p}" for i, p in enumerate(self.expose))
         return f"{base} {self.append_extra}".strip()
 
     def argv(self) -> list[str]:
@@ -83,6 +87,8 @@ class VMConfig:
             "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             "-virtfs",
             f"local,path={self.share},mount_tag=share,security_model=none,multidevs=remap",
+            *[a for i, p in enumerate(self.expose)
+              for a in ("-virtfs", f"local,path={p},mount_tag=x{i},security_model=none,readonly=on,multidevs=remap")],
         ]
         if self.disk is not None:
             a += ["-drive", f"file={self.disk},if=virtio,format=raw,cache=unsafe"]
