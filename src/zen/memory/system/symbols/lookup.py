@@ -11,8 +11,6 @@ zen's own is schema-validated once per content hash, not once per run.
 from __future__ import annotations
 
 import base64
-import bz2
-import gzip
 import hashlib
 import json
 import lzma
@@ -67,14 +65,10 @@ def isf_files(paths: list[Path]) -> list[Path]:
 
 
 def _open_text(path: Path):
-    name = path.name
-    if name.endswith(".xz"):
-        return lzma.open(path, "rb")
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if name.endswith(".bz2"):
-        return bz2.open(path, "rb")
-    return open(path, "rb")
+    """An ISF opened by its compression suffix (the same rule `zen symbols` writes by)."""
+    from zen.memory.system.symbols.build import _open_isf
+
+    return _open_isf(path)
 
 
 def load_isf_json(path: Path) -> dict:
