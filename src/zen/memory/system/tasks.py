@@ -127,9 +127,17 @@ def mapped_file_names(entry: ProcessEntry) -> set[str]:
     if not mm:
         return names
     seen: set[int] = set()
-    for n, vma in enumerate(mm.get_vma_iter()):
+    # Volatility's per-VMA validity check (an inode read per mapping) is most of the cost; a name
+    # only decides how a process is labelled, so the raw walk with zen's own bounds suffices here.
+    walk = getattr(mm, "_do_get_vma_iter", mm.get_vma_iter)
+    for n, vma in enumerate(walk()):
         if n >= MAX_VMAS:
             break
+        try:
+            if not 0 <= int(vma.vm_start) < int(vma.vm_end) <= 1 << 57:
+                continue
+        except Exception:
+            continue
         f = int(vma.vm_file)
         if not f or f in seen:
             continue
