@@ -32,8 +32,10 @@ class SystemImage:
             self.kernel = Kernel(self.phys, symbols)
         except ImageError as exc:
             if fmt == "raw" and ("banner" in exc.message or "too small" in exc.message):
+                size = self.path.stat().st_size
+                maybe = "; if it is a raw RAM image, it may be cut short before the kernel" if size >= 64 << 20 else ""
                 raise ImageError(
-                    f"not an ELF core file, nor a memory image of a Linux machine (no kernel banner): {self.path}",
+                    f"not an ELF core file, nor a memory image of a Linux machine (no kernel banner): {self.path}{maybe}",
                     "zen reads process cores (zen acquire, gcore, kernel cores) and LiME, AVML, raw or ELF dumps of RAM",
                 ) from None
             raise
