@@ -85,13 +85,9 @@ def load_symbol_file(path: Path, link_text: int | None) -> SymbolFile:
 
     `link_text` is the link-time `_text` (from the vmlinux when there is one); without it the
     x86_64 default is assumed."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE + 1)
-    except OSError as exc:
-        raise SymbolFileError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE:
-        raise SymbolFileError(f"{path} is larger than {MAX_FILE >> 20} MiB: not a symbol file")
+    from zen.memory.system.symbols.kernelfile import read_limited
+
+    raw = read_limited(path, MAX_FILE, "a symbol file", SymbolFileError)
     syms, modules = parse_symbol_lines(raw.decode("latin-1"), str(path))
     if not syms or _is_placeholder(syms):
         raise SymbolFileError(

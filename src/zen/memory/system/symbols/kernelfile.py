@@ -100,14 +100,15 @@ class Vmlinux:
         raise KernelFileError("no `Linux version ...` banner in the kernel's .rodata", "is this really a Linux kernel image?")
 
 
-def read_limited(path: Path, limit: int = MAX_KERNEL_FILE) -> bytes:
+def read_limited(path: Path, limit: int = MAX_KERNEL_FILE, what: str = "a kernel file", error: type = KernelFileError) -> bytes:
+    """A whole input file, refused (as `error`) when unreadable or larger than `limit`."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(limit + 1)
     except OSError as exc:
-        raise KernelFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise KernelFileError(f"{path} is larger than {limit >> 20} MiB: not a kernel file")
+        raise error(f"{path} is larger than {limit >> 20} MiB: not {what}")
     return data
 
 
