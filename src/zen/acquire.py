@@ -63,8 +63,8 @@ def _prpsinfo(pid: int, ppid: int, comm: str, args: str, state: str) -> bytes:
     buf = bytearray(136)
     struct.pack_into("<cc", buf, 0, b"\0", (state or "R")[0].encode())
     struct.pack_into("<IIiiii", buf, 16, os.getuid(), os.getgid(), pid, ppid, pid, pid)
-    buf[40:56] = comm.encode()[:15].ljust(16, b"\0")
-    buf[56:136] = args.encode()[:79].ljust(80, b"\0")
+    buf[40:56] = comm.encode("utf-8", "surrogateescape")[:15].ljust(16, b"\0")
+    buf[56:136] = args.encode("utf-8", "surrogateescape")[:79].ljust(80, b"\0")
     return bytes(buf)
 
 
@@ -147,7 +147,7 @@ def written_pages(pid: int) -> dict[int, int]:
     """
     out: dict[int, int] = {}
     try:
-        with open(f"/proc/{pid}/smaps") as fh:
+        with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="surrogateescape") as fh:
             start = None
             for line in fh:
                 head = line.split(None, 1)[0]

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zen.errors import ZenError
+from zen.represent import textio
 
 BASE_NAME = "tiny-base"
 
@@ -176,7 +177,7 @@ def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
     from zen.report.html import render
 
     report = workdir / "report.html"
-    report.write_text(render(gather(case_dir, library=lib_path, base=BASE_NAME, reuse_dir=workdir / "rebuilt_model")))
+    textio.write_text(report, render(gather(case_dir, library=lib_path, base=BASE_NAME, reuse_dir=workdir / "rebuilt_model")))
     console.print(f"forensic report: {report}")
     elapsed = time.perf_counter() - t_start
     console.print(f"[bold]{'OK' if ok else 'MISMATCH'}[/bold]: demo finished in {elapsed:.1f} s; case: {case_dir}")

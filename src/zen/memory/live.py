@@ -35,7 +35,8 @@ def parse_maps_line(line: str) -> Region | None:
 
 def read_maps(pid: int) -> list[Region]:
     try:
-        with open(f"/proc/{pid}/maps") as fh:
+        # file names are bytes to the kernel: carried losslessly (as os.fsdecode does), never a crash
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="surrogateescape") as fh:
             lines = fh.readlines()
     except FileNotFoundError:
         raise ProcessError(f"no process with PID {pid}", "check the PID with `ps`") from None
@@ -47,7 +48,7 @@ def read_maps(pid: int) -> list[Region]:
 def process_state(pid: int) -> str:
     """The one-letter state of a process from /proc/PID/stat ('R', 'S', 'T', ...)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="surrogateescape") as fh:
             stat = fh.read()
     except OSError:
         return "?"
@@ -98,7 +99,7 @@ def frozen(pid: int, timeout: float = 5.0) -> Iterator[bool]:
 
 def _task_state(pid: int, tid: int) -> str:
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+        with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8", errors="surrogateescape") as fh:
             stat = fh.read()
     except OSError:
         return "?"
