@@ -6,16 +6,32 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from zen.console import consoles
 from zen.errors import ZenError
 
 library_app = typer.Typer(no_args_is_help=True, help="The Base Model Library: fingerprints of known base models.")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out, err = consoles()
 
 LIB_OPT = typer.Option(None, "--library", help="Library file (default: $ZEN_LIBRARY or ~/.local/share/zen/library.sqlite).")
+
+
+EXIT_PARTIAL = 5
+
+
+def check_case(case_dir: Path) -> list[str]:
+    """Verify a case before a command uses it: its manifest (schema) and every file against the
+    manifest's hashes. Files the command reads are checked again where they are loaded (a mismatch
+    there is an error); problems with the others are printed here, and the command, whose results
+    do not depend on them, finishes with exit code 5."""
+    from zen.represent import case
+
+    problems = case.integrity(case_dir, case.load_manifest(case_dir))
+    for p in problems:
+        err.print(f"[yellow]problem with the case: {escape(p)}[/yellow]", soft_wrap=True)
+    return problems
 
 
 def _open(path: Path | None, create: bool = True):
@@ -132,6 +148,7 @@ def attribute(
     from zen.attribute.algorithm import attribute as do_attribute
     from zen.represent import case
 
+    problems = check_case(case_dir)
     mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
     with _open(library, create=False) as lib:
         if len(lib) == 0:
@@ -139,6 +156,8 @@ def attribute(
         res = do_attribute(mr, pr, lib, optimal=optimal)
     if as_json:
         out.print_json(json.dumps(res.to_json()))
+        if problems:
+            raise typer.Exit(EXIT_PARTIAL)
         return
     t = Table(
         "base model", "UR", "MR", "PR", "Arch", "TS", "OP", "graph", "COs", "CLS", "identical", "changed", "added", "method"
@@ -154,3 +173,5 @@ def attribute(
     else:
         out.print(f"[bold]{res.message}[/bold]")
     out.print(res.explanation)
+    if problems:
+        raise typer.Exit(EXIT_PARTIAL)

@@ -11,15 +11,15 @@ import marshal
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from zen.cli_library import LIB_OPT, _open
+from zen.cli_library import EXIT_PARTIAL, LIB_OPT, _open, check_case
+from zen.console import consoles
 from zen.errors import ZenError
+from zen.represent import textio
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out, err = consoles()
 
 EXECUTES = "load() and `zen verify` EXECUTE code recovered from the image: run them in an isolated environment."
 
@@ -43,11 +43,11 @@ def diff(
     """What the recovered model changed relative to a base model (ZEN Algorithm 2)."""
     from zen.diff.view import change_summary, function_views
     from zen.patch.format import write_patch
+    from zen.represent import case
     from zen.reuse.package import diff_case
 
+    problems = check_case(case_dir)
     entry, base_blob = _base(library, base)
-    from zen.represent import case
-
     data, d, rec_code = diff_case(Path(case_dir), entry)
     if data is None:
         py = (case.load_manifest(case_dir).get("python") or {}).get("version", "?")
@@ -67,13 +67,15 @@ def diff(
     if as_json:
         out.print_json(json.dumps({**d.summary(), "functions": [v.to_json() for v in views],
                                    "patch": str(patch) if patch else None}))  # fmt: skip
+        if problems:
+            raise typer.Exit(EXIT_PARTIAL)
         return
     s = d.summary()
     out.print(f"[bold]{escape(str(case_dir))}[/bold] against base [bold]{escape(base)}[/bold]: "
               f"{s['changed']} changed, {s['added']} added, {s['unchanged']} unchanged functions")  # fmt: skip
     t = Table("recovered module", "base module")
     for m, b in d.module_map.items():
-        t.add_row(m, b or "[italic](new: synthesised on reuse)[/italic]")
+        t.add_row(escape(m), escape(b) if b else "[italic](new: synthesised on reuse)[/italic]")
     out.print(t)
     for label, items in (("classes added", s["classes_added"]), ("classes removed", s["classes_removed"]),
                          ("methods added to base classes", s["methods_added"]),
@@ -94,6 +96,8 @@ def diff(
             out.print(f"[{style}]{escape(line)}[/{style}]" if style else escape(line), soft_wrap=True)
     if patch is not None:
         out.print(f"\npatch written to {escape(str(patch))} ({len(data['functions'])} functions, {len(data['classes'])} classes)")
+    if problems:
+        raise typer.Exit(EXIT_PARTIAL)
 
 
 def reuse(
@@ -108,8 +112,11 @@ def reuse(
     library: Path | None = LIB_OPT,
 ) -> None:
     """Write an importable package that rebuilds the recovered model: `import PKG; PKG.load()`."""
+    from zen.represent import case
     from zen.reuse.package import make_patch, write_package
 
+    # the package is built from every case file (weights, code, MR): all must be what zen wrote
+    case.require_intact(case_dir, case.load_manifest(case_dir), case.ALL_FILES)
     entry = _base(library, base)[0] if base else None
     data, d = make_patch(case_dir, entry)
     pkg = write_package(case_dir, output, data, d.summary() if d else None)
@@ -133,7 +140,7 @@ def _record(package: Path, inputs: Path, expect: Path | None, rows: list, report
             "expect_sha256": file_sha256(expect) if expect else None, "results": rows, "load_report": report,
             "package_sha256": package_hashes(Path(package)), "executed_recovered_code": True}  # fmt: skip
     try:
-        (Path(package) / "verify.json").write_text(json.dumps(data, indent=1) + "\n")
+        textio.write_json(Path(package) / "verify.json", data, indent=1)
     except OSError as exc:
         err.print(f"[yellow]could not write verify.json: {escape(str(exc))}[/yellow]")
 
@@ -234,8 +241,13 @@ def report(
 
         text = render_html(data)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    output.with_suffix(".json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    textio.write_text(output, text)
+    textio.write_json(output.with_suffix(".json"), data, indent=1)
     a = data.get("attribution")
     verdict = f"attributed to {a['attributed']}" if a and a.get("attributed") else "no attribution"
     out.print(f"wrote {escape(str(output))} ({len(text):,} bytes; {verdict}) and {escape(str(output.with_suffix('.json')))}")
+    integ = data["evidence"].get("integrity") or {}
+    for p in integ.get("problems", []):
+        err.print(f"[yellow]problem with the case (shown in the report): {escape(p)}[/yellow]", soft_wrap=True)
+    if not integ.get("verified", True):
+        raise typer.Exit(EXIT_PARTIAL)

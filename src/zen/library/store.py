@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from zen.errors import ZenError
+from zen.represent import textio
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
 
@@ -63,7 +64,7 @@ def default_library_path() -> Path:
 
 
 def _pack(obj: dict) -> bytes:
-    return zlib.compress(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode(), 6)
+    return zlib.compress(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace"), 6)
 
 
 def _unpack(blob: bytes) -> dict:
@@ -196,6 +197,8 @@ class Library:
         from zen.represent import case
 
         manifest = case.load_manifest(case_dir)
+        # a base model's fingerprint is what every later attribution trusts: only an intact case
+        case.require_intact(case_dir, manifest, case.ALL_FILES)
         code_file = Path(case_dir) / case.CODE_FILE
         return self.add(name, case.load_mr(case_dir), case.load_pr(case_dir), case.load_ur(case_dir),
                         source_sha256=manifest.get("evidence", {}).get("sha256"),
@@ -273,7 +276,7 @@ class Library:
         for item in items:
             code = self.code(item["name"])
             item["code_marshal"] = base64.b64encode(code).decode() if code else None
-        Path(path).write_text(json.dumps({"format": 1, "kind": "zen-library-export", "models": items}, ensure_ascii=False))
+        textio.write_json(path, {"format": 1, "kind": "zen-library-export", "models": items})
         return len(items)
 
     def import_(self, path: Path, *, replace: bool = False) -> list[str]:

@@ -33,7 +33,19 @@ def _evidence(case_dir: Path, manifest: dict) -> dict:
         "files": manifest.get("files", {}), "case": str(case_dir.resolve()),
         "recovered_by": " ".join(str(v) for v in (manifest.get("tool") or {}).values()) or None,
         "system": _system(ev.get("system")), "notes": ev.get("notes") or [],
+        "integrity": _integrity(case_dir, manifest),
     }  # fmt: skip
+
+
+def _integrity(case_dir: Path, manifest: dict) -> dict:
+    """The report verifies the evidence it prints: every case file against the manifest's hash
+    (the manifest's own hash is printed so that a copy of the report pins it too)."""
+    problems = case.integrity(case_dir, manifest)
+    bad = {p.split(" ", 1)[0]: p for p in problems}
+    files = {n: ("verified" if n not in bad else bad[n]) for n in sorted(manifest.get("files") or {})}
+    files.update({n: p for n, p in bad.items() if n not in files})
+    return {"verified": not problems, "problems": problems, "files": files,
+            "manifest_sha256": case.verified_sha256(case_dir / case.MANIFEST)}  # fmt: skip
 
 
 def _system(sy: dict | None) -> list[tuple[str, str]] | None:

@@ -73,16 +73,36 @@ def _evidence(d: dict) -> str:
             ("recovery status", _t(e.get("status"))), ("recovered by", _t(e.get("recovered_by"))),
             ("case directory", f"<code>{_t(e['case'])}</code>")]  # fmt: skip
     rows[5:5] = [(k, _t(v)) for k, v in e.get("system") or []]
-    html = _kv(rows)
+    html = _integrity_banner(e) + _kv(rows)
     if e.get("notes"):
         html += "<ul>" + "".join(f"<li>note: {_t(n)}</li>" for n in e["notes"]) + "</ul>"
     if e.get("problems"):
         html += '<div class="warn"><b>problems with the evidence</b><ul>' + "".join(
             f"<li>{_t(p)}</li>" for p in e["problems"]) + "</ul></div>"  # fmt: skip
     if e.get("files"):
-        html += "<h3>case files (sha256)</h3>" + _table(["file", "sha256"], [[_t(k), f"<code>{_t(v)}</code>"] for k, v in
-                                                                             sorted(e["files"].items())])  # fmt: skip
+        checks = (e.get("integrity") or {}).get("files") or {}
+        rows = [[_t(k), f"<code>{_t(v)}</code>", _check(checks.get(k))] for k, v in sorted(e["files"].items())]
+        rows += [[_t(k), "(not recorded)", _check(v)] for k, v in sorted(checks.items()) if k not in e["files"]]
+        html += "<h3>case files (sha256, checked when this report was made)</h3>" + _table(["file", "sha256", "check"], rows)
+        if (e.get("integrity") or {}).get("manifest_sha256"):
+            html += f"<p>manifest.json sha256 <code>{_t(e['integrity']['manifest_sha256'])}</code></p>"
     return html
+
+
+def _check(v: str | None) -> str:
+    if v == "verified":
+        return '<span class="ok">verified</span>'
+    return f'<span class="bad">{_t(v or "not checked")}</span>'
+
+
+def _integrity_banner(e: dict) -> str:
+    """A case that fails verification says so before anything else in the report."""
+    integ = e.get("integrity") or {}
+    if integ.get("verified", True):
+        return ""
+    items = "".join(f"<li>{_t(p)}</li>" for p in integ.get("problems", []))
+    return (f'<div class="warn"><b class="bad">THE CASE FILES DO NOT MATCH THE MANIFEST: what follows may not be what '
+            f"zen recovered from the image.</b><ul>{items}</ul></div>")  # fmt: skip
 
 
 def _summary(d: dict) -> str:

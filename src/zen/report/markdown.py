@@ -52,6 +52,10 @@ def render(d: dict) -> str:
              f"Generated {_txt(d['generated'])} by {_txt(d['tool'])}; nothing recovered from the image was executed "
              "to produce it.", "",
              "## 1. Evidence", ""]  # fmt: skip
+    integ = e.get("integrity") or {}
+    if not integ.get("verified", True):
+        lines += ["**THE CASE FILES DO NOT MATCH THE MANIFEST: what follows may not be what zen recovered from the "
+                  "image.**", ""] + [f"- **{_txt(p)}**" for p in integ.get("problems", [])] + [""]  # fmt: skip
     lines += _table(["", ""], [["memory image", _code(e["image"])], ["size", f"{e.get('size') or 0:,} bytes"],
                                ["sha256", _code(e["sha256"])], ["acquired", e.get("acquired_at")],
                                ["acquisition", f"{e.get('producer')} ({e.get('acquisition_mode') or 'foreign core'})"],
@@ -63,6 +67,12 @@ def render(d: dict) -> str:
         lines.append(f"- note: {_txt(n)}")
     for p in e.get("problems") or []:
         lines.append(f"- problem: {_txt(p)}")
+    checks = integ.get("files") or {}
+    if checks:
+        lines += ["", "Case files (sha256 from the manifest; checked when this report was made):", ""]
+        lines += _table(["file", "sha256", "check"], [[k, _code((e.get("files") or {}).get(k) or "(not recorded)"), v]
+                                                      for k, v in sorted(checks.items())])  # fmt: skip
+        lines += ["", f"manifest.json sha256 {_code(integ.get('manifest_sha256') or '?')}", ""]
     lines += ["## 2. Recovered model", ""]
     lines += _table(["", ""], [["model", Md(f"{_code(s['root_class'])} at {_txt(s['root_address'])}")], ["tensors", s["tensors"]],
                                ["layers", s["layers"]], ["weights", f"{s['weights'] or 0:,}"],

@@ -1,0 +1,199 @@
+"""Case files are evidence read back by every later command: check their shape before use.
+
+A case directory may have been altered, truncated or crafted. Before any command builds MR, PR or
+UR objects from JSON, the data is checked against the schema those files are written from: the
+dataclasses in `represent.mr` and `represent.pr` *are* the schema (field names, which are
+required, and the type of each), so the checker reads their type hints instead of repeating them
+in a second description that could drift. Errors name the file and the JSON path of the first
+mismatch (`mr.json: modules[3].hyperparameters: expected an object, found a list`).
+
+`json_schema()` renders the same hints as JSON Schema (draft 2020-12) for other tools; the tests
+validate real cases with both. The manifest, which has no dataclass, has a JSON Schema data file
+(`schemas/manifest.schema.json`), validated with jsonschema.
+
+Depth is bounded twice: json's decoder stops at Python's recursion limit (a RecursionError here
+becomes a clear error), and `MAX_DEPTH` bounds nesting inside free-form (`Any`) values, which
+later readers (snapshot decoding in reuse, literal_eval of hyper-parameters) walk recursively.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from zen.errors import ZenError
+
+MAX_DEPTH = 200  # nesting of JSON containers in a case file (real cases stay below 40)
+
+
+class CaseFileError(ZenError):
+    """A case file is not valid: unreadable, not JSON, too deep, or not of the expected shape."""
+
+
+def parse_json(path: Path, what: str | None = None) -> Any:
+    """Parse a JSON file with bounded nesting; every failure is a CaseFileError naming the file."""
+    what = what or Path(path).name
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise CaseFileError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise CaseFileError(f"{what} is nested too deeply to be a zen file", "recover the case again") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CaseFileError(f"{what} is not valid JSON: {exc}", "recover the case again") from None
+    check_depth(data, what)
+    return data
+
+
+def check_depth(data: Any, what: str, limit: int = MAX_DEPTH) -> None:
+    """Iteratively verify that containers nest at most `limit` deep."""
+    stack = [(data, 0)]
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            raise CaseFileError(f"{what} nests deeper than {limit} levels: not a zen file")
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values() if isinstance(x, (dict, list)))
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)  # fmt: skip
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _required(cls: type) -> frozenset[str]:
+    return frozenset(
+        f.name for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+    )  # fmt: skip
+
+
+def check(value: Any, hint: Any, where: str) -> None:
+    """Raise CaseFileError if `value` (parsed JSON) does not fit the type hint `hint`."""
+    if hint is Any:
+        return
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                check(value, opt, where)
+                return
+            except CaseFileError as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else CaseFileError(f"{where}: unexpected {_kind(value)}")
+    if dataclasses.is_dataclass(hint):
+        check_record(value, hint, where)
+        return
+    if origin is list or hint is list:
+        if type(value) is not list:
+            raise CaseFileError(f"{where}: expected a list, found {_kind(value)}")
+        (item,) = typing.get_args(hint) or (Any,)
+        if item is str:
+            bad = next((i for i, x in enumerate(value) if type(x) is not str), None)
+            if bad is not None:
+                raise CaseFileError(f"{where}[{bad}]: expected a string, found {_kind(value[bad])}")
+        elif item is not Any:
+            for i, x in enumerate(value):
+                check(x, item, f"{where}[{i}]")
+        return
+    if origin is dict or hint is dict:
+        if type(value) is not dict:
+            raise CaseFileError(f"{where}: expected an object, found {_kind(value)}")
+        args = typing.get_args(hint)
+        if args and args[1] is not Any:
+            for k, x in value.items():
+                check(x, args[1], f"{where}.{k}")
+        return
+    if hint is float:
+        ok = type(value) in (int, float)
+    elif hint is int:
+        ok = type(value) is int
+    else:
+        ok = type(value) is hint
+    if not ok:
+        raise CaseFileError(f"{where}: expected {_kind(hint())}, found {_kind(value)}")
+
+
+def check_record(value: Any, cls: type, where: str, header: tuple[str, ...] = ()) -> None:
+    """A JSON object holding the fields of dataclass `cls` (plus `header` keys such as kind/format)."""
+    if type(value) is not dict:
+        raise CaseFileError(f"{where}: expected an object, found {_kind(value)}")
+    hints = _hints(cls)
+    unknown = [k for k in value if k not in hints and k not in header]
+    if unknown:
+        raise CaseFileError(f"{where}: unexpected field {unknown[0]!r}")
+    missing = sorted(_required(cls) - value.keys())
+    if missing:
+        raise CaseFileError(f"{where}: missing field {missing[0]!r}")
+    for k, v in value.items():
+        if k in hints:
+            check(v, hints[k], f"{where}.{k}")
+
+
+def load_record(path: Path, cls: type, kind: str, fmt: int) -> Any:
+    """Parse `path`, check it against `cls` and its kind/format header, and build it with
+    `cls.from_json`; every failure is a CaseFileError naming the file and where."""
+    name = Path(path).name
+    data = parse_json(path, name)
+    if type(data) is not dict:
+        raise CaseFileError(f"{name}: expected an object, found {_kind(data)}", "recover the case again")
+    if data.get("kind") != kind or data.get("format") != fmt:
+        raise CaseFileError(f"{name} is not a {kind} file of format {fmt}", "recover the case again with this zen")
+    check_record(data, cls, name, ("kind", "format"))
+    try:
+        return cls.from_json(data)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a check above should have said why
+        raise CaseFileError(f"{name} is not valid: {exc}") from None
+
+
+def json_schema(cls: type) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of a dataclass's JSON form, from the same hints `check` uses."""
+    defs: dict[str, Any] = {}
+
+    def of(hint: Any) -> dict[str, Any]:
+        if hint is Any:
+            return {}
+        origin = typing.get_origin(hint)
+        if origin in (typing.Union, types.UnionType):
+            return {"anyOf": [of(a) for a in typing.get_args(hint)]}
+        if dataclasses.is_dataclass(hint):
+            if hint.__name__ not in defs:
+                defs[hint.__name__] = {}
+                defs[hint.__name__] = record(hint)
+            return {"$ref": f"#/$defs/{hint.__name__}"}
+        if origin is list or hint is list:
+            (item,) = typing.get_args(hint) or (Any,)
+            return {"type": "array", "items": of(item)}
+        if origin is dict or hint is dict:
+            args = typing.get_args(hint)
+            return {"type": "object", "additionalProperties": of(args[1]) if args else {}}
+        return {"type": {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}[hint]}
+
+    def record(c: type, header: tuple[str, ...] = ()) -> dict[str, Any]:
+        props = {k: of(h) for k, h in _hints(c).items()}
+        props.update({h: {} for h in header})
+        return {"type": "object", "properties": props, "required": sorted(_required(c)), "additionalProperties": False}
+
+    top = record(cls, ("kind", "format"))
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": cls.__name__, **top, "$defs": defs}
