@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from zen import __version__, cli_library, cli_reuse, cli_symbols, cli_system
+from zen.console import consoles
 from zen.errors import ZenError
 
 app = typer.Typer(
@@ -38,8 +39,7 @@ app.command("report")(cli_reuse.report)
 app.command("ps")(cli_system.ps)
 app.command("symbols")(cli_symbols.symbols)
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out, err = consoles()
 
 EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see the problems listed)
 
@@ -242,6 +242,8 @@ def recover(
     pid: int | None = typer.Option(None, "--pid", help=PID_HELP + " (A live process is stopped while read.)"),
     symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
     model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
+    limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on what is read "
+                                           "from the image (max_str, max_items, max_module_depth, ...; see README)."),
 ) -> None:
     """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
@@ -257,7 +259,8 @@ def recover(
         def tick(stage: str, done: int, total: int) -> None:
             prog.update(task, description=stage, completed=done, total=total)
 
-        res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, progress=tick, symbols=symbols))
+        res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, progress=tick, symbols=symbols,
+                                                         limits=limit))
     _render_recover(res)
     if res.status != "complete":
         raise typer.Exit(EXIT_PARTIAL)
@@ -294,8 +297,10 @@ def show(
     limit: int = typer.Option(40, help="Functions shown per module."),
 ) -> None:
     """Table-I-style counts, the model's own classes and functions by module, and its execution context."""
+    from zen.cli_library import check_case
     from zen.represent import case
 
+    problems = check_case(case_dir)
     manifest = case.load_manifest(case_dir)
     mr = case.load_mr(case_dir)
     pr = case.load_pr(case_dir)
@@ -309,36 +314,41 @@ def show(
                "code": by_module, "dependencies": pr.dependencies, "context": pr.context}  # fmt: skip
     if as_json:
         out.print_json(json.dumps(summary, default=str))
-        return
-    out.print(f"[bold]{case_dir}[/bold]: {mr.root.cls} at {mr.root.address} ({manifest['status']})")
+    else:
+        _print_show(case_dir, manifest, mr, pr, by_module, limit)
+    if problems:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _print_show(case_dir, manifest, mr, pr, by_module, limit) -> None:
+    """Every name printed here comes from the image: escaped, so `[` in a class name is text, not markup."""
+    e = escape
+    out.print(f"[bold]{e(str(case_dir))}[/bold]: {e(mr.root.cls)} at {mr.root.address} ({e(manifest['status'])})")
     t = Table("", "functions", "code objects", "classes", "modules")
-    sysc, modc = pr.counts["system"], pr.counts["model"]
-    t.add_row(
-        "system-wide", f"{sysc['functions']:,}", f"{sysc['code_objects']:,}", f"{sysc['classes']:,}", f"{sysc['modules']:,}"
-    )
-    t.add_row(
-        "model-specific", f"{modc['functions']:,}", f"{modc['code_objects']:,}", f"{modc['classes']:,}", f"{modc['modules']:,}"
-    )
+    for label, key in (("system-wide", "system"), ("model-specific", "model")):
+        c = pr.counts.get(key) or {}
+        t.add_row(label, *(f"{c.get(k, 0):,}" for k in ("functions", "code_objects", "classes", "modules")))
     out.print(t)
     for module in sorted(by_module):
         entry = by_module[module]
-        out.print(f"[bold]{module}[/bold]  {pr.modules.get(module) or ''}")
+        out.print(f"[bold]{e(module)}[/bold]  {e(str(pr.modules.get(module) or ''))}")
         if entry["classes"]:
-            out.print("  classes: " + ", ".join(sorted(entry["classes"])))
+            out.print("  classes: " + e(", ".join(sorted(entry["classes"]))))
         funcs = sorted(entry["functions"])
         for f in funcs[:limit]:
-            out.print(f"    {f}")
+            out.print(f"    {e(f)}")
         if len(funcs) > limit:
             out.print(f"    ... {len(funcs) - limit} more")
     deps = ", ".join(f"{k} ({v})" for k, v in sorted(pr.dependencies.items(), key=lambda kv: -kv[1])[:12])
-    out.print(f"calls into (not model code): {deps}")
-    ctx = pr.context
-    devices = ", ".join(ctx["hardware"]["devices"]) or "?"
-    out.print(f"execution context: Python {ctx['runtime']['python']} on {ctx['runtime']['platform']}, "
-              f"devices {devices}, {ctx['runtime']['modules_loaded']} modules loaded")  # fmt: skip
+    out.print(f"calls into (not model code): {e(deps)}")
+    ctx = pr.context if isinstance(pr.context, dict) else {}
+    rt, hw = ctx.get("runtime") or {}, ctx.get("hardware") or {}
+    devices = ", ".join(map(str, hw.get("devices") or [])) or "?"
+    out.print(e(f"execution context: Python {rt.get('python')} on {rt.get('platform')}, devices {devices}, "
+                f"{rt.get('modules_loaded')} modules loaded"))  # fmt: skip
     out.print("requirements.txt:")
-    for line in ctx["requirements"]:
-        out.print(f"  {line}")
+    for line in ctx.get("requirements") or []:
+        out.print(f"  {e(str(line))}")
 
 
 @app.command()
@@ -420,6 +430,9 @@ def main() -> None:
     Typer handles usage errors itself (exit 2); everything else that escapes a command arrives
     here: zen's own errors become one line plus a hint, anything else is a bug in zen.
     """
+    for stream in (sys.stdout, sys.stderr):  # strings from an image may hold undecodable bytes (surrogates)
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         app()
     except ZenError as exc:

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from zen.console import consoles
 from zen.errors import KernelSymbolsError
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out, err = consoles()
 
 
 def _banner_arg(banner: str | None) -> bytes | None:

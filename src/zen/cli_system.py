@@ -7,13 +7,12 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from zen.console import consoles
 from zen.errors import ImageError
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out, err = consoles()
 
 
 def ps(
@@ -25,11 +24,11 @@ def ps(
     as_json: bool = typer.Option(False, "--json", help="Print the kernel facts and processes as JSON."),
 ) -> None:
     """List the processes of a whole-machine image; Python processes show their version and whether torch is loaded."""
+    from zen.memory import require_image_file
     from zen.memory.system.formats import sniff
     from zen.memory.system.image import SystemImage
 
-    if not image.is_file():
-        raise ImageError(f"image not found: {image}" if not image.exists() else f"not a file: {image}", "check the path")
+    require_image_file(image)
     fmt = sniff(image)
     if fmt is None:
         raise ImageError(

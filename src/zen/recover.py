@@ -25,8 +25,8 @@ from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex,
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
 from zen.frontends.pytorch.tensors import TensorDataMissing, TensorReader
-from zen.memory import open_space
-from zen.represent import case
+from zen.memory import open_space, require_image_file
+from zen.represent import case, textio
 from zen.represent.safetensors_io import Entry, SafetensorsWriter
 
 Progress = Callable[[str, int, int], None]
@@ -102,10 +102,28 @@ def recover(
     model: str | None = None,
     progress: Progress | None = None,
     symbols: list[Path] | None = None,
+    limits: list[str] | None = None,
 ) -> RecoverResult:
+    """Recover the model of an image (or live PID) into the case directory `out`.
+
+    `limits` are `NAME=VALUE` overrides of the bounds in `zen.limits` (parsed before anything runs)."""
+    from zen import limits as zl
+
+    bounds = zl.parse(limits)
     t0 = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if image is not None:
+        require_image_file(image)  # before anything is created: a FIFO or device is refused cleanly
+    created = not Path(out).exists()
     out = case.prepare(out)
+    try:
+        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds)
+    except BaseException:
+        case.discard(out, remove_dir=created)  # a failed run leaves no half-written case behind
+        raise
+
+
+def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> RecoverResult:
     # The image is hashed in a thread while it is analysed (hashlib releases the GIL).
     hasher = _Hasher(Path(image)) if image is not None and Path(image).is_file() else None
     if hasher:
@@ -115,7 +133,7 @@ def recover(
     if getattr(space, "system", None) is not None:
         timings["open_image"] = time.perf_counter() - t0
     try:
-        ip = Interpreter.open(space)
+        ip = Interpreter.open(space, limits=bounds[0])
         heap = Heap(ip)
         tv = torch_version(ip, heap)
         tprof = load_torch_profile(".".join(tv.split("+")[0].split(".")[:2]), tv)
@@ -146,14 +164,14 @@ def recover(
                     f"--model {model!r} matches no model root", "use a root's address, #RANK, or a name from `referenced_from`"
                 )
             chosen, how = sub, f"--model {model}"
-        mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types)
+        mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types, bounds[1])
         from zen.frontends.pytorch.state import module_states
 
         extra = module_states(ip, index, reader, mr, slots, tensor_types)
         space.release()
         timings["model"] = time.perf_counter() - t
         t = time.perf_counter()
-        problems = list(space.problems)
+        problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
         _write_tensors(out / case.WEIGHTS, reader, slots, progress)
         if extra:
             _write_tensors(out / case.EXTRA, reader, extra, None)
@@ -168,7 +186,7 @@ def recover(
 
         mr.graph.update(dataflow_edges(ip, index, mr))
         mr.summary = summarize(mr)
-        (out / case.MR_FILE).write_text(mr.dumps())
+        textio.write_text(out / case.MR_FILE, mr.dumps())
         t = time.perf_counter()
         _write_code(out, ip, heap, found, index, mr, space)
         timings["code"] = time.perf_counter() - t
@@ -227,9 +245,9 @@ def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
     pr = build_pr(rt, result, context)
     pr.module_globals = module_globals(rt, pr)
     ur = build_ur(rt, [(path, node.type.addr) for path, node in walk], pr, result)
-    (out / case.PR_FILE).write_text(pr.dumps())
-    (out / case.UR_FILE).write_text(ur.dumps())
-    (out / case.REQUIREMENTS).write_text("\n".join(context["requirements"]) + "\n")
+    textio.write_text(out / case.PR_FILE, pr.dumps())
+    textio.write_text(out / case.UR_FILE, ur.dumps())
+    textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
     if can_rebuild(ip):
         memo: dict = {}
         codes = {}

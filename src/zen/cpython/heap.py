@@ -44,6 +44,7 @@ class Heap:
         self.space = ip.space
         self._chunks = writable_chunks(self.space)
         self._types: list[int] | None = None
+        self.problems: list[str] = []  # entries skipped as unreadable, each naming what and why
 
     # -- pointer scans ------------------------------------------------------------------------
     def _plausible(self, cands: np.ndarray, gc_types: np.ndarray | None = None) -> np.ndarray:
@@ -219,8 +220,12 @@ class Heap:
         d = ip.ptr(self.interpreter_state() + ip.P.interp.modules)
         out = {}
         for k, v in read_dict(ip, d):
-            if ip.kind(k) == "str":
-                out[ip.str(k)] = v
+            # one corrupt entry must not hide the others (the model's modules among them)
+            try:
+                if ip.kind(k) == "str":
+                    out[ip.str(k)] = v
+            except ZenError as exc:
+                self.problems.append(f"sys.modules entry with key at {k:#x} skipped: {exc}")
         return out
 
     def gc_generations(self) -> list[list[int]]:

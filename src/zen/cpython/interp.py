@@ -85,11 +85,12 @@ class Interpreter:
         self.refcnt_mask = 0xFFFFFFFF if profile.object.fields()["ob_refcnt"][1] == "u32" else (1 << 64) - 1
 
     @classmethod
-    def open(cls, space: AddressSpace, *, file_root: str | None = None, profile: Profile | None = None) -> Interpreter:
+    def open(cls, space: AddressSpace, *, file_root: str | None = None, profile: Profile | None = None,
+             limits: Limits | None = None) -> Interpreter:  # fmt: skip
         """Discover the interpreter in `space` and load the matching layout profile."""
         info = discover(space, file_root)
         prof = profile or load_profile(info.minor, info.version)
-        return cls(space, info, _checked_against_image(space, info, prof))
+        return cls(space, info, _checked_against_image(space, info, prof), limits)
 
     # -- raw helpers ----------------------------------------------------------------------
     def ptr(self, addr: int) -> int:

@@ -6,13 +6,42 @@ This layer knows nothing of CPython. Everything above it reads memory through `A
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from zen.memory.elfcore import ElfCoreSpace
 from zen.memory.live import LiveSpace
 from zen.memory.regions import Region, Source
 from zen.memory.space import AddressSpace, BytesChunk
 
-__all__ = ["AddressSpace", "BytesChunk", "ElfCoreSpace", "LiveSpace", "Region", "Source", "open_space"]
+__all__ = ["AddressSpace", "BytesChunk", "ElfCoreSpace", "LiveSpace", "Region", "Source", "open_space", "require_image_file"]
+
+
+def require_image_file(image: str | os.PathLike) -> Path:
+    """The image path, if it names a regular file (symlinks followed); else a clear error.
+
+    Opening a FIFO blocks until a writer appears and a character device such as /dev/zero never
+    ends: neither may be taken for evidence. A block device is refused with how to image it."""
+    import stat
+
+    from zen.errors import ImageError
+
+    path = Path(image)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ImageError(f"image not found: {path}", "check the path") from None
+    except PermissionError:
+        raise ImageError(f"image is not readable (permission denied): {path}") from None
+    except OSError as exc:
+        raise ImageError(f"image cannot be opened: {path}: {exc.strerror}") from None
+    if stat.S_ISREG(mode):
+        return path
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISSOCK: "a socket",
+             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}  # fmt: skip
+    kind = next((name for test, name in kinds.items() if test(mode)), "not a regular file")
+    hint = ("copy it to a file first (e.g. `dd if=DEVICE of=IMAGE bs=16M`)" if stat.S_ISBLK(mode)
+            else "give the path of an image file")  # fmt: skip
+    raise ImageError(f"image is {kind}, not a regular file: {path}", hint)
 
 
 def open_space(
@@ -28,7 +57,6 @@ def open_space(
     physical dump; default: the one Python process with torch loaded) and must match the
     process of a core file; without one, `pid` is a live process on this machine.
     """
-    from pathlib import Path
 
     from zen.errors import ImageError, ZenError
 
@@ -36,11 +64,7 @@ def open_space(
         raise ZenError("give an image file or --pid PID", "see `zen COMMAND --help`")
     if image is None:
         return LiveSpace(pid)
-    path = Path(image)
-    if not path.exists():
-        raise ImageError(f"image not found: {path}", "check the path")
-    if path.is_dir():
-        raise ImageError(f"image is a directory, not a file: {path}")
+    path = require_image_file(image)
     from zen.memory.system.formats import sniff
 
     try:

@@ -92,6 +92,7 @@ class ModelMR:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     extra_tensors: list[TensorRecord] = field(default_factory=list)  # not in state_dict (extra.safetensors)
+    problems: list[str] = field(default_factory=list)  # what could not be read, each naming its path
     format: int = MR_FORMAT
 
     def module(self, path: str) -> ModuleRecord:
@@ -130,4 +131,5 @@ class ModelMR:
             inputs=d.get("inputs", []),
             summary=d.get("summary", {}),
             extra_tensors=[TensorRecord(**t) for t in d.get("extra_tensors", [])],
+            problems=d.get("problems", []),
         )

@@ -77,9 +77,35 @@ class ModuleIndex:
         return node
 
     def roots(self) -> list[int]:
-        """Modules that are nobody's child (readable ones only)."""
-        child = {c for n in self.nodes.values() for _, c in n.children if c}
-        return [a for a in self.nodes if a not in child]
+        """Modules that are no other module's child (readable ones only), in index order.
+
+        A module may be its own child (`model.me = model`) or sit in a cycle of children; such
+        evidence must not hide the model. Self-references are ignored, and every module of a cycle
+        that no module outside the cycle reaches is a candidate root (ranking then picks the one
+        referenced by name): the strongly connected components with no parent from outside.
+        """
+        parents: dict[int, set[int]] = {}
+        for a, n in self.nodes.items():
+            for _, c in n.children:
+                if c and c != a and c in self.nodes:
+                    parents.setdefault(c, set()).add(a)
+        roots = [a for a in self.nodes if a not in parents]
+        covered = {a for r in roots for a in self._reach(r)}
+        rest = [a for a in self.nodes if a not in covered]
+        if rest:
+            import networkx as nx
+
+            g = nx.DiGraph()
+            g.add_nodes_from(rest)
+            g.add_edges_from((p, c) for c in rest for p in parents.get(c, ()) if p not in covered)
+            cond = nx.condensation(g)
+            for scc in cond.nodes:
+                if cond.in_degree(scc) == 0:
+                    roots += sorted(cond.nodes[scc]["members"])
+        return roots
+
+    def _reach(self, root: int) -> list[int]:
+        return [n.addr for _, n in self.walk(root)]
 
     def walk(self, root: int) -> list[tuple[str, ModuleNode]]:
         """(path, node) in depth-first registration order, like `named_modules()` (no duplicates)."""

@@ -19,7 +19,16 @@ from zen.frontends.pytorch.tensors import TensorMeta, TensorReader
 from zen.represent.mr import ModelMR, ModuleRecord, RootRecord, TensorRecord
 
 PLAIN_KINDS = {"none", "bool", "int", "float", "complex", "str"}
-MAX_STATE_DEPTH = 256
+
+
+@dataclass
+class ModelLimits:
+    """Bounds on a model's structure (an image may build a chain of modules a million deep, or a
+    diamond of shared children whose state_dict paths double at every level). Hitting one is a
+    recorded problem and makes the case `partial`, never a silent drop. `zen recover --limit`."""
+
+    max_module_depth: int = 10_000  # nesting of submodules below the root
+    max_state_entries: int = 1_000_000  # state_dict keys (a shared submodule counts under every path)
 
 
 @dataclass
@@ -51,26 +60,31 @@ def plain(ip: Interpreter, addr: int, depth: int = 3) -> bool:
     return False
 
 
-def module_record(ip: Interpreter, path: str, node: ModuleNode, tensor_types: set[int]) -> ModuleRecord:
+def module_record(ip: Interpreter, path: str, node: ModuleNode, tensor_types: set[int], problems: list[str]) -> ModuleRecord:
+    """One module's record; an attribute that cannot be read (oversize, corrupt) is a problem at its
+    path and is left out, the rest of the module and model are still recovered."""
     t = node.type
     hyper = {}
     unregistered = []
     for name, v in node.attrs.items():
-        if not name.startswith("_") and plain(ip, v):
-            hyper[name] = repr(ip.value(v, 4))
-        else:
-            try:
-                if ip.type_of(v) in tensor_types:
-                    unregistered.append(name)
-            except ZenError:
-                pass
+        try:
+            if not name.startswith("_") and plain(ip, v):
+                hyper[name] = repr(ip.value(v, 4))
+            elif ip.type_of(v) in tensor_types:
+                unregistered.append(name)
+        except ZenError as exc:
+            problems.append(f"attribute {_at(path, name)} not read: {exc}")
     training = node.attrs.get("training")
+    try:
+        train = ip.value(training) if training is not None and ip.kind(training) == "bool" else None
+    except ZenError:
+        train = None
     return ModuleRecord(
         path=path,
         cls_module=t.module,
         cls_qualname=t.qualname,
         address=f"{node.addr:#x}",
-        training=ip.value(training) if training is not None and ip.kind(training) == "bool" else None,
+        training=train,
         hyperparameters=hyper,
         parameters=[n for n, a in node.parameters if a],
         buffers=[n for n, a in node.buffers if a],
@@ -81,20 +95,40 @@ def module_record(ip: Interpreter, path: str, node: ModuleNode, tensor_types: se
     )
 
 
-def state_items(index: ModuleIndex, root: int) -> list[tuple[str, str, int]]:
-    """(key, "parameter"|"buffer", tensor address) in state_dict() order."""
+def _at(path: str, name: str) -> str:
+    return f"model.{path}.{name}" if path else f"model.{name}"
+
+
+def state_items(index: ModuleIndex, root: int, limits: ModelLimits | None = None,
+                problems: list[str] | None = None) -> list[tuple[str, str, int]]:  # fmt: skip
+    """(key, "parameter"|"buffer", tensor address) in state_dict() order.
+
+    A module reached again below itself (a cycle, `model.me = model`) is not descended into: PyTorch's
+    own state_dict() would recurse forever there. Depth and key-count limits cut the walk with a
+    problem naming where (the caller marks the case partial)."""
+    limits = limits or ModelLimits()
+    problems = problems if problems is not None else []
     out: list[tuple[str, str, int]] = []
-    stack: list[tuple[str, int, int]] = [("", root, 0)]
+    stack: list[tuple[str, int, tuple[int, ...]]] = [("", root, ())]
     while stack:
-        prefix, addr, depth = stack.pop()
+        prefix, addr, ancestors = stack.pop()
         node = index.nodes.get(addr)
-        if node is None or depth > MAX_STATE_DEPTH:
+        if node is None:
             continue
+        if len(ancestors) > limits.max_module_depth:
+            problems.append(f"module {prefix.rstrip('.')} is deeper than max_module_depth={limits.max_module_depth}: "
+                            "its parameters and buffers and those below it were not recovered")  # fmt: skip
+            continue
+        if len(out) >= limits.max_state_entries:
+            problems.append(f"more than max_state_entries={limits.max_state_entries} state_dict entries: "
+                            f"the walk stopped at {prefix.rstrip('.') or 'the root'}")  # fmt: skip
+            break
         out += [(prefix + n, "parameter", a) for n, a in node.parameters if a]
         out += [(prefix + n, "buffer", a) for n, a in node.buffers if a and n not in node.non_persistent]
+        below = (*ancestors, addr)
         for name, c in reversed(node.children):
-            if c:
-                stack.append((f"{prefix}{name}.", c, depth + 1))
+            if c and c not in below:
+                stack.append((f"{prefix}{name}.", c, below))
     return out
 
 
@@ -128,15 +162,17 @@ def root_record(index: ModuleIndex, reader: TensorReader, root: int, refs: list[
 
 
 def build_mr(ip: Interpreter, index: ModuleIndex, reader: TensorReader, root: RootRecord, roots: list[RootRecord],
-             tensor_types: set[int]) -> tuple[ModelMR, list[TensorSlot]]:  # fmt: skip
+             tensor_types: set[int], limits: ModelLimits | None = None) -> tuple[ModelMR, list[TensorSlot]]:  # fmt: skip
+    """The MR and one slot per state_dict entry; what could not be read is in `mr.problems`."""
     raddr = int(root.address, 16)
-    modules = [module_record(ip, path, node, tensor_types) for path, node in index.walk(raddr)]
+    problems: list[str] = []
+    modules = [module_record(ip, path, node, tensor_types, problems) for path, node in index.walk(raddr)]
     slots: list[TensorSlot] = []
     first_key_of: dict[int, str] = {}
     view_of: dict[tuple, str] = {}
     tied: dict[str, list[str]] = {}
     storages: dict[int, list[str]] = {}
-    for key, kind, addr in state_items(index, raddr):
+    for key, kind, addr in state_items(index, raddr, limits, problems):
         try:
             meta = reader.meta(addr)
             rec = tensor_record(key, kind, addr, meta)
@@ -165,6 +201,7 @@ def build_mr(ip: Interpreter, index: ModuleIndex, reader: TensorReader, root: Ro
         tied=list(tied.values()),
         shared_storage=[keys for keys in storages.values() if len(keys) > 1],
         layer_types=dict(sorted(Counter(m.cls for m in modules).items())),
+        problems=problems,
     )
     mr.graph = {"nodes": [m.path for m in modules], "hierarchy": hierarchy_edges(modules)}
     return mr, slots

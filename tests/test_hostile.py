@@ -1,0 +1,279 @@
+"""Hostile evidence (issue 20): a real process built to break a forensic tool, special files given
+as images, and case directories altered or crafted after recovery.
+
+Each failure the abuse run found is reproduced here: non-UTF-8 mapped file names, a module that is
+its own child, a 100 MB string attribute, modules nested deeper than the old 256-level cut, keys of
+the wrong type in sys.modules, a FIFO as IMAGE, case files of the wrong shape, and weights altered,
+deleted or replaced by a symlink to /dev/zero.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import start_target, zen
+from safetensors.numpy import load_file
+
+COMMANDS = ("show", "attribute", "diff", "report", "library-add")
+
+
+@pytest.fixture(scope="session")
+def hostile(workdir):
+    """The hostile target imaged once with `zen acquire` (its maps hold a non-UTF-8 file name), plus
+    `zen info --pid` on the live process; the target is stopped before the tests read the image."""
+    out = workdir / "hostile-target"
+    t = start_target("hostile_target.py", out)
+    img = workdir / "hostile.core"
+    try:
+        info = zen("info", "--pid", t.pid, "--no-census", check=False)
+        zen("acquire", "--pid", t.pid, "-o", img)
+    finally:
+        t.stop()
+    yield t, img, info
+    img.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def hostile_case(hostile, workdir):
+    t, img, _ = hostile
+    case = workdir / "hostile-case"
+    res = zen("recover", img, "-o", case, check=False)
+    return case, res
+
+
+def test_live_process_with_non_utf8_mapping(hostile):
+    _, img, info = hostile
+    assert info.returncode == 0, info.stderr
+    assert "Traceback" not in info.stderr
+    assert img.stat().st_size > 0
+
+
+def test_hostile_model_recovered_bit_exact(hostile, hostile_case):
+    t, _, _ = hostile
+    case, res = hostile_case
+    assert res.returncode == 5, res.stderr  # partial: the 100 MB string was not read
+    assert "Traceback" not in res.stderr
+    man = json.loads((case / "manifest.json").read_text())
+    assert man["status"] == "partial"
+    assert man["model"]["class"].endswith(t.truth["class_qualname"])
+    assert int(man["model"]["root"], 16) == t.truth["id"]  # found although it is its own child
+    assert any(p.startswith("attribute model.blob not read") and "str length" in p for p in man["problems"])
+    weights = load_file(str(case / "weights.safetensors"))
+    assert len(t.truth["state"]) == 304  # chain of 300 modules (deeper than the old 256 cut) + conv + fc
+    for s in t.truth["state"]:
+        assert s["key"] in weights, s["key"]
+        assert hashlib.sha256(weights[s["key"]].tobytes()).hexdigest() == s["sha256"], s["key"]
+    assert not Path(t.truth["marker"]).exists(), "a dunder hook of an object in the image was called"
+    assert not Path("/tmp/zen-escape").exists()
+
+
+def test_depth_limit_is_a_recorded_problem(hostile, workdir):
+    t, img, _ = hostile
+    case = workdir / "hostile-depth"
+    res = zen("recover", img, "-o", case, "--limit", "max_module_depth=100", "--limit", "max_str=2e8", check=False)
+    assert res.returncode == 5, res.stderr
+    man = json.loads((case / "manifest.json").read_text())
+    assert man["status"] == "partial"
+    assert len(man["problems"]) == 1 and "deeper than max_module_depth=100" in man["problems"][0]
+    weights = load_file(str(case / "weights.safetensors"))
+    assert len(weights) == 4 + 100  # conv and fc (weight, bias) + one scale per chain level at depth 1..100
+    mr = json.loads((case / "mr.json").read_text())
+    assert any(k == "blob" for m in mr["modules"] for k in m["hyperparameters"])  # max_str raised: read
+    shutil.rmtree(case)
+
+
+def test_unknown_limit_is_refused_before_anything_is_written(hostile, tmp_path):
+    _, img, _ = hostile
+    res = zen("recover", img, "-o", tmp_path / "c", "--limit", "max_bogus=3", check=False)
+    assert res.returncode == 2 and "unknown limit" in res.stderr and "max_module_depth" in res.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_hostile_names_are_printed_and_reported_safely(hostile_case, tmp_path):
+    case, _ = hostile_case
+    show = zen("show", case, check=False)
+    assert show.returncode == 0, show.stderr
+    assert "Hostile<b>bold</b>[/bold]" in show.stdout  # markup in a class name is printed, not interpreted
+    html = tmp_path / "r.html"
+    rep = zen("report", case, "-o", html, "--no-attribute", check=False)
+    assert rep.returncode == 0, rep.stderr
+    text = html.read_text()
+    assert "<b>bold</b>" not in text and "&lt;b&gt;bold&lt;/b&gt;" in text
+    assert "<img src=x" not in text and "<script>alert" not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chardev", "socket", "dir"])
+def test_special_files_are_refused(kind, tmp_path):
+    import socket
+
+    path = tmp_path / "image"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "chardev":
+        path = Path("/dev/zero")
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+    else:
+        path.mkdir()
+    for cmd in (["info", path], ["recover", path, "-o", tmp_path / "case"], ["ps", path], ["objects", path, "--type", "dict"]):
+        t0 = time.monotonic()
+        res = zen(*cmd, check=False, timeout=30)
+        assert res.returncode == 2, (cmd, res.stderr)
+        assert "not a regular file" in res.stderr and "Traceback" not in res.stderr
+        assert time.monotonic() - t0 < 20
+    assert not (tmp_path / "case").exists()
+
+
+# -- case directories altered after recovery ------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def intact(hostile_case, workdir):
+    """The hostile case and a library holding it (as its own base)."""
+    case, _ = hostile_case
+    lib = workdir / "hostile-lib.sqlite"
+    zen("library", "add", case, "--name", "hostile", "--library", lib)
+    return case, lib
+
+
+def _run(cmd: str, case: Path, lib: Path, tmp: Path) -> subprocess.CompletedProcess:
+    args = {"show": ["show", case], "attribute": ["attribute", case, "--library", lib],
+            "diff": ["diff", case, "--base", "hostile", "--library", lib, "--listing"],
+            "report": ["report", case, "-o", tmp / "r.md", "--library", lib, "--listing"],
+            "library-add": ["library", "add", case, "--name", "again", "--library", tmp / "l.sqlite"]}[cmd]  # fmt: skip
+    return zen(*args, check=False)
+
+
+def _copy(case: Path, tmp: Path) -> Path:
+    c = tmp / "case"
+    shutil.copytree(case, c)
+    return c
+
+
+def _rehash(c: Path, name: str) -> None:
+    """Make the manifest agree with an edited file: a crafted case, not a damaged one."""
+    man = json.loads((c / "manifest.json").read_text())
+    man["files"][name] = hashlib.sha256((c / name).read_bytes()).hexdigest()
+    (c / "manifest.json").write_text(json.dumps(man))
+
+
+TAMPER = {
+    "weights-altered": lambda c: (c / "weights.safetensors").write_bytes(
+        (b := bytearray((c / "weights.safetensors").read_bytes())) and bytes(b[:-1]) + bytes([b[-1] ^ 1])),
+    "weights-deleted": lambda c: (c / "weights.safetensors").unlink(),
+    "weights-dev-zero": lambda c: ((c / "weights.safetensors").unlink(), (c / "weights.safetensors").symlink_to("/dev/zero")),
+    "ur-null": lambda c: (c / "ur.json").write_text("null"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", sorted(TAMPER))
+def test_altered_case_is_never_accepted_silently(intact, how, tmp_path):
+    case, lib = intact
+    c = _copy(case, tmp_path)
+    TAMPER[how](c)
+    needed = {"show": {"mr.json", "pr.json"}, "attribute": {"mr.json", "pr.json"}, "diff": {"mr.json", "pr.json"},
+              "report": {"mr.json", "pr.json"}, "library-add": {"mr.json", "pr.json", "ur.json", "weights.safetensors"}}  # fmt: skip
+    changed = "weights.safetensors" if how.startswith("weights") else "ur.json"
+    for cmd in COMMANDS:
+        res = _run(cmd, c, lib, tmp_path)
+        assert "Traceback" not in res.stderr and "internal error" not in res.stderr, (cmd, res.stderr)
+        if changed in needed[cmd] or cmd == "library-add":
+            assert res.returncode == 2, (cmd, how, res.returncode, res.stderr)
+        else:  # results do not depend on the file: produced, with the problem shown, exit 5
+            assert res.returncode == 5, (cmd, how, res.returncode, res.stderr)
+        assert changed in res.stderr, (cmd, res.stderr)
+    md = tmp_path / "r.md"
+    assert md.exists() and "THE CASE FILES DO NOT MATCH THE MANIFEST" in md.read_text()
+
+
+CRAFTED = {
+    "mr-list": ("mr.json", "[]"),
+    "mr-field-type": ("mr.json", None),  # modules[0].hyperparameters becomes a list
+    "pr-deep": ("pr.json", "[" * 200_000 + "]" * 200_000),
+    "pr-wrong-kind": ("pr.json", json.dumps({"kind": "zen-pr", "format": 1, "codes": "x"})),
+    "manifest-list": ("manifest.json", "[1,2,3]"),
+    "manifest-bad-status": ("manifest.json", None),
+}
+
+
+@pytest.mark.parametrize("how", sorted(CRAFTED))
+def test_crafted_case_files_fail_clearly(intact, how, tmp_path):
+    case, lib = intact
+    c = _copy(case, tmp_path)
+    name, text = CRAFTED[how]
+    if how == "mr-field-type":
+        mr = json.loads((c / name).read_text())
+        mr["modules"][0]["hyperparameters"] = ["not", "a", "dict"]
+        text = json.dumps(mr)
+    if how == "manifest-bad-status":
+        man = json.loads((c / name).read_text())
+        man["status"] = {"complete": True}
+        text = json.dumps(man)
+    (c / name).write_text(text)
+    if name != "manifest.json":
+        _rehash(c, name)
+    for cmd in COMMANDS:
+        res = _run(cmd, c, lib, tmp_path)
+        assert res.returncode == 2, (cmd, how, res.returncode, res.stderr)
+        assert "Traceback" not in res.stderr and "internal error" not in res.stderr, (cmd, res.stderr)
+        assert name in res.stderr, (cmd, res.stderr)
+    if how == "mr-field-type":
+        assert "modules[0].hyperparameters: expected an object, found a list" in res.stderr
+
+
+def test_missing_manifest_fails_every_command(intact, tmp_path):
+    case, lib = intact
+    c = _copy(case, tmp_path)
+    (c / "manifest.json").unlink()
+    for cmd in COMMANDS:
+        res = _run(cmd, c, lib, tmp_path)
+        assert res.returncode == 2 and "no manifest.json" in res.stderr, (cmd, res.stderr)
+
+
+def test_schema_checker_agrees_with_jsonschema_on_real_cases(intact):
+    """The dataclass-derived checker and the JSON Schema rendered from the same hints accept the
+    real case; both reject the same crafted mutation."""
+    import jsonschema
+
+    from zen.represent.mr import ModelMR
+    from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
+    from zen.represent.schema import CaseFileError, check_record, json_schema
+
+    case, _ = intact
+    for name, cls in (("mr.json", ModelMR), ("pr.json", ProgrammaticRepresentation), ("ur.json", UnifiedRepresentation)):
+        data = json.loads((case / name).read_text())
+        check_record(data, cls, name, ("kind", "format"))
+        validator = jsonschema.Draft202012Validator(json_schema(cls))
+        assert not list(validator.iter_errors(data)), name
+        bad = dict(data)
+        first = next(k for k, v in data.items() if isinstance(v, list))
+        bad[first] = {"x": 1}
+        with pytest.raises(CaseFileError):
+            check_record(bad, cls, name, ("kind", "format"))
+        assert list(validator.iter_errors(bad)), name
+
+
+def test_failed_recovery_leaves_no_half_written_case(tmp_path):
+    core = tmp_path / "not-python.core"
+    # a real core of a process without Python: recovery fails (exit 3) after the case dir exists
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        zen("acquire", "--pid", proc.pid, "-o", core)
+    finally:
+        proc.kill()
+        proc.wait()
+    res = zen("recover", core, "-o", tmp_path / "case", check=False)
+    assert res.returncode == 3, res.stderr
+    assert not (tmp_path / "case").exists()
+    assert stat.S_ISREG(core.stat().st_mode) and sys.executable
