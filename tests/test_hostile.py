@@ -72,8 +72,25 @@ def test_hostile_model_recovered_bit_exact(hostile, hostile_case):
     for s in t.truth["state"]:
         assert s["key"] in weights, s["key"]
         assert hashlib.sha256(weights[s["key"]].tobytes()).hexdigest() == s["sha256"], s["key"]
+    # a sys.modules name holding an undecodable byte is written as a JSON escape and reads back losslessly
+    raw = (case / "pr.json").read_bytes()
+    assert b"evil\\udcffname" in raw
+    assert "evil\udcffname" in _strings(json.loads(raw))
     assert not Path(t.truth["marker"]).exists(), "a dunder hook of an object in the image was called"
     assert not Path("/tmp/zen-escape").exists()
+
+
+def _strings(data) -> set[str]:
+    out, stack = set(), [data]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.add(v)
+        elif isinstance(v, dict):
+            stack += [*v.keys(), *v.values()]
+        elif isinstance(v, list):
+            stack += v
+    return out
 
 
 def test_depth_limit_is_a_recorded_problem(hostile, workdir):
@@ -182,8 +199,9 @@ def test_altered_case_is_never_accepted_silently(intact, how, tmp_path):
     case, lib = intact
     c = _copy(case, tmp_path)
     TAMPER[how](c)
-    needed = {"show": {"mr.json", "pr.json"}, "attribute": {"mr.json", "pr.json"}, "diff": {"mr.json", "pr.json"},
-              "report": {"mr.json", "pr.json"}, "library-add": {"mr.json", "pr.json", "ur.json", "weights.safetensors"}}  # fmt: skip
+    reads = {"mr.json", "pr.json"}
+    needed = {"show": reads, "attribute": reads, "diff": reads, "report": reads,
+              "library-add": reads | {"ur.json", "weights.safetensors"}}  # fmt: skip
     changed = "weights.safetensors" if how.startswith("weights") else "ur.json"
     for cmd in COMMANDS:
         res = _run(cmd, c, lib, tmp_path)
@@ -277,3 +295,31 @@ def test_failed_recovery_leaves_no_half_written_case(tmp_path):
     assert res.returncode == 3, res.stderr
     assert not (tmp_path / "case").exists()
     assert stat.S_ISREG(core.stat().st_mode) and sys.executable
+
+
+def test_corrupt_sys_modules_key_skips_only_that_entry(hostile):
+    """A key of sys.modules whose object header is garbage is a problem, not the end of the census."""
+    from fuzz import _Patched
+
+    from zen.cpython.heap import Heap
+    from zen.cpython.interp import Interpreter
+    from zen.cpython.readers.dicts import read_dict
+    from zen.memory import open_space
+
+    _, img, _ = hostile
+    space = open_space(img)
+    try:
+        ip0 = Interpreter.open(space)
+        heap0 = Heap(ip0)
+        before = heap0.sys_modules()
+        d = ip0.ptr(heap0.interpreter_state() + ip0.P.interp.modules)
+        keys = [k for k, _ in read_dict(ip0, d) if ip0.kind(k) == "str"]
+        victim = next(k for k in keys if ip0.str(k) == "torch.nn.modules.linear")
+        patched = _Patched(space)
+        patched.patches = {victim + 8: (0xDEAD_BEEF_0000).to_bytes(8, "little")}  # its type pointer
+        heap = Heap(Interpreter(patched, ip0.info, ip0.P))
+        after = heap.sys_modules()
+    finally:
+        space.close()
+    assert set(before) - set(after) == {"torch.nn.modules.linear"}
+    assert len(heap.problems) == 1 and "sys.modules entry" in heap.problems[0]
