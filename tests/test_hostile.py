@@ -323,3 +323,20 @@ def test_corrupt_sys_modules_key_skips_only_that_entry(hostile):
         space.close()
     assert set(before) - set(after) == {"torch.nn.modules.linear"}
     assert len(heap.problems) == 1 and "sys.modules entry" in heap.problems[0]
+
+
+def test_library_import_checks_what_it_is_given(intact, tmp_path):
+    case, lib = intact
+    export = tmp_path / "export.json"
+    zen("library", "export", "-o", export, "--library", lib)
+    good = zen("library", "import", export, "--library", tmp_path / "copy.sqlite", check=False)
+    assert good.returncode == 0, good.stderr
+    data = json.loads(export.read_text())
+    data["models"][0]["mr"]["tensors"] = {"not": "a list"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for path, needle in ((bad, "models[0].mr.tensors: expected a list"), (fifo, "not a regular file")):
+        res = zen("library", "import", path, "--library", tmp_path / "other.sqlite", check=False, timeout=60)
+        assert res.returncode == 2 and needle in res.stderr, res.stderr

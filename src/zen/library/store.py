@@ -280,18 +280,48 @@ class Library:
         return len(items)
 
     def import_(self, path: Path, *, replace: bool = False) -> list[str]:
+        """Add the models of an export file. The file comes from elsewhere: it must be a regular file,
+        and every model is checked against the MR/PR/UR schema before anything is added."""
+        import base64
+        import binascii
+        import stat
+
+        from zen.represent.schema import CaseFileError, check_record, parse_json
+
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise LibraryError(f"{path} is not a regular file")
+        except OSError as exc:
+            raise LibraryError(f"cannot read library export {path}: {exc.strerror}") from None
+        try:
+            data = parse_json(Path(path))
+        except CaseFileError as exc:
             raise LibraryError(f"cannot read library export {path}: {exc}") from None
-        if data.get("kind") != "zen-library-export" or data.get("format") != 1:
+        if type(data) is not dict or data.get("kind") != "zen-library-export" or data.get("format") != 1:
             raise LibraryError(f"{path} is not a zen library export")
+        models = data.get("models")
+        if type(models) is not list:
+            raise LibraryError(f"{path}: `models` is not a list")
+        checked = []
+        for i, item in enumerate(models):
+            where = f"{Path(path).name}: models[{i}]"
+            try:
+                if type(item) is not dict or type(item.get("name")) is not str or not item["name"]:
+                    raise CaseFileError(f"{where}: expected an object with a `name`")
+                for key, cls in (("mr", ModelMR), ("pr", ProgrammaticRepresentation), ("ur", UnifiedRepresentation)):
+                    check_record(item.get(key), cls, f"{where}.{key}", ("kind", "format"))
+                mr, pr, ur = (ModelMR.from_json(item["mr"]), ProgrammaticRepresentation.from_json(item["pr"]),
+                              UnifiedRepresentation.from_json(item["ur"]))  # fmt: skip
+                blob = item.get("code_marshal")
+                code = base64.b64decode(blob, validate=True) if isinstance(blob, str) and blob else None
+            except (CaseFileError, ValueError, TypeError, KeyError, binascii.Error) as exc:
+                raise LibraryError(f"{path} is not a valid library export: {exc}") from None
+            meta = {k: item.get(k) if isinstance(item.get(k), str) else None
+                    for k in ("source_sha256", "python", "torch", "created")}  # fmt: skip
+            checked.append((item["name"], mr, pr, ur, meta, str(item.get("notes") or ""), code))
         names = []
-        for item in data["models"]:
-            self.add(item["name"], ModelMR.from_json(item["mr"]), ProgrammaticRepresentation.from_json(item["pr"]),
-                     UnifiedRepresentation.from_json(item["ur"]), source_sha256=item.get("source_sha256"),
-                     python=item.get("python"), torch=item.get("torch"), notes=item.get("notes", ""), replace=replace,
-                     created=item.get("created"),
-                     code=__import__("base64").b64decode(item["code_marshal"]) if item.get("code_marshal") else None)  # fmt: skip
-            names.append(item["name"])
+        for name, mr, pr, ur, meta, notes, code in checked:  # all valid: add them in one go
+            self.add(name, mr, pr, ur, source_sha256=meta["source_sha256"], python=meta["python"], torch=meta["torch"],
+                     notes=notes, replace=replace, created=meta["created"], code=code)  # fmt: skip
+            names.append(name)
         return names
