@@ -8,7 +8,6 @@ wrote, which records that it ran in its own process).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -153,24 +152,43 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
     }  # fmt: skip
 
 
+def _package_json(path: Path) -> dict:
+    """reuse.json / verify.json of a package: bounded JSON that must be an object (a package handed
+    over with a case is as untrusted as the case)."""
+    from zen.represent.schema import CaseFileError, parse_json
+
+    if not path.is_file():
+        raise CaseFileError(f"{path} is not a regular file")
+    data = parse_json(path, str(path))
+    if type(data) is not dict:
+        raise CaseFileError(f"{path}: expected an object", "write the package again with `zen reuse`")
+    return data
+
+
 def _verification(reuse_dir: Path, evidence_sha256: str | None) -> dict:
     info_path, verify_path = reuse_dir / "reuse.json", reuse_dir / "verify.json"
-    if not info_path.is_file():
+    if not info_path.exists():
         raise ZenError(f"{reuse_dir} is not a zen reuse package (no reuse.json)", "write one with `zen reuse CASE -o DIR`")
-    out: dict[str, Any] = {"package": str(reuse_dir.resolve()), "reuse": json.loads(info_path.read_text())}
+    out: dict[str, Any] = {"package": str(reuse_dir.resolve()), "reuse": _package_json(info_path)}
     reuse = out["reuse"]
     problems = []
     if evidence_sha256 and reuse.get("evidence_sha256") not in (evidence_sha256, None):
         problems.append(f"the package was rebuilt from another image (sha256 {reuse.get('evidence_sha256')})")
-    if verify_path.is_file():
-        out["verify"] = json.loads(verify_path.read_text())
-        recorded = out["verify"].get("package_sha256") or {}
+    if verify_path.exists():
+        out["verify"] = _package_json(verify_path)
+        recorded = out["verify"].get("package_sha256")
+        recorded = recorded if isinstance(recorded, dict) else {}
         now = package_hashes(reuse_dir)
-        changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+        changed = sorted(str(k) for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
         if not recorded:
             problems.append("verify.json does not record the package's file hashes (written by an older zen)")
         elif changed:
             problems.append(f"files changed since verification: {', '.join(changed)}")
+        results = out["verify"].get("results")
+        kept = [r for r in results if isinstance(r, dict) and "input" in r] if isinstance(results, list) else []
+        if not isinstance(results, list) or len(kept) != len(results):
+            problems.append("verify.json's results are not all well-formed (those that are not are left out)")
+        out["verify"]["results"] = kept
     else:
         out["verify"] = None
         out["note"] = f"not verified: run `zen verify {reuse_dir} --inputs ... --expect ...`"
