@@ -201,7 +201,7 @@ def read_cmdline(kernel: Kernel, entry: ProcessEntry) -> str:
         data = kernel.ctx.layers[name].read(start, end - start)
     except exceptions.InvalidAddressException:
         return ""
-    return " ".join(p.decode("utf-8", "replace") for p in data.rstrip(b"\x00").split(b"\x00"))
+    return " ".join(p.decode("utf-8", "surrogateescape") for p in data.rstrip(b"\x00").split(b"\x00"))
 
 
 def process_vmas(kernel: Kernel, entry: ProcessEntry) -> list[Region]:
