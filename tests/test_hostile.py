@@ -340,3 +340,22 @@ def test_library_import_checks_what_it_is_given(intact, tmp_path):
     for path, needle in ((bad, "models[0].mr.tensors: expected a list"), (fifo, "not a regular file")):
         res = zen("library", "import", path, "--library", tmp_path / "other.sqlite", check=False, timeout=60)
         assert res.returncode == 2 and needle in res.stderr, res.stderr
+
+
+def test_code_stage_failure_keeps_model_and_weights(hostile, tmp_path, monkeypatch):
+    """A corrupt object met in the code stage (after the weights are written) costs the code files,
+    not the case: MR and weights stay, the case is partial and says why."""
+    import zen.recover as rec
+    from zen.errors import ObjectError
+
+    def broken(*args, **kwargs):
+        raise ObjectError(0xDEAD, "corrupt code object (injected)")
+
+    monkeypatch.setattr(rec, "_write_code", broken)
+    t, img, _ = hostile
+    res = rec.recover(img, None, tmp_path / "case")
+    assert res.status == "partial"
+    assert any("code was not recovered" in p and "injected" in p for p in res.problems)
+    names = {p.name for p in (tmp_path / "case").iterdir()}
+    assert {"manifest.json", "mr.json", "weights.safetensors"} <= names and "pr.json" not in names
+    assert len(load_file(str(tmp_path / "case" / "weights.safetensors"))) == len(t.truth["state"])

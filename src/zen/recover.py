@@ -180,15 +180,28 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
         from zen.frontends.pytorch.inputs import recover_inputs
 
         tensors = {t: a for t, a in found.items() if t in tensor_types}
-        mr.inputs = recover_inputs(ip, reader, mr, slots, tensors, out / case.INPUTS)
+        # The stages after the weights degrade alone: a corrupt object there is a problem, and the
+        # model and its weights (already written) stay a sound, partial case.
+        try:
+            mr.inputs = recover_inputs(ip, reader, mr, slots, tensors, out / case.INPUTS)
+        except ZenError as exc:
+            problems.append(f"candidate inputs not recovered: {exc}")
         timings["inputs"] = time.perf_counter() - t
         from zen.frontends.pytorch.dataflow import dataflow_edges
 
-        mr.graph.update(dataflow_edges(ip, index, mr))
+        try:
+            mr.graph.update(dataflow_edges(ip, index, mr))
+        except ZenError as exc:
+            problems.append(f"data-flow edges not recovered: {exc}")
         mr.summary = summarize(mr)
         textio.write_text(out / case.MR_FILE, mr.dumps())
         t = time.perf_counter()
-        _write_code(out, ip, heap, found, index, mr, space)
+        try:
+            _write_code(out, ip, heap, found, index, mr, space)
+        except ZenError as exc:
+            for name in (case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS):
+                (out / name).unlink(missing_ok=True)
+            problems.append(f"the model's code was not recovered (no pr.json, ur.json, code.marshal): {exc}")
         timings["code"] = time.perf_counter() - t
     except BaseException:
         space.close()
