@@ -72,6 +72,7 @@ class Tally:
         self.crashes: list[tuple[int, str]] = []
         self.hangs: list[int] = []
         self.max_seconds = 0.0
+        self.slowest_seed: int | None = None
         self.seconds = 0.0
 
     @property
@@ -98,7 +99,8 @@ class Tally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         dt = time.perf_counter() - t0
         self.seconds += dt
-        self.max_seconds = max(self.max_seconds, dt)
+        if dt > self.max_seconds:
+            self.max_seconds, self.slowest_seed = dt, seed
         self.outcomes[outcome] += 1
 
 
@@ -486,11 +488,11 @@ def report(tallies: dict[str, Tally], recover: tuple | None, args, seconds: floa
              f"{platform.node() and 'this machine'} ({os.cpu_count()} cores, {platform.python_version()}), "
              f"{time.strftime('%Y-%m-%d')}; {seconds / 60:.1f} min.", "",
              f"**{total:,} mutated inputs in process: {crashes} crashes, {hangs} hangs; peak RSS {rss:,.0f} MiB.**", "",
-             "| target | inputs | outcomes | crashes | hangs | mean ms | max s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| target | inputs | outcomes | crashes | hangs | mean ms | max s (seed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for t in tallies.values():
         out = ", ".join(f"{k}: {v:,}" for k, v in t.outcomes.most_common())
         lines.append(f"| {t.name} | {t.runs:,} | {out} | {len(t.crashes)} | {len(t.hangs)} | "
-                     f"{1000 * t.seconds / max(1, t.runs):.1f} | {t.max_seconds:.2f} |")  # fmt: skip
+                     f"{1000 * t.seconds / max(1, t.runs):.1f} | {t.max_seconds:.2f} ({t.slowest_seed}) |")  # fmt: skip
     if recover is not None:
         codes, bad, slowest = recover
         lines += ["", f"`zen recover` (CLI, own process) on {sum(codes.values())} mutated images: exit codes "

@@ -30,6 +30,9 @@ class Limits:
     max_depth: int = 64  # nesting when converting to Python values
     max_refcnt: int = 1 << 40  # larger refcounts mean the header is not an object header
     max_mro: int = 256  # classes in one MRO / bases tuple
+    # code units (16-bit) of one code object: 2 MB of bytecode, beyond any compiled function seen in
+    # real code; a corrupt size must not cost seconds of de-specialisation per object
+    max_code_units: int = 1 << 20
 
 
 def _checked_against_image(space: AddressSpace, info: InterpreterInfo, prof: Profile) -> Profile:

@@ -18,7 +18,6 @@ from zen.errors import MemoryReadError, ObjectError
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter
 
-MAX_CODE_UNITS = 1 << 24
 _FIELDS = (
     "co_argcount",
     "co_posonlyargcount",
@@ -77,8 +76,8 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
 
     try:
         units = ip.space.i64(addr + ip.P.varobject.ob_size)
-        if not 0 < units <= MAX_CODE_UNITS:
-            raise ObjectError(addr, f"implausible code size of {units} units")
+        if not 0 < units <= ip.limits.max_code_units:
+            raise ObjectError(addr, f"implausible code size of {units} units (limit max_code_units={ip.limits.max_code_units})")
         unit = ip.P.constants.get("CODE_UNIT_SIZE", 2)
         raw = ip.read_within(addr, C.co_code_adaptive + units * unit, addr, "code object")
     except MemoryReadError:
@@ -131,8 +130,8 @@ def read_code_brief(ip: Interpreter, addr: int) -> tuple[str, str, int, bytes]:
         raise ObjectError(addr, f"expected a code object, found {kind}")
     C = ip.P.code
     units = ip.space.i64(addr + ip.P.varobject.ob_size)
-    if not 0 < units <= MAX_CODE_UNITS:
-        raise ObjectError(addr, f"implausible code size of {units} units")
+    if not 0 < units <= ip.limits.max_code_units:
+        raise ObjectError(addr, f"implausible code size of {units} units (limit max_code_units={ip.limits.max_code_units})")
     raw = ip.read_within(addr, C.co_code_adaptive + units * ip.P.constants.get("CODE_UNIT_SIZE", 2), addr, "code object")
     f = C.reader("co_qualname", "co_filename", "co_firstlineno").unpack(raw)
     adaptive = raw[C.co_code_adaptive :]
