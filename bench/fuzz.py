@@ -488,7 +488,8 @@ def report(tallies: dict[str, Tally], recover: tuple | None, args, seconds: floa
              f"{platform.node() and 'this machine'} ({os.cpu_count()} cores, {platform.python_version()}), "
              f"{time.strftime('%Y-%m-%d')}; {seconds / 60:.1f} min.", "",
              f"**{total:,} mutated inputs in process: {crashes} crashes, {hangs} hangs; peak RSS {rss:,.0f} MiB.**", "",
-             "| target | inputs | outcomes | crashes | hangs | mean ms | max s (seed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| target | inputs | outcomes | crashes | hangs | mean ms | max s (seed) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for t in tallies.values():
         out = ", ".join(f"{k}: {v:,}" for k, v in t.outcomes.most_common())
         lines.append(f"| {t.name} | {t.runs:,} | {out} | {len(t.crashes)} | {len(t.hangs)} | "
