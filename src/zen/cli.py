@@ -436,9 +436,9 @@ def main() -> None:
     try:
         app()
     except ZenError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
         if exc.hint:
-            err.print(f"[dim]hint: {exc.hint}[/dim]", soft_wrap=True)
+            err.print(f"[dim]hint: {escape(exc.hint)}[/dim]", soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -446,7 +446,7 @@ def main() -> None:
     except Exception as exc:  # a bug in zen, not a user mistake
         if os.environ.get("ZEN_DEBUG") == "1":
             raise
-        err.print(f"[red]internal error (a bug in zen):[/red] {type(exc).__name__}: {exc}")
+        err.print(f"[red]internal error (a bug in zen):[/red] {type(exc).__name__}: {escape(str(exc))}")
         err.print("[dim]rerun with ZEN_DEBUG=1 for a traceback, and please report it[/dim]")
         sys.exit(70)
 
