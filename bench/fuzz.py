@@ -19,7 +19,9 @@ Inputs are *real* artefacts, mutated structure-aware, one seed per input (reprod
   * containers - LiME and AVML headers of a small physical image made from the process image's
                  bytes, mutated; the container is parsed and every segment read;
   * recover    - (`--recover N`) the whole `zen recover` CLI, in its own process, on copies of the
-                 image with mutated headers and objects: exit code histogram, no traceback.
+                 image with mutated headers and objects: exit code histogram, no traceback;
+  * hostile    - (`--hostile`, default on) the hostile target process (tests/targets/hostile_target.py)
+                 imaged and recovered: time, peak RSS, tensors bit-exact, whether any hook ran.
 Each in-process input runs under a timer (a hang is an input still running after its limit); a
 crash is any exception other than zen's typed errors. Results, with the slowest inputs and every
 crash's seed and message, go to bench/results/fuzz.md.
@@ -450,6 +452,44 @@ def recover_runs(image: Path, work: Path, n: int, seed: int) -> tuple[Counter, l
     return codes, bad, slowest
 
 
+def hostile_run(work: Path) -> dict:
+    """The hostile target (tests/targets/hostile_target.py) imaged and recovered by the CLI: wall
+    time and peak RSS of `zen recover` (its own process), exit code, problems, tensors bit-exact."""
+    import hashlib
+
+    from safetensors.numpy import load_file
+
+    out = work / "hostile"
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "targets" / "hostile_target.py"), str(out)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        if proc.stdout.readline().strip() != "READY":
+            raise SystemExit("the hostile target did not start")
+        image = work / "hostile.core"
+        subprocess.run([sys.executable, "-m", "zen", "acquire", "--pid", str(proc.pid), "-o", str(image)], check=True,
+                       capture_output=True)  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+    truth = json.loads((out / "truth.json").read_text())
+    t0 = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "zen", "recover", str(image), "-o", str(work / "hostile-case")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - t0
+    child.returncode = os.waitstatus_to_exitcode(status)
+    man = json.loads((work / "hostile-case" / "manifest.json").read_text())
+    weights = load_file(str(work / "hostile-case" / "weights.safetensors"))
+    exact = sum(1 for s in truth["state"] if s["key"] in weights
+                and hashlib.sha256(weights[s["key"]].tobytes()).hexdigest() == s["sha256"])  # fmt: skip
+    size = image.stat().st_size
+    image.unlink()
+    return {"exit": child.returncode, "seconds": seconds, "rss_mib": usage.ru_maxrss / 1024, "image_mib": size / 2**20,
+            "problems": man["problems"], "exact": exact, "tensors": len(truth["state"]),
+            "hooks_called": Path(truth["marker"]).exists()}  # fmt: skip
+
+
 def make_artefacts(work: Path) -> tuple[Path, Path]:
     """A real torch process image and its recovered case: `zen demo --keep` makes both."""
     demo = work / "demo"
@@ -478,7 +518,7 @@ def run(budget: int, seed: int, work: Path, image: Path, case: Path, log=print) 
     return tallies
 
 
-def report(tallies: dict[str, Tally], recover: tuple | None, args, seconds: float) -> str:
+def report(tallies: dict[str, Tally], recover: tuple | None, args, seconds: float, hostile: dict | None = None) -> str:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     total = sum(t.runs for t in tallies.values())
     crashes = sum(len(t.crashes) for t in tallies.values())
@@ -500,6 +540,12 @@ def report(tallies: dict[str, Tally], recover: tuple | None, args, seconds: floa
                   + ", ".join(f"{k}: {v}" for k, v in sorted(codes.items(), key=str))
                   + f"; slowest {slowest:.1f} s; {len(bad)} with a traceback, exit 70 or no result."]  # fmt: skip
         lines += [f"- {b}" for b in bad[:20]]
+    if hostile is not None:
+        h = hostile
+        lines += ["", f"Hostile process (tests/targets/hostile_target.py, image {h['image_mib']:,.0f} MiB): `zen recover` "
+                  f"exit {h['exit']} in {h['seconds']:.1f} s, peak RSS {h['rss_mib']:,.0f} MiB; {h['exact']}/{h['tensors']} "
+                  f"tensors bit-exact; dunder hooks called: {h['hooks_called']}; problems: "
+                  + "; ".join(p[:120] for p in h["problems"])]  # fmt: skip
     for t in tallies.values():
         for s, msg in t.crashes[:20]:
             lines.append(f"- crash in {t.name}, seed {s}: {msg}")
@@ -516,6 +562,12 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=100_000, help="mutated inputs in process, over all targets")
     ap.add_argument("--recover", type=int, default=100, help="mutated images through the whole `zen recover` CLI")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--hostile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time and measure `zen recover` on the hostile target process",
+    )
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir, removed)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fuzz.md")
     args = ap.parse_args()
@@ -526,7 +578,8 @@ def main() -> int:
         image, case = make_artefacts(work)
         tallies = run(args.budget, args.seed, work, image, case)
         rec = recover_runs(image, work, args.recover, args.seed) if args.recover else None
-        text = report(tallies, rec, args, time.perf_counter() - t0)
+        hostile = hostile_run(work) if args.hostile else None
+        text = report(tallies, rec, args, time.perf_counter() - t0, hostile)
     finally:
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
