@@ -25,12 +25,14 @@ or plain constant that differs; recovered *instances* (loggers, registries) neve
 from __future__ import annotations
 
 import builtins
+import enum
 import importlib
 import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from zen.patch.classes import bind_ns, enum_members, fill_class_cell, namedtuple_class, namedtuple_fields, sunder
 from zen.patch.format import PatchError, code_of
 from zen.reuse.decode import Decoder, Resolver, ReuseError, Unrecovered
 
@@ -50,10 +52,13 @@ class Applied:
     replaced: list[str] = field(default_factory=list)  # functions whose code was replaced
     verified: list[str] = field(default_factory=list)  # installed functions identical to the image's
     warnings: list[str] = field(default_factory=list)
+    rebased: list[str] = field(default_factory=list)  # mapped classes given the recovered bases
+    mro_mismatch: list[str] = field(default_factory=list)  # classes whose MRO differs from the image's
 
     def to_json(self) -> dict[str, Any]:
         return {"modules": self.modules, "synthesised": self.synthesised, "created": len(self.created),
-                "replaced": self.replaced, "verified_identical": len(self.verified), "warnings": self.warnings}  # fmt: skip
+                "replaced": self.replaced, "verified_identical": len(self.verified), "warnings": self.warnings,
+                "rebased": self.rebased, "mro_mismatch": self.mro_mismatch}  # fmt: skip
 
 
 def same_code(a: types.CodeType, b: types.CodeType) -> bool:
@@ -232,7 +237,12 @@ class Patcher:
         except ReuseError as exc:
             raise PatchError(f"cannot create class {c['key']}: {exc}") from None
         ns: dict[str, Any] = {"__module__": module.__name__, "__qualname__": c["qualname"]}
+        members = enum_members(c) if meta is not None and isinstance(meta, type) and issubclass(meta, enum.EnumMeta) else None
+        if members is not None:  # an Enum's class dict holds the enum machinery's state: give it the members only
+            ns.update(members)
         for name, enc in c["attributes"].items():  # plain values now; references once everything exists
+            if members is not None and (name in members or sunder(name)):
+                continue
             if "lit" in enc and name not in ("__module__", "__qualname__"):
                 ns[name] = Decoder(r).decode(enc, f"{c['key']}.{name}")
         methods = []
@@ -241,13 +251,17 @@ class Patcher:
             f = self._function(e, module)
             methods.append((m["attr"], m["binding"], f))
         for attr, binding, f in methods:  # properties merge their accessors
-            _bind_ns(ns, attr, binding, f)
+            bind_ns(ns, attr, binding, f)
         try:
-            cls = types.new_class(c["name"], bases, {"metaclass": meta} if meta else {}, lambda body: body.update(ns))
+            fields = namedtuple_fields(c, bases)
+            if fields is not None:  # field accessors are C descriptors: let namedtuple make the class
+                cls = namedtuple_class(c, fields, module.__name__)
+            else:
+                cls = types.new_class(c["name"], bases, {"metaclass": meta} if meta else {}, lambda body: body.update(ns))
         except Exception as exc:  # noqa: BLE001 - a recovered class body the framework rejects
             raise PatchError(f"cannot create class {c['key']}: {type(exc).__name__}: {exc}") from None
         for _, _, f in methods:
-            _fill_class_cell(f, cls)
+            fill_class_cell(f, cls)
         holder = self._holder(module, c["qualname"])
         setattr(holder if holder is not None else module, c["name"], cls)
         self.report.created.append(f"{module.__name__}:{c['qualname']}")
@@ -328,10 +342,51 @@ class Patcher:
             return
         f = self._function(e, module)
         if isinstance(holder, type):
-            _fill_class_cell(f, holder)
-        if e["attr"] in vars(holder):
+            fill_class_cell(f, holder)
+        current = vars(holder).get(e["attr"])
+        if current is not None and not (e["binding"].startswith("property.") and isinstance(current, property)):
             return  # the name holds a decorator's wrapper made from the image: f is reached through it
-        _bind(holder, e["attr"], e["binding"], f)
+        _bind(holder, e["attr"], e["binding"], f)  # a property's second accessor joins the first
+
+    # -- 3b. class structure ------------------------------------------------------------------------
+    def structure(self) -> None:
+        """Mapped classes as the image had them: recovered bases, methods the fork dropped removed."""
+        r = self.report.resolver
+        for target, refs in self.data.get("class_bases", {}).items():
+            try:
+                cls, bases = r.cls(target), tuple(r.cls(x) for x in refs)
+            except ReuseError as exc:
+                self.report.warnings.append(f"bases of {target} not applied: {exc}")
+                continue
+            if cls.__bases__ == bases:
+                continue
+            try:
+                cls.__bases__ = bases
+                self.report.rebased.append(target)
+            except TypeError as exc:  # layouts that cannot be combined in place
+                self.report.warnings.append(f"bases of {target} could not be changed to {refs}: {exc}")
+        for target, names in self.data.get("class_removals", {}).items():
+            try:
+                cls = r.cls(target)
+            except ReuseError:
+                continue
+            for name in names:
+                if name in vars(cls):
+                    delattr(cls, name)
+
+    def check_mro(self) -> None:
+        """Every rebuilt class must resolve attributes as the recovered one did: same MRO."""
+        r = self.report.resolver
+        for target, refs in self.data.get("class_mro", {}).items():
+            try:
+                cls = r.cls(target)
+                want = [r.cls(x) for x in refs]
+            except ReuseError as exc:
+                self.report.mro_mismatch.append(f"{target}: MRO not checkable ({exc})")
+                continue
+            if not isinstance(cls, type) or list(cls.__mro__) != want:
+                got = [f"{k.__module__}.{k.__qualname__}" for k in getattr(cls, "__mro__", ())]
+                self.report.mro_mismatch.append(f"{target}: MRO {got} differs from the image's {refs}")
 
     # -- 4. values --------------------------------------------------------------------------------
     def values(self) -> None:
@@ -341,8 +396,12 @@ class Patcher:
             cls = self.made_classes.get(c["key"])
             if cls is None or c["recovered_module"] in self.installed:
                 continue
+            machinery = isinstance(cls, enum.EnumMeta)  # members and the enum's own state were made with the class
+            made = set(getattr(cls, "_fields", ())) if namedtuple_fields(c, cls.__bases__) else set()  # accessors
             for name, enc in c["attributes"].items():
-                if "lit" not in enc:
+                if name in made:
+                    continue
+                if "lit" not in enc and not (machinery and (name in cls.__members__ or sunder(name))):
                     self._set_attr(cls, name, enc, dec, f"{c['key']}.{name}")
         for target, attrs in self.data.get("class_changes", {}).items():
             try:
@@ -403,13 +462,27 @@ class Patcher:
         except (ReuseError, TypeError, AttributeError) as exc:
             self.report.warnings.append(f"{where}: not restored ({exc})")
 
-    def _globals(self, dec: Decoder) -> None:
+    def _outside(self, enc: dict) -> bool:
+        """A global that names something outside the recovered modules (an import: `inspect`,
+        `functools.wraps`): it is set before classes are created, because creating a class runs
+        its bases' `__init_subclass__`, recovered code that may read such globals."""
+        kind = next(iter(enc), "")
+        if kind == "lit":
+            return True
+        if kind not in ("module", "func", "cls", "global") or not isinstance(enc[kind], str):
+            return False
+        top = enc[kind].partition(":")[0]
+        return top not in self.report.modules and not any(top.startswith(m + ".") for m in self.report.modules)
+
+    def _globals(self, dec: Decoder, early: bool = False) -> None:
         for rec_mod, names in self.data.get("globals", {}).items():
             if rec_mod not in self.report.modules:
                 continue
             module = self._module(rec_mod)
             ns = module.__dict__
             for name, enc in names.items():
+                if early and not (name not in ns and isinstance(enc, dict) and self._outside(enc)):
+                    continue
                 kind = next(iter(enc), "")
                 if name in ns and not _value_like(enc):
                     continue  # keep the base's instance (a logger, a registry)
@@ -433,9 +506,15 @@ class Patcher:
         self._claim(live)
         self.report.resolver = Resolver(self.data.get("class_map", {}), self.data.get("function_map", {}), live)
         self.report.resolver.installed_fallback = {rec for rec, name in live.items() if name.startswith(SYNTH_PREFIX + ".")}
+        if self.self_contained or any(n.startswith(SYNTH_PREFIX + ".") for n in live.values()):
+            early = Decoder(self.report.resolver)
+            self._globals(early, early=True)
+            self.report.warnings += early.unrecovered
         self.classes()
         self.functions()
+        self.structure()
         self.values()
+        self.check_mro()
         return self.report
 
     def _claim(self, live: dict[str, str]) -> None:
@@ -464,27 +543,6 @@ def _value_like(enc: Any, depth: int = 0) -> bool:
     if kind in ("tuple", "list", "set", "frozenset", "dict"):
         return _value_like(enc[kind], depth + 1)
     return True
-
-
-def _bind_ns(ns: dict, attr: str, binding: str, f: types.FunctionType) -> None:
-    if binding == "staticmethod":
-        ns[attr] = staticmethod(f)
-    elif binding == "classmethod":
-        ns[attr] = classmethod(f)
-    elif binding.startswith("property."):
-        part = binding.split(".", 1)[1]
-        cur = ns.get(attr)
-        ns[attr] = ({"fget": cur.getter, "fset": cur.setter, "fdel": cur.deleter}[part](f)
-                    if isinstance(cur, property) else property(**{part: f}))  # fmt: skip
-    else:
-        ns[attr] = f
-
-
-def _fill_class_cell(f: types.FunctionType, cls: type) -> None:
-    """`super()` without arguments reads the `__class__` cell: point it at the class now holding f."""
-    for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
-        if name == "__class__":
-            cell.cell_contents = cls
 
 
 def apply_patch(data: dict) -> Applied:

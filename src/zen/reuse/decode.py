@@ -101,32 +101,73 @@ class Resolver:
 def literal(text: str) -> Any:
     if text in ("nan", "inf", "-inf"):
         return float(text)
+    if text == "Ellipsis":
+        return ...
+    if text == "NotImplemented":
+        return NotImplemented
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         raise ReuseError(f"not a Python literal: {text[:80]}") from None
 
 
+def describe(enc: Any) -> str:
+    """What an encoding stands for, for problem entries ('functools.partial', 'class m:C', ...)."""
+    if not isinstance(enc, dict):
+        return type(enc).__name__
+    for key, label in (("obj", ""), ("partial", ""), ("function", "function "), ("func", "function "), ("cls", "class "),
+                       ("enum", "enum "), ("global", "global "), ("module", "module "), ("method", "bound method ")):  # fmt: skip
+        if key in enc and isinstance(enc[key], str):
+            return label + enc[key].replace(":", ".")
+    if "unsupported" in enc:
+        return str(enc["unsupported"])
+    return next(iter(enc), "?")
+
+
+ERRORS = (ReuseError, TypeError, ValueError, AttributeError, KeyError, IndexError, ImportError, RecursionError)
+
+
 class Decoder:
+    """Encodings -> live objects. A value that cannot be rebuilt becomes an `Unrecovered`
+    placeholder and a problem entry naming its path and type; decoding never raises for one."""
+
     def __init__(self, resolver: Resolver, tensors: dict[tuple[str, str], Any] | None = None,
                  modules: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.r = resolver
-        self.tensors = tensors or {}
-        self.modules = modules or {}
+        # `is None`, not `or`: the graph's tensor table is an empty dict subclass that fills on demand
+        self.tensors = tensors if tensors is not None else {}
+        self.modules = modules if modules is not None else {}
         self.memo: dict[int, Any] = {}
         self.unrecovered: list[str] = []
 
     def decode(self, enc: Any, where: str = "") -> Any:
+        try:
+            return self._decode(enc, where)
+        except ERRORS as exc:
+            what = describe(enc)
+            return self._missing(f"cannot rebuild {what}: {type(exc).__name__}: {exc}"[:400], where, what)
+
+    def _decode(self, enc: Any, where: str) -> Any:
         if not isinstance(enc, dict):
             raise ReuseError(f"malformed encoding at {where}: {enc!r}"[:200])
         if "lit" in enc:
             return literal(enc["lit"])
+        # forms whose fields reuse other forms' tags ("func", "dict") come first
+        if "partial" in enc:
+            return self._partial(enc, where)
+        if "function" in enc:
+            return self._function(enc, where)
+        if "id" in enc and ("list" in enc or "dict" in enc or "set" in enc):
+            return self._shared(enc, where)
         for kind, build in (("tuple", tuple), ("list", list), ("set", set), ("frozenset", frozenset)):
             if kind in enc:
-                items = [self.decode(x, where) for x in enc[kind]]
-                return self._typed(enc, build(items) if kind != "tuple" else tuple(items), where)
+                items = [self.decode(x, f"{where}[{i}]") for i, x in enumerate(enc[kind])]
+                return self._typed(enc, build(items), where)
         if "dict" in enc:
-            items = {self.decode(k, where): self.decode(v, where) for k, v in enc["dict"]}
+            items = {}
+            for k, v in enc["dict"]:
+                key = self.decode(k, f"{where}.<key>")
+                items[key] = self.decode(v, f"{where}[{key!r}]"[:300])
             return self._typed(enc, items, where)
         if "cls" in enc:
             return self.r.cls(enc["cls"])
@@ -141,7 +182,7 @@ class Decoder:
         if "global" in enc:
             return self.r.func(enc["global"])  # a name in a module, through the maps like a function
         if "method" in enc:
-            owner = self.decode(enc["self"], where)
+            owner = self.decode(enc["self"], f"{where}.__self__")
             if isinstance(owner, Unrecovered):
                 return owner
             return getattr(owner, enc["method"])
@@ -150,7 +191,15 @@ class Decoder:
 
             return logging.getLogger(enc["logger"])
         if "enum" in enc:
-            return getattr(self.r.cls(enc["enum"]), enc["name"])
+            cls = self.r.cls(enc["enum"])
+            if "name" not in enc:
+                return cls(self.decode(enc["value"], where))
+            if enc["name"] in getattr(cls, "__members__", {}) or "|" not in enc["name"]:
+                return getattr(cls, enc["name"])
+            import functools
+            import operator
+
+            return functools.reduce(operator.or_, (cls[n] for n in enc["name"].split("|")))  # a Flag combination
         if "dtype" in enc:
             import torch
 
@@ -159,6 +208,8 @@ class Decoder:
             import torch
 
             return torch.device(enc["device"])
+        if "slice" in enc:
+            return slice(*(self.decode(x, where) for x in enc["slice"]))
         if "tensor" in enc:
             key = (enc.get("file", "weights"), enc["tensor"])
             if key not in self.tensors:
@@ -171,32 +222,118 @@ class Decoder:
                 return self._missing(f"reference to object #{enc['ref']} before its definition", where)
             return self.memo[enc["ref"]]
         if "obj" in enc:
-            cls = self.r.cls(enc["obj"])
-            obj = cls.__new__(cls)
-            self.memo[enc["id"]] = obj
-            state = {k: self.decode(v, f"{where}.{k}") for k, v in enc.get("state", {}).items()}
-            try:
-                obj.__dict__.update(state)
-            except AttributeError:
-                for k, v in state.items():
-                    object.__setattr__(obj, k, v)
-            for k, v in enc.get("slots", {}).items():
-                object.__setattr__(obj, k, self.decode(v, f"{where}.{k}"))
-            return obj
+            return self._instance(enc, where)
         if "empty" in enc:
             return self._missing("empty cell", where)
         if "unsupported" in enc:
             return self._missing(enc["unsupported"], where)
         raise ReuseError(f"unknown encoding at {where}: {sorted(enc)}")
 
+    def _shared(self, enc: dict, where: str) -> Any:
+        """A list, dict or set with an identity: made empty and memoised first, then filled, so
+        references to it from inside (cycles) and from elsewhere (sharing) get this object."""
+        kind = next(k for k in ("list", "dict", "set") if k in enc)
+        obj: Any = {"list": list, "dict": dict, "set": set}[kind]()
+        self.memo[enc["id"]] = obj
+        if kind == "dict":
+            for k, v in enc["dict"]:
+                key = self.decode(k, f"{where}.<key>")
+                obj[key] = self.decode(v, f"{where}[{key!r}]"[:300])
+        elif kind == "list":
+            obj.extend(self.decode(x, f"{where}[{i}]") for i, x in enumerate(enc["list"]))
+        else:
+            obj.update(self.decode(x, f"{where}[{i}]") for i, x in enumerate(enc["set"]))
+        return obj
+
+    def _instance(self, enc: dict, where: str) -> Any:
+        """An instance by its state, without calling its constructor (`cls.__new__(cls)`)."""
+        cls = self.r.cls(enc["obj"])
+        try:
+            obj = cls.__new__(cls)
+        except Exception as exc:  # noqa: BLE001 - a C type whose __new__ needs arguments zen does not have
+            return self._missing(f"{enc['obj'].replace(':', '.')} cannot be created without its constructor's arguments "
+                                 f"({type(exc).__name__}: {exc})", where, enc["obj"])  # fmt: skip
+        self.memo[enc["id"]] = obj
+        state = {k: self.decode(v, f"{where}.{k}") for k, v in enc.get("state", {}).items()}
+        try:
+            obj.__dict__.update(state)
+        except AttributeError:
+            for k, v in state.items():
+                object.__setattr__(obj, k, v)
+        for k, v in enc.get("slots", {}).items():
+            object.__setattr__(obj, k, self.decode(v, f"{where}.{k}"))
+        return obj
+
+    def _partial(self, enc: dict, where: str) -> Any:
+        """functools.partial: created around a placeholder, memoised, then given its real state
+        with `__setstate__` (so a partial reachable from its own arguments is rebuilt too)."""
+        cls = self.r.cls(enc["partial"])
+        obj = cls.__new__(cls, print)
+        self.memo[enc["id"]] = obj
+        func = self.decode(enc["func"], f"{where}.func")
+        args = self.decode(enc["args"], f"{where}.args")
+        kw = self.decode(enc["keywords"], f"{where}.keywords")
+        state = {k: self.decode(v, f"{where}.{k}") for k, v in enc.get("state", {}).items()}
+        bad = [n for n, v in (("func", func), ("args", args), ("keywords", kw)) if isinstance(v, Unrecovered)]
+        if bad:
+            return self._missing(f"{enc['partial'].replace(':', '.')} whose {', '.join(bad)} could not be rebuilt", where)
+        obj.__setstate__((func, tuple(args), dict(kw or {}), state or None))
+        return obj
+
+    def _function(self, enc: dict, where: str) -> Any:
+        """A function no name reaches (a lambda, a closure): its code from the encoding, its globals
+        from its module here (through the patch's maps), then defaults, cells and __dict__."""
+        import marshal
+        import types
+
+        if enc.get("fn") in self.r.by_function:
+            return self.r.by_function[enc["fn"]]
+        if "code" not in enc:
+            return self._missing(enc.get("unsupported") or f"no code for {enc['function']}", where, enc["function"])
+        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        if enc.get("python") != here:
+            return self._missing(f"{enc['function']} holds Python {enc.get('python')} bytecode; this is Python {here}", where)
+        import base64
+
+        code = marshal.loads(base64.b64decode(enc["code"]))  # load(): executes recovered code by design
+        if not isinstance(code, types.CodeType):
+            raise ReuseError(f"code of {enc['function']} is not a code object")
+        module = self.r.module(enc["function"].partition(":")[0])
+        closure = tuple(types.CellType() for _ in code.co_freevars) or None
+        f = types.FunctionType(code, module.__dict__, enc.get("name") or code.co_name, None, closure)
+        f.__qualname__ = enc["function"].partition(":")[2]
+        f.__module__ = module.__name__
+        self.memo[enc["id"]] = f
+        if enc.get("defaults"):
+            d = self.decode(enc["defaults"], f"{where}.__defaults__")
+            f.__defaults__ = d if isinstance(d, tuple) else None
+        if enc.get("kwdefaults"):
+            kw = self.decode(enc["kwdefaults"], f"{where}.__kwdefaults__")
+            f.__kwdefaults__ = kw if isinstance(kw, dict) else None
+        for name, cell, c in zip(code.co_freevars, closure or (), enc.get("closure") or []):
+            if not c.get("empty"):
+                cell.cell_contents = self.decode(c, f"{where}.<cell {name}>")
+        if enc.get("dict"):
+            attrs = self.decode(enc["dict"], f"{where}.__dict__")
+            if isinstance(attrs, dict):
+                f.__dict__.update(attrs)
+        return f
+
     def _typed(self, enc: dict, value: Any, where: str) -> Any:
+        """A container of a subclass: namedtuples by `_make`, others by calling the class on the
+        items; a class that refuses is reported and the plain container kept."""
         if "type" not in enc:
             return value
         try:
-            return self.r.cls(enc["type"])(value)
-        except (ReuseError, TypeError, ValueError):
+            cls = self.r.cls(enc["type"])
+            if isinstance(value, tuple) and hasattr(cls, "_make"):
+                return cls._make(value)
+            return cls(value)
+        except ERRORS as exc:
+            self.unrecovered.append(f"{where}: {enc['type'].replace(':', '.')} rebuilt as a plain {type(value).__name__} "
+                                    f"({type(exc).__name__}: {exc})"[:400])  # fmt: skip
             return value
 
-    def _missing(self, reason: str, where: str) -> Unrecovered:
-        self.unrecovered.append(f"{where}: {reason}")
+    def _missing(self, reason: str, where: str, what: str | None = None) -> Unrecovered:
+        self.unrecovered.append(f"{where}: {reason}" if what is None or what in reason else f"{where}: {what}: {reason}")
         return Unrecovered(reason, where)

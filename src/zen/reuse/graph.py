@@ -43,6 +43,11 @@ class GraphReport:
     def to_json(self) -> dict[str, Any]:
         return dict(vars(self))
 
+    def problems(self) -> list[str]:
+        """Everything the rebuilt model lacks compared with the deployed one, one line each."""
+        return ([f"{p}" for p in self.unrecovered] + [f"{k}: tensor data missing from the image" for k in self.missing_tensors]
+                + [f"{h}: hook dropped (its function could not be rebuilt)" for h in self.dropped_hooks])  # fmt: skip
+
 
 def _load(path: Path) -> dict:
     if not path.is_file():
@@ -136,7 +141,7 @@ def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool 
         d = obj.__dict__
         if d:  # shared module already filled
             continue
-        where = m.path or "<root>"
+        where = f"model.{m.path}" if m.path else "model"
         for name, enc in m.state.items():
             d[name] = dec.decode(enc, f"{where}.{name}")
         for name in HOOK_DICTS:

@@ -23,6 +23,7 @@ from typing import Any
 from zen import __version__
 from zen.errors import ZenError
 from zen.represent import case
+from zen.reuse.decode import describe
 
 TEMPLATE = '''"""{title}
 
@@ -88,7 +89,7 @@ def make_patch(case_dir: Path, base=None) -> tuple[dict, Any]:
     if base is None:
         return build_self_contained(pr, code, source, primary_modules(mr)), None
     d = diff(mr, pr, base.name, base.mr, base.pr, rebuilt=set(code))
-    return build_patch(d, pr, code, source), d
+    return build_patch(d, pr, code, source, base.pr), d
 
 
 def diff_case(case_dir: Path, base: Any) -> tuple[dict | None, Any, dict]:
@@ -149,5 +150,50 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
             "evidence_sha256": sha, "mode": patch["mode"], "base": patch["base"], "python": patch["python"],
             "patch_sha256": patch["content_sha256"], "diff": diff_summary,
             "executes_recovered_code": True}  # fmt: skip
+    info["problems"] = value_problems(case.load_mr(case_dir))
     (out / "reuse.json").write_text(json.dumps(info, indent=1) + "\n")
+    return out
+
+
+def value_problems(mr) -> list[str]:
+    """Values of the model's modules that `load()` will not be able to rebuild, known from their
+    encodings alone (nothing is imported here): 'model.features.3.norm_layer: TYPE: why'. Values
+    whose classes refuse to be created are only found at load time (`load_with_report()`)."""
+    out: list[str] = []
+
+    def walk(enc, where: str, depth: int = 0) -> None:
+        if depth > 64 or len(out) > 1000:
+            return
+        if isinstance(enc, list):
+            for i, x in enumerate(enc):
+                walk(x, f"{where}[{i}]", depth + 1)
+            return
+        if not isinstance(enc, dict):
+            return
+        why = None
+        if "unsupported" in enc:
+            why = str(enc["unsupported"])
+        elif "func" in enc and "<locals>" in str(enc["func"]):
+            why = f"function {enc['func']} was made inside another function and its code is not in the case"
+        elif "cls" in enc and "<locals>" in str(enc["cls"]):
+            why = f"class {enc['cls']} was made inside a function"
+        if why is not None:
+            what = describe(enc)
+            out.append(f"{where}: {why}" if what in why else f"{where}: {what}: {why}")
+            return
+        for k, v in enc.items():
+            if k == "dict" and isinstance(v, list):
+                for i, (_key, val) in enumerate(v):
+                    walk(val, f"{where}[{i}]", depth + 1)
+            elif k == "state" and isinstance(v, dict):
+                for name, val in v.items():
+                    walk(val, f"{where}.{name}", depth + 1)
+            elif isinstance(v, (dict, list)):
+                walk(v, where if k in ("tuple", "list", "set", "frozenset") else f"{where}.{k}", depth + 1)
+
+    for m in mr.modules:
+        for name, enc in m.state.items():
+            if name.endswith("hooks") or "_hooks_" in name:
+                continue
+            walk(enc, f"model.{m.path}.{name}" if m.path else f"model.{name}")
     return out

@@ -37,9 +37,28 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True) -> tuple[Any, dict]:
     pkg_dir = Path(pkg_dir)
     patch = read_patch(pkg_dir / "patch.json")
     applied = apply_patch(patch)
-    mr = case.load_mr(pkg_dir)
+    mr = package_mr(pkg_dir)
     model, graph = rebuild(mr, applied.resolver, pkg_dir, eval_mode=eval_mode)
-    return model, {"patch": applied.to_json(), "graph": graph.to_json()}
+    problems = graph.problems() + [f"class {m}" for m in applied.mro_mismatch]
+    if problems:  # said at load time too, not only in the report: a placeholder fails only when used
+        import warnings
+
+        more = f" (and {len(problems) - 5} more; see load_with_report())" if len(problems) > 5 else ""
+        warnings.warn(f"zen: {len(problems)} value(s) of the recovered model could not be rebuilt: "
+                      + "; ".join(problems[:5]) + more, stacklevel=3)  # fmt: skip
+    return model, {"patch": applied.to_json(), "graph": graph.to_json(), "problems": problems}
+
+
+def package_mr(pkg_dir: Path):
+    """The package's mr.json, schema-checked. A package has no case manifest (whose hashes protect
+    a case's files): `zen verify` records and checks the package's own file hashes instead."""
+    from zen.represent.mr import MR_FORMAT, ModelMR
+    from zen.represent.schema import load_record
+
+    p = Path(pkg_dir) / case.MR_FILE
+    if not p.is_file():
+        raise ZenError(f"{pkg_dir} has no {case.MR_FILE}", "write the package again with `zen reuse CASE -o DIR`")
+    return load_record(p, ModelMR, "zen-mr", MR_FORMAT)
 
 
 def import_package(pkg_dir: Path):

@@ -1,6 +1,7 @@
 """The full state of every module, for rebuilding the model object graph (reuse).
 
-Each module's instance attributes are encoded with `zen.cpython.snapshot` except the four the
+Each module's instance attributes are encoded with `zen.cpython.snapshot` (with the forms of
+`values.py` for partials, local functions, slices and torch singletons) except the four the
 rebuild restores structurally (`_parameters`, `_buffers`, `_modules`, `_non_persistent_buffers_set`).
 References to modules of the tree become `{"module_ref": path}`; tensors become `{"tensor": key}`:
 state_dict tensors by their key, anything else (non-persistent buffers, tensors held in plain
@@ -18,6 +19,7 @@ from zen.errors import ZenError
 from zen.frontends.pytorch.modules import ModuleIndex
 from zen.frontends.pytorch.mr import TensorSlot, tensor_record
 from zen.frontends.pytorch.tensors import TensorReader
+from zen.frontends.pytorch.values import ModelValues
 from zen.represent.mr import ModelMR
 
 STRUCTURAL = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
@@ -59,6 +61,7 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
         return None if path is None else {"module_ref": path}
 
     device_type: list[int | None] = [None]
+    values = ModelValues(ip)  # partials, local functions, slices, torch singletons
 
     def value_hook(addr: int) -> dict | None:
         try:
@@ -66,12 +69,12 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
             if device_type[0] is None and ip.type_name(addr) == "torch.device":
                 device_type[0] = tp
             if tp != device_type[0]:
-                return None
+                return values(addr)
             return {"device": reader.device_object(addr)}
         except ZenError:
             return None
 
-    enc = Encoder(ip, tensor=tensor_hook, module=module_hook, value=value_hook)
+    enc = values.encoder = Encoder(ip, tensor=tensor_hook, module=module_hook, value=value_hook)
     by_path = {m.path: m for m in mr.modules}
     for path, node in walk:
         rec = by_path.get(path)
