@@ -8,7 +8,10 @@ A patch is one JSON document, versioned and self-describing:
     classes [added classes, bases before subclasses: bases, metaclass, attributes, methods],
     functions [{op: "replace"|"add", fid, module, qualname, owner, attr, binding, code: SHA256,
                 defaults, kwdefaults, closure, changes}],
-    globals {module -> {name -> encoded value}}, blobs {SHA256 -> base64(marshal(code))},
+    globals {module -> {name -> encoded value}}, class_changes {class -> {attribute -> encoded value}},
+    class_bases {class -> [bases]} and class_removals {class -> [names]} (mapped classes whose bases
+    or methods differ from the base's), class_mro {class -> [MRO]} (checked at load),
+    blobs {SHA256 -> base64(marshal(code))},
     content_sha256 (of everything else, canonical JSON)
 
 Code objects travel as marshal data (zen's own output; marshal is only ever loaded after its
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from zen import __version__
 from zen.errors import ZenError
+from zen.represent import textio
 
 if TYPE_CHECKING:  # the loader of a reuse package imports this module: keep it light
     from zen.diff.differ import DiffResult
@@ -121,6 +125,16 @@ class PatchBuilder:
                 "name": rec.qualname.rsplit(".", 1)[-1], "bases": bases, "metaclass": rec.metaclass,
                 "attributes": rec.attributes, "methods": methods}  # fmt: skip
 
+    def mro(self, classes: list[ClassRecord], class_map: dict[str, str]) -> dict[str, list[str]]:
+        """target class -> its recovered MRO as references (translated through the class map when
+        applied): `load()` checks that every rebuilt class resolves attributes as the image's did."""
+        out = {}
+        for rec in classes:
+            target = class_map.get(f"{rec.module}:{rec.qualname}")
+            if target is not None and rec.mro_names:
+                out[target] = [self._ref(n) for n in rec.mro_names]
+        return dict(sorted(out.items()))
+
     def _ref(self, full_name: str) -> str:
         rec = self.classes_by_name.get(full_name)
         if rec is not None:
@@ -129,7 +143,7 @@ class PatchBuilder:
         return f"{mod or 'builtins'}:{q}"
 
     def document(self, mode: str, base: str | None, modules: dict, class_map: dict, function_map: dict, classes: list[dict],
-                 globals_: dict, class_changes: dict | None = None) -> dict:  # fmt: skip
+                 globals_: dict, class_changes: dict | None = None, structure: dict | None = None) -> dict:  # fmt: skip
         version = self.source.get("python") or ".".join(map(str, sys.version_info[:3]))
         data = {
             "format": PATCH_FORMAT, "kind": "zen-patch", "tool": f"zen {__version__}",
@@ -137,13 +151,16 @@ class PatchBuilder:
             "mode": mode, "base": base, "source": self.source, "modules": modules, "class_map": class_map,
             "function_map": function_map, "classes": classes, "functions": self.functions, "globals": globals_,
             "class_changes": class_changes or {}, "blobs": dict(sorted(self.blobs.items())),
+            **(structure or {}),
         }  # fmt: skip
         data["content_sha256"] = hashlib.sha256(_canonical(data)).hexdigest()
         return data
 
 
-def build_patch(d: DiffResult, pr: ProgrammaticRepresentation, code: dict, source: dict) -> dict:
-    """A patch that turns the base model's code into the recovered model's."""
+def build_patch(d: DiffResult, pr: ProgrammaticRepresentation, code: dict, source: dict,
+                base_pr: ProgrammaticRepresentation | None = None) -> dict:  # fmt: skip
+    """A patch that turns the base model's code into the recovered model's. With the base's PR,
+    mapped classes are completed too (`complete_mapped_classes`)."""
     b = PatchBuilder(pr, code, source)
     function_map: dict[str, str] = {}
     for f in d.changed:
@@ -165,7 +182,58 @@ def build_patch(d: DiffResult, pr: ProgrammaticRepresentation, code: dict, sourc
     classes = [b.klass(c, d.module_map.get(c.module) or c.module) for c in ordered]
     modules = dict(d.module_map)
     globals_ = {m: names for m, names in pr.module_globals.items() if m in modules}  # keyed by recovered module
-    return b.document("patch", d.base, modules, d.class_map, function_map, classes, globals_, d.class_changes)
+    structure: dict[str, Any] = {"class_mro": b.mro([c for c in pr.classes if c.module in modules], d.class_map)}
+    if base_pr is not None:
+        structure.update(complete_mapped_classes(b, d, pr, base_pr, function_map))
+    return b.document("patch", d.base, modules, d.class_map, function_map, classes, globals_, d.class_changes, structure)
+
+
+def complete_mapped_classes(b: PatchBuilder, d: DiffResult, pr: ProgrammaticRepresentation, base_pr: ProgrammaticRepresentation,
+                            function_map: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """What a recovered class has that its base counterpart lacks, beyond changed code.
+
+    Algorithm 2 pairs code objects, so a method the fork *renamed* pairs (often exactly) with the
+    base's method under the old name: as a change it is nothing, yet the fork's code calls the new
+    name. Every method, property accessor or static/class method a mapped recovered class holds
+    under a name its base class does not is added under that name; methods the base class holds and
+    the recovered class does not are removed (inherited ones then resolve as in the image); a class
+    whose bases changed gets the recovered bases. Class attributes are in `class_changes` already."""
+    base_classes = {f"{c.module}:{c.qualname}": c for c in base_pr.classes}
+    base_names = {c.name: f"{c.module}:{c.qualname}" for c in base_pr.classes}
+    added = {f"{c.module}:{c.qualname}" for c in d.classes_added}
+    have = {(e["owner"], e["attr"]) for e in b.functions if e["owner"]}  # (class, name) already in the patch
+    have_bound = {(e["owner"], e["attr"], e["binding"]) for e in b.functions if e["owner"]}  # a property's accessors share a name
+    bases: dict[str, list[str]] = {}
+    removals: dict[str, list[str]] = {}
+    for rec in pr.classes:
+        key = f"{rec.module}:{rec.qualname}"
+        target = d.class_map.get(key)
+        base = base_classes.get(target) if target and key not in added else None
+        if base is None:
+            continue
+        module, qual = target.split(":", 1)
+        for c in pr.codes:
+            insts = [] if c.parent is not None else ([None] if c.owner_class == rec.name and c.function else [])
+            insts += [o for o in (c.others if c.parent is None else []) if o.get("owner") == rec.name and o.get("attr")]
+            for o in insts:
+                attr = (o or {}).get("attr") or c.attr or c.qualname.rsplit(".", 1)[-1]
+                binding = (o or {}).get("binding") or c.binding or "function"
+                if attr in base.methods or (target, attr, binding) in have_bound:
+                    continue
+                if (target, attr) in have and not binding.startswith("property."):
+                    continue
+                b.function("add", c, module, f"{qual}.{attr}", target, attr=attr, inst=o)
+                have.add((target, attr))
+                have_bound.add((target, attr, binding))
+                function_map.setdefault(f"{c.module}:{c.qualname}", f"{module}:{qual}.{attr}")
+        gone = sorted(set(base.methods) - set(rec.methods) - set(rec.attributes))
+        if gone:
+            removals[target] = gone
+        mine = [d.class_map.get(b._ref(x), b._ref(x)) for x in rec.bases]
+        theirs = [base_names.get(x) or b._ref(x) for x in base.bases]
+        if mine != theirs:
+            bases[target] = [b._ref(x) for x in rec.bases]
+    return {"class_bases": dict(sorted(bases.items())), "class_removals": dict(sorted(removals.items()))}
 
 
 def build_self_contained(pr: ProgrammaticRepresentation, code: dict, source: dict, model_modules: set[str]) -> dict:
@@ -185,11 +253,12 @@ def build_self_contained(pr: ProgrammaticRepresentation, code: dict, source: dic
     modules = {m: None for m in sorted(model_modules)}
     class_map = {f"{c.module}:{c.qualname}": f"{c.module}:{c.qualname}" for c in mine}
     globals_ = {m: names for m, names in pr.module_globals.items() if m in modules}
-    return b.document("self-contained", None, modules, class_map, {}, classes, globals_)
+    structure = {"class_mro": b.mro(mine, class_map)}
+    return b.document("self-contained", None, modules, class_map, {}, classes, globals_, None, structure)
 
 
 def write_patch(data: dict, path: Path) -> None:
-    Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    textio.write_json(path, data, indent=1)
 
 
 def read_patch(path: Path, *, check_python: bool = True) -> dict:
