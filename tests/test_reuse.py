@@ -80,6 +80,7 @@ def test_patched_base_reproduces_deployed_outputs(name, base_library, family_ima
     if source != "hf" or name != "lora":  # every fork changed or added code; LoRA adds only installed peft code
         assert patch["replaced"] or patch["created"]
     assert res["report"]["graph"]["missing_tensors"] == [] and res["report"]["graph"]["unrecovered"] == []
+    assert res["report"]["patch"]["mro_mismatch"] == [] and res["report"]["problems"] == []  # every class as in the image
     assert_instrumentable(res)
 
 
@@ -91,6 +92,7 @@ def test_obfuscated_fork_rebuilt_on_its_base(base_library, family_images, workdi
     res = check(pkg, _io("convnet-obf", "convnet_se", family_images, None), tmp_path / "res.json",
                 _base_code("convnet", tmp_path), attack=False)  # fmt: skip
     assert res["equal"] and res["model_class"] == "convnet.ConvNet"
+    assert res["report"]["patch"]["mro_mismatch"] == []
 
 
 @pytest.mark.parametrize("name", ALL_VARIANTS + ["mistral"])
@@ -104,6 +106,7 @@ def test_self_contained_rebuild(name, family_images, hf_image, workdir, tmp_path
     res = check(pkg, _io(source, name, family_images, hf_image), tmp_path / "res.json", None,
                 attack=name in ("gptmini_rope", "mistral"))  # fmt: skip
     assert res["equal"], res
+    assert res["report"]["patch"]["mro_mismatch"] == []
     assert res["model_class"].startswith("zen_rebuilt.") and res["imported"] == []
     module = f"zen_rebuilt.{name}" if source != "hf" else "zen_rebuilt.transformers.models.mistral.modeling_mistral"
     assert module in res["report"]["patch"]["synthesised"]
