@@ -1,0 +1,770 @@
+"""Recovery and reuse across the real model zoos (issue 15): torchvision, timm, transformers.
+
+    python bench/zoo.py [--only GLOB ...] [--limit N] [--fresh] [--work DIR] [--out bench/results/zoo.md]
+
+Every model is deployed in its own process (`python bench/zoo.py deploy NAME OUTDIR`: fixed seed,
+random init, eval mode, one forward on a fixed input; the process writes its ground truth: model
+id, a sha256 per state_dict tensor, the input and output), imaged (`zen acquire --lean`), recovered,
+compared tensor by tensor with that truth, added to a library, rebuilt twice (`zen reuse --base`
+itself, and self-contained) and each rebuild run in a fresh process (`python bench/zoo.py check`)
+on the recorded input: outputs must be bit-identical (`torch.equal`). At the end every model is
+attributed against the library of all models run (it must attribute to itself, UR >= 0.99; the
+runner-up margin is reported). Results are kept per model in WORK/state.json (the sweep resumes
+where it stopped; `--fresh` starts over) and written to bench/results/zoo.md.
+
+torchvision and timm come from a side directory (`zoo_site()`), not from the project's venv: PyPI's
+torchvision 0.28.0 (the release for torch 2.13) is a CUDA build whose C++ ops need libtorch_cuda;
+with the CPU torch its import fails, and an installed-but-broken torchvision also breaks
+transformers' imports. The side directory is installed with `pip --no-deps --target` (pip never
+resolves torch) and its Python code is used with the C++ ops declared but absent: classification
+and segmentation models run; detection models need `torchvision::nms` and are reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TV_VERSION, TIMM_VERSION = "0.28.0", "1.0.29"
+LIBS = ("torchvision", "timm", "transformers")
+
+
+def zoo_site() -> Path:
+    """Where torchvision/timm are installed for zoo processes (outside the repository)."""
+    env = os.environ.get("ZEN_ZOO_SITE")
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "zen" / "zoo-site"
+    return Path(env) if env else base
+
+
+def ensure_site() -> Path | None:
+    """Install torchvision and timm into zoo_site() once (no dependencies: torch stays the CPU build)."""
+    site = zoo_site()
+    if (site / "torchvision").is_dir() and (site / "timm").is_dir():
+        return site
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+                          f"torchvision=={TV_VERSION}", f"timm=={TIMM_VERSION}"], capture_output=True, text=True,
+                         timeout=900)  # fmt: skip
+    return site if res.returncode == 0 and (site / "timm").is_dir() else None
+
+
+def prepare(site: str | None) -> None:
+    """Make torchvision/timm importable in this process (see the module docstring)."""
+    if not site:
+        return
+    sys.path.insert(0, site)
+    import torch
+
+    try:
+        torch.ops.load_library(str(Path(site) / "torchvision" / "_C.so"))
+    except (OSError, RuntimeError):  # CUDA build: declare the two ops torchvision registers fakes for
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _KEEP.append(lib)
+
+
+_KEEP: list = []
+
+# -- the catalogue -------------------------------------------------------------------------------
+TIMM = ["resnet18", "resnet26d", "resnext26ts", "seresnext26d_32x4d", "regnetx_002", "regnety_002", "efficientnet_b0",
+        "efficientnet_lite0", "tf_efficientnet_b0", "mobilenetv2_050", "mobilenetv3_small_050", "mobilenetv3_large_075",
+        "ghostnet_050", "convnext_atto", "convnextv2_atto", "vit_tiny_patch16_224", "deit_tiny_patch16_224",
+        "deit_tiny_distilled_patch16_224", "swin_tiny_patch4_window7_224", "swinv2_cr_tiny_ns_224", "beit_base_patch16_224",
+        "mixer_s16_224", "resmlp_12_224", "gmlp_ti16_224", "cait_xxs24_224", "coat_lite_tiny", "convit_tiny", "crossvit_tiny_240",
+        "levit_128s", "pit_ti_224", "tnt_s_patch16_224", "twins_svt_small", "xcit_nano_12_p16_224", "poolformer_s12",
+        "efficientformer_l1", "mobilevit_xxs", "edgenext_xx_small", "densenet121", "dla34", "dpn48b", "hrnet_w18_small",
+        "inception_v3", "mnasnet_050", "rexnet_100", "selecsls42b", "vgg11", "repvgg_a0", "res2net50_14w_8s", "cspresnet50",
+        "darknet17", "fbnetc_100", "hardcorenas_a", "lcnet_050", "tinynet_e", "nfnet_l0", "regnetz_b16", "botnet26t_256",
+        "halonet26t", "maxvit_nano_rw_256", "coatnet_nano_rw_224", "fastvit_t8", "efficientvit_b0",
+        "vit_small_patch16_224"]  # fmt: skip
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37, "vocab_size": 99,
+         "max_position_embeddings": 64}  # fmt: skip
+HF: dict[str, dict] = {
+    "bert": SMALL, "roberta": SMALL, "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 37, "vocab_size": 99},
+    "albert": {**SMALL, "embedding_size": 16}, "electra": {**SMALL, "embedding_size": 16}, "deberta-v2": SMALL,
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 99, "n_positions": 64},
+    "gpt_neox": SMALL, "gptj": {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 99, "n_positions": 64, "rotary_dim": 4},
+    "opt": {**SMALL, "ffn_dim": 37, "word_embed_proj_dim": 32},
+    "bloom": {"hidden_size": 32, "n_layer": 2, "n_head": 4, "vocab_size": 99},
+    "llama": {**SMALL, "num_key_value_heads": 2}, "mistral": {**SMALL, "num_key_value_heads": 2},
+    "qwen2": {**SMALL, "num_key_value_heads": 2}, "phi": SMALL, "gemma": {**SMALL, "num_key_value_heads": 2, "head_dim": 8},
+    "falcon": {**SMALL, "num_kv_heads": 4, "new_decoder_architecture": False},
+    "gpt_neo": {**SMALL, "attention_types": [[["global", "local"], 1]]},
+    "mpt": {"d_model": 32, "n_layers": 2, "n_heads": 4, "vocab_size": 99, "max_seq_len": 64, "expansion_ratio": 2},
+    "t5": {"d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 37, "d_kv": 8, "vocab_size": 99, "decoder_start_token_id": 0},
+    "bart": {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+             "encoder_ffn_dim": 37, "decoder_ffn_dim": 37, "vocab_size": 99, "max_position_embeddings": 64},
+    "whisper": {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4,
+                "encoder_ffn_dim": 37, "decoder_ffn_dim": 37, "vocab_size": 99, "num_mel_bins": 16, "max_source_positions": 16,
+                "max_target_positions": 32, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 0},
+    "vit": {**SMALL, "image_size": 32, "patch_size": 8}, "clip": {},
+    "convnext": {"hidden_sizes": [8, 16, 24, 32], "depths": [1, 1, 1, 1]},
+    "swin": {"image_size": 32, "patch_size": 4, "embed_dim": 16, "depths": [1, 1], "num_heads": [2, 2], "window_size": 4},
+    "mobilebert": {**SMALL, "embedding_size": 16, "intra_bottleneck_size": 16, "true_hidden_size": 16,
+                   "num_feedforward_networks": 1},
+}  # fmt: skip
+TIES = {"timm_vit_tiny_patch16_224": "timm builds DeiT-Tiny as the same VisionTransformer class with the same "
+        "hyper-parameters: architecture and code are identical (UR 1.0 for both), only the random weights differ, which "
+        "attribution does not compare."}  # fmt: skip
+FORKS = {"tvfork_resnet18_obf": "tv_resnet18"}  # fork -> its base (which must run first)
+OWN_CODE = ("tvvalues_resnet18",)  # models whose own module (in their deploy directory) is their base's code
+
+
+def torchvision_names(site: str) -> list[str]:
+    """Every classification builder plus the segmentation and detection builders (listed by a child)."""
+    code = ("import sys; sys.path.insert(0, %r); from zoo import prepare; prepare(%r); import torchvision.models as m; "
+            "print(' '.join(m.list_models(module=m) + m.list_models(module=m.segmentation) + m.list_models(module=m.detection)))")
+    res = subprocess.run([sys.executable, "-c", code % (str(ROOT / "bench"), site)], capture_output=True, text=True, timeout=300)
+    return [f"tv_{n}" for n in res.stdout.split()] if res.returncode == 0 else []
+
+
+def catalogue(site: str | None) -> list[str]:
+    tv = torchvision_names(site) if site else []
+    if "tv_resnet18" in tv:  # the fork's base, then the fork and the values model, then the rest
+        tv = ["tv_resnet18", *FORKS, *OWN_CODE] + [n for n in tv if n != "tv_resnet18"]
+    return [f"hf_{n}" for n in HF] + [f"timm_{n}" for n in TIMM] * bool(site) + tv
+
+
+def library_of(name: str) -> str:
+    kind = name.split("_", 1)[0]
+    return {"timm": "timm", "hf": "transformers"}.get(kind, "torchvision")  # tv, tvfork, tvvalues
+
+
+# -- the deployed process --------------------------------------------------------------------------
+def _fork_resnet(outdir: Path):
+    """torchvision's ResNet as an obfuscated fork would ship it: another module name, renamed methods
+    (`_forward_impl`, `_make_layer`), a property and a class attribute the base lacks that forward
+    uses, and BasicBlock given a new base class whose method its forward calls (changed bases)."""
+    import importlib.util
+
+    import torchvision.models.resnet as base
+
+    src = Path(base.__file__).read_text()
+    edits = [("_forward_impl", "_q9"), ("_make_layer", "_q3"),
+             ("class BasicBlock(nn.Module):", "class _K1(nn.Module):\n    def _q1(self, x):\n        return self.relu(x)\n\n\n"
+              "class BasicBlock(_K1):"),
+             ("        out += identity\n        out = self.relu(out)\n",
+              "        out += identity\n        out = self._q1(out)\n"),
+             ("    def forward(self, x: Tensor) -> Tensor:\n        return self._q9(x)\n",
+              "    _q7 = 1\n\n    @property\n    def _q5(self):\n        return self._q7\n\n"
+              "    def forward(self, x: Tensor) -> Tensor:\n        return self._q9(x) * self._q5\n")]  # fmt: skip
+    for old, new in edits:
+        assert old in src, f"torchvision's resnet.py changed: {old!r} not found"
+        src = src.replace(old, new, 1 if old.startswith("        out +=") else -1)  # BasicBlock's, not Bottleneck's
+    src = src.replace("from ..", "from torchvision.").replace("from .", "from torchvision.models.")
+    src = src.replace("@register_model()\n", "")  # the fork's builders are not in torchvision's registry
+    path = outdir / "m_5ca1ab.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("m_5ca1ab", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["m_5ca1ab"] = mod
+    spec.loader.exec_module(mod)
+    return mod.ResNet(mod.BasicBlock, [2, 2, 2, 2])
+
+
+VALUES_SOURCE = '''"""A classifier head holding every kind of value issue 15 lists, each used by forward, and two
+values no rebuild can restore (a lock, a class made inside a function) that forward does not use."""
+import collections
+import dataclasses
+import enum
+import functools
+import operator
+import threading
+
+import torch
+from torch import nn
+
+
+class Mode(enum.Enum):
+    A = 1
+    B = 2
+
+
+class Flags(enum.Flag):
+    X = 1
+    Y = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    scale: float
+    mode: Mode
+
+
+Pair = collections.namedtuple("Pair", "lo hi")
+
+
+def make_local_class():
+    class Local:
+        pass
+    return Local
+
+
+def make_scaler(k):
+    def scaler(x):
+        return x * k
+    return scaler
+
+
+class Head(nn.Module):
+    def __init__(self, fc):
+        super().__init__()
+        self.fc = fc
+        self.act = functools.partial(torch.clamp, min=-50.0)
+        self.norm_cls = nn.Identity
+        self.mode, self.flags = Mode.B, Flags.X | Flags.Y
+        self.cfg = Cfg(1.0, Mode.A)
+        self.pair = Pair(0, None)
+        self.fn = lambda x: x + 0.0
+        self.scaler = make_scaler(1.0)
+        self.pick = operator.getitem
+        self.bound = self.prepare
+        self.dtype, self.device, self.size = torch.float32, torch.device("cpu"), torch.Size([1, 1000])
+        self.fmt = torch.contiguous_format
+        self.sl, self.ell, self.fs = slice(None, None, 1), ..., frozenset({1, 2})
+        shared = [1, 2]
+        self.shared = {"x": shared, "y": shared}
+        cyc = [3]
+        cyc.append(cyc)
+        self.cyc = cyc
+        self.cache = {"cpu": torch.zeros(1000)}  # a tensor in a plain attribute (timm's LeViT caches so)
+        self.lock = threading.Lock()  # not rebuildable (state in C), unused by forward: reported
+        self.local_cls = make_local_class()  # not rebuildable (made inside a function): reported
+
+    def prepare(self, x):
+        return x
+
+    def forward(self, x):
+        y = self.norm_cls()(self.act(self.fc(self.bound(x))))
+        y = self.fn(self.scaler(y)) * self.cfg.scale + self.cache[self.device.type]
+        assert self.mode is Mode.B and Flags.X in self.flags and self.pair.hi is None and self.cfg.mode is Mode.A
+        assert self.shared["x"] is self.shared["y"] and self.cyc[1] is self.cyc and 2 in self.fs and self.ell is ...
+        y = self.pick(y, (self.ell, self.sl)).to(self.dtype).to(self.device).contiguous(memory_format=self.fmt)
+        assert y.shape == self.size
+        return y
+'''
+
+
+def _values_resnet(outdir: Path):
+    """torchvision's resnet18 with `Head` (VALUES_SOURCE, module `zoo_values`) as its classifier."""
+    import importlib
+
+    import torchvision.models as tvm
+
+    (outdir / "zoo_values.py").write_text(VALUES_SOURCE)
+    sys.path.insert(0, str(outdir))
+    model = tvm.resnet18()
+    model.fc = importlib.import_module("zoo_values").Head(model.fc)
+    return model
+
+
+def build(name: str, outdir: Path) -> tuple[Any, list, dict]:
+    """(model, args, kwargs) of one catalogue entry, seeded."""
+    import torch
+
+    kind, _, arch = name.partition("_")
+    g = torch.Generator().manual_seed(1)
+    if kind == "tvfork":
+        return _fork_resnet(outdir), [torch.randn(1, 3, 64, 64, generator=g)], {}
+    if kind == "tvvalues":
+        return _values_resnet(outdir), [torch.randn(1, 3, 64, 64, generator=g)], {}
+    if kind == "tv":
+        import torchvision.models as tvm
+
+        extra = {"weights_backbone": None} if arch in tvm.list_models(module=tvm.detection) else {}
+        extra.update({"aux_logits": False, "init_weights": True} if arch in ("googlenet", "inception_v3") else {})
+        model = tvm.get_model(arch, weights=None, **extra)
+        size = 224 if arch.startswith(("vit", "swin", "maxvit")) else 96 if arch == "inception_v3" else 64
+        return model, [torch.randn(1, 3, size, size, generator=g)], {}
+    if kind == "timm":
+        import timm
+
+        model = timm.create_model(arch, pretrained=False)
+        size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        return model, [torch.randn(1, *size, generator=g)], {}
+    from transformers import AutoConfig, AutoModel
+
+    cfg = AutoConfig.for_model(arch, **HF[arch])
+    if arch == "clip":
+        cfg = AutoConfig.for_model("clip", text_config={**SMALL}, vision_config={**SMALL, "image_size": 32, "patch_size": 8},
+                                   projection_dim=16)  # fmt: skip
+    model = AutoModel.from_config(cfg, attn_implementation="eager")
+    ids = torch.randint(3, 99, (1, 12), generator=g)
+    if arch in ("vit", "convnext", "swin"):
+        return model, [torch.randn(1, 3, 32, 32, generator=g)], {}
+    if arch == "clip":
+        return model, [ids], {"pixel_values": torch.randn(1, 3, 32, 32, generator=g)}
+    if arch == "whisper":
+        return model, [torch.randn(1, 16, 32, generator=g)], {"decoder_input_ids": ids[:, :4]}
+    if arch in ("t5", "bart"):
+        return model, [ids], {"decoder_input_ids": ids[:, :5]}
+    return model, [ids], {}
+
+
+def tensor_sha(t) -> str:
+    """sha256 of a tensor's bytes in C order, for any dtype."""
+    import torch
+
+    flat = t.detach().contiguous().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"").hexdigest()
+
+
+STRUCTURAL = {"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"}
+
+
+def canon(v: Any, seen: frozenset = frozenset(), depth: int = 0) -> str:
+    """A description of a value that two processes can compare: partials by function, arguments and
+    keywords, classes and functions by qualified name (module names differ between a base and a
+    synthesised rebuild), enums by member, instances by their attributes, containers by items."""
+    import enum
+    import functools
+    import types
+
+    import torch
+
+    if depth > 10:
+        return "..."
+    if type(v).__name__ == "Unrecovered":  # zen's placeholder: any use raises
+        return "<unrecovered>"
+    if v is None or isinstance(v, (bool, int, float, complex, str, bytes)) or v is ...:
+        return repr(v)
+    if isinstance(v, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(v)
+    if isinstance(v, torch.Tensor):
+        return f"tensor{tuple(v.shape)}:{v.dtype}"
+    if isinstance(v, torch.nn.Module):
+        return f"<module {type(v).__qualname__}>"
+    if id(v) in seen:
+        return "<cycle>"
+    seen = seen | {id(v)}
+    c = functools.partial(canon, seen=seen, depth=depth + 1)
+    if isinstance(v, functools.partial):
+        return f"partial({c(v.func)}, {c(v.args)}, {c(v.keywords)}, {c(vars(v))})"
+    if isinstance(v, type):
+        return f"class {v.__qualname__}"
+    if isinstance(v, enum.Enum):
+        return f"{type(v).__qualname__}.{v.name}"
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType)):
+        return f"function {v.__qualname__}"
+    if isinstance(v, types.MethodType):
+        return f"method {c(v.__self__)}.{v.__func__.__name__}"
+    if isinstance(v, slice):
+        return f"slice({c(v.start)}, {c(v.stop)}, {c(v.step)})"
+    if isinstance(v, dict):
+        return f"{type(v).__qualname__}{{" + ", ".join(f"{c(k)}: {c(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return f"{type(v).__qualname__}[" + ", ".join(c(x) for x in v) + "]"
+    if isinstance(v, (set, frozenset)):
+        return f"{type(v).__qualname__}{{" + ", ".join(sorted(c(x) for x in v)) + "}"
+    d = getattr(v, "__dict__", None)
+    if isinstance(d, dict):
+        return f"{type(v).__qualname__}(" + ", ".join(f"{k}={c(x)}" for k, x in sorted(d.items())) + ")"
+    return f"<{type(v).__qualname__}>"
+
+
+def value_signature(model) -> dict[str, str]:
+    """sha256 of `canon` of every plain attribute of every module (hooks and structure aside)."""
+    out = {}
+    for path, m in model.named_modules(remove_duplicate=False):
+        for k, v in vars(m).items():
+            if k in STRUCTURAL or "hooks" in k:
+                continue
+            out[f"{path}.{k}" if path else k] = hashlib.sha256(canon(v).encode()).hexdigest()[:16]
+    return out
+
+
+def deploy(name: str, outdir: str, site: str | None) -> None:
+    prepare(site)
+    import torch
+
+    from zen.reuse.runtime import first_tensor
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    out = Path(outdir)
+    model, args, kwargs = build(name, out)
+    n = sum(p.numel() for p in model.parameters())
+    if n > int(os.environ.get("ZEN_ZOO_MAX_PARAMS", "0") or 0) > 0:
+        print(f"SKIP {n}", flush=True)
+        return
+    model.eval()
+    with torch.no_grad():
+        y = first_tensor(model(*args, **kwargs))
+    torch.save({"args": args, "kwargs": kwargs, "output": y}, out / "io.pt")
+    state = {k: tensor_sha(v) for k, v in model.state_dict().items()}
+    (out / "values.json").write_text(json.dumps(value_signature(model)))
+    truth = {"pid": os.getpid(), "id": id(model), "class": f"{type(model).__module__}.{type(model).__qualname__}",
+             "modules": sum(1 for _ in model.modules()), "parameters": sum(p.numel() for p in model.parameters()),
+             "state": state}  # fmt: skip
+    (out / "truth.json").write_text(json.dumps(truth))
+    print("READY", flush=True)
+    sys.stdin.read()  # keep the model alive until the caller has imaged this process
+
+
+# -- the fresh process that runs a rebuild ----------------------------------------------------------
+def check(pkg: str, io_path: str, out_path: str, site: str | None) -> None:
+    prepare(site)
+    if os.environ.get("ZEN_ZOO_BASE_CODE"):  # the base's own module, for `--base` rebuilds of OWN_CODE models
+        sys.path.insert(0, os.environ["ZEN_ZOO_BASE_CODE"])
+    import torch
+
+    from zen.reuse.runtime import first_tensor, import_package
+
+    torch.set_num_threads(1)
+    before = set(sys.modules)
+    model, report = import_package(pkg).load_with_report()
+    deployed = Path(io_path).with_name("values.json")
+    values = json.loads(deployed.read_text()) if deployed.is_file() else {}
+    mine = value_signature(model)
+    io = torch.load(io_path)
+    with torch.no_grad():
+        got = first_tensor(model(*io["args"], **io["kwargs"]))
+    want = io["output"]
+    res = {"equal": bool(torch.equal(got, want)), "class": f"{type(model).__module__}.{type(model).__qualname__}",
+           "training": model.training, "report": report,
+           "imported": sorted({m.split(".")[0] for m in set(sys.modules) - before} & set(LIBS)),
+           "values_checked": len(values), "values_differ": sorted(k for k in values if mine.get(k) != values[k])}  # fmt: skip
+    Path(out_path).write_text(json.dumps(res))
+
+
+
+# -- one model, end to end (also used by tests/test_zoo.py) -----------------------------------------
+def zen(*args: Any, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "zen", *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=env)  # fmt: skip
+
+
+def _python(args: list, site: str | None, timeout: float = 900, code: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ZEN_ZOO_BASE_CODE")}
+    if code is not None:
+        env["ZEN_ZOO_BASE_CODE"] = str(code)
+    return subprocess.run([sys.executable, str(Path(__file__).resolve()), *map(str, args), *([site] if site else [])],
+                          capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+
+
+def _fail(res: subprocess.CompletedProcess) -> str:
+    lines = [x for x in (res.stderr or res.stdout or "").strip().splitlines() if x.strip()]
+    return lines[-1][:300] if lines else f"exit {res.returncode}"
+
+
+def image_model(name: str, work: Path, site: str | None, timeout: float = 900) -> tuple[Path | None, dict, str | None]:
+    """Deploy `name` in its own process and image it: (image, truth, error)."""
+    out = work / name
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [sys.executable, str(Path(__file__).resolve()), "deploy", name, str(out), *([site] if site else [])]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        if line.startswith("SKIP "):
+            n = int(line.split()[1])
+            return None, {"parameters": n}, f"skipped: {n / 1e6:.0f} M parameters, over --max-params"
+        if line.strip() != "READY":
+            proc.kill()
+            err = proc.stderr.read()
+            return None, {}, "deploy: " + ([x for x in err.splitlines() if x.strip()] or ["no output"])[-1][:300]
+        truth = json.loads((out / "truth.json").read_text())
+        image = work / f"{name}.core"
+        res = zen("acquire", "--pid", proc.pid, "-o", image, "--lean", timeout=timeout)
+        if res.returncode != 0:
+            return None, truth, "acquire: " + _fail(res)
+        return image, truth, None
+    finally:
+        if proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        proc.stderr.close()
+        proc.stdout.close()
+
+
+def compare_weights(case_dir: Path, truth: dict) -> tuple[int, int]:
+    """(tensors bit-exact, tensors in the deployed state_dict)."""
+    from safetensors.torch import load_file
+
+    p = case_dir / "weights.safetensors"
+    got = load_file(str(p)) if p.is_file() else {}
+    return sum(1 for k, h in truth["state"].items() if k in got and tensor_sha(got[k]) == h), len(truth["state"])
+
+
+def rebuild_and_check(case_dir: Path, work: Path, label: str, base: str | None, library: Path, site: str | None) -> dict:
+    """`zen reuse` (with `--base` or self-contained) and a fresh-process run of the package."""
+    pkg = work / f"pkg_{label}".replace("-", "_")  # a package name is an identifier
+    t0 = time.perf_counter()
+    args = ["reuse", case_dir, "-o", pkg] + (["--base", base, "--library", library] if base else [])
+    res = zen(*args)
+    out: dict[str, Any] = {"equal": False}
+    if res.returncode != 0:
+        out["error"] = "reuse: " + _fail(res)
+        return out
+    manifest = json.loads((pkg / "reuse.json").read_text())
+    out["problems"] = out["manifest_problems"] = manifest.get("problems", [])
+    # both rebuilds may import the installed library for code that is not the model's (helpers,
+    # enums): as transformers is installed here, torchvision/timm are put on the path for both
+    outdir = case_dir.parent / case_dir.name.removeprefix("case_")
+    own = outdir if base and outdir.name in OWN_CODE else None
+    chk = _python(["check", pkg, outdir / "io.pt", work / f"{label}.json"], site, code=own)
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    if chk.returncode != 0:
+        out["error"] = "load/run: " + _fail(chk)
+        return out
+    r = json.loads((work / f"{label}.json").read_text())
+    graph, patch = r["report"]["graph"], r["report"]["patch"]
+    out.update(equal=r["equal"], cls=r["class"], imported=r["imported"], unrecovered=graph["unrecovered"],
+               warnings=patch["warnings"][:20], problems=r["report"].get("problems", out["problems"]),
+               values_checked=r.get("values_checked"), values_differ=r.get("values_differ"),
+               mro_mismatch=patch.get("mro_mismatch", []), rebased=patch.get("rebased", []))  # fmt: skip
+    return out
+
+
+def run_model(name: str, work: Path, library: Path, site: str | None, base: str | None = None) -> dict:
+    """Deploy, image, recover, compare weights, add to `library` under `name`, rebuild on `base`
+    (default: the model itself) and self-contained. The image is deleted before returning."""
+    import shutil
+
+    row: dict[str, Any] = {"name": name, "library": library_of(name)}
+    t0 = time.perf_counter()
+    image, truth, err = image_model(name, work, site)
+    row["deploy_s"] = round(time.perf_counter() - t0, 2)
+    row.update(parameters=truth.get("parameters"), modules_truth=truth.get("modules"), cls_truth=truth.get("class"))
+    if image is None:
+        row["error"] = err
+        return row
+    case_dir = work / f"case_{name}"
+    try:
+        t0 = time.perf_counter()
+        res = zen("recover", image, "-o", case_dir, "--model", hex(truth["id"]))
+        row["recover_s"] = round(time.perf_counter() - t0, 2)
+        row["image_mb"] = round(image.stat().st_size / 2**20)
+    finally:
+        image.unlink(missing_ok=True)
+    if res.returncode not in (0, 5):
+        row["error"] = "recover: " + _fail(res)
+        return row
+    mr = json.loads((case_dir / "mr.json").read_text())
+    pr = json.loads((case_dir / "pr.json").read_text())
+    row["modules"] = len(mr.get("modules", []))
+    row["code_objects"] = len(pr.get("codes", []))
+    row["exact"], row["tensors"] = compare_weights(case_dir, truth)
+    add = zen("library", "add", case_dir, "--name", name, "--library", library, "--replace")
+    if add.returncode != 0:
+        row["error"] = "library add: " + _fail(add)
+        return row
+    row["base"] = base or name
+    row["reuse_base"] = rebuild_and_check(case_dir, work, f"{name}_base", base or name, library, site)
+    row["reuse_sc"] = rebuild_and_check(case_dir, work, f"{name}_sc", None, library, site)
+    for label in ("base", "sc"):
+        shutil.rmtree(work / f"pkg_{name}_{label}".replace("-", "_"), ignore_errors=True)
+    return row
+
+
+def attribute(case_dir: Path, library: Path) -> dict:
+    res = zen("attribute", case_dir, "--library", library, "--json")
+    if res.returncode != 0:
+        return {"error": _fail(res)}
+    d = json.loads(res.stdout)
+    c = d.get("candidates") or []
+    second = c[1] if len(c) > 1 else {}
+    return {"attributed": d.get("attributed"), "ur": c[0]["ur"] if c else None, "top": c[0]["name"] if c else None,
+            "runner_up": second.get("name"), "margin": round(c[0]["ur"] - second["ur"], 4) if second else None}  # fmt: skip
+
+
+# -- the sweep ------------------------------------------------------------------------------------
+def _verdict(r: dict | None) -> str:
+    if not r:
+        return "-"
+    if "error" in r:
+        return f"FAIL: {r['error'][:160]}"
+    return "identical" if r.get("equal") else "DIFFERS"
+
+
+def _problems(r: dict) -> list[str]:
+    return sorted(set((r.get("reuse_base") or {}).get("problems", []) + (r.get("reuse_sc") or {}).get("problems", [])))
+
+
+def _values(r: dict) -> str:
+    """attribute values equal to the deployed ones / compared, in the worse of the two rebuilds"""
+    runs = [x for x in (r.get("reuse_base"), r.get("reuse_sc")) if x]
+    pairs = [(x.get("values_checked") or 0, len(x.get("values_differ") or [])) for x in runs]
+    n, bad = max(pairs, key=lambda p: p[1], default=(0, 0))
+    return f"{n - bad}/{n}" if n else "-"
+
+
+def write_md(state: dict, out: Path, meta: dict, pending: list[str] = ()) -> None:
+    """bench/results/zoo.md from the per-model rows (and the catalogue entries not run yet)."""
+    rows = list(state.values())
+    ran = [r for r in rows if "reuse_base" in r]
+    both = [r for r in ran if r["reuse_base"].get("equal") and r["reuse_sc"].get("equal")]
+    attributed = [r for r in ran if r.get("attribution")]
+    att = [r for r in attributed if r["attribution"].get("attributed") == r["name"] and (r["attribution"].get("ur") or 0) >= 0.99]
+    margins = sorted(r["attribution"]["margin"] for r in att if r["attribution"].get("margin") is not None)
+    count = {lib: sum(1 for r in rows if r["library"] == lib) for lib in LIBS}
+    lines = ["# Model zoo sweep (issue 15)", "",
+             f"Run {meta['date']} on {meta['machine']}; torch {meta['torch']}, torchvision {TV_VERSION}, timm {TIMM_VERSION}, "
+             f"transformers {meta['transformers']}. `python bench/zoo.py`; results accumulate in a state file across runs; "
+             f"the models' end-to-end times sum to {sum(r.get('total_s') or 0 for r in rows) / 60:.0f} min "
+             "(on a machine shared with other jobs: times are not comparable between rows).", "",
+             "## Totals", "", "| | models |", "|---|---|",
+             f"| in the catalogue | {len(rows) + len(pending)} |",
+             f"| run | {len(rows)} ({', '.join(f'{k}: {v}' for k, v in count.items())}) |",
+             f"| deployed, imaged and recovered | {len(ran)} |",
+             f"| every state_dict tensor bit-exact | {sum(1 for r in ran if r.get('exact') == r.get('tensors'))} |",
+             f"| `--base` rebuild bit-identical | {sum(1 for r in ran if r['reuse_base'].get('equal'))} |",
+             f"| self-contained rebuild bit-identical | {sum(1 for r in ran if r['reuse_sc'].get('equal'))} |",
+             f"| both bit-identical | {len(both)} |",
+             f"| attributed to itself with UR >= 0.99 | {len(att)} of {len(attributed)} |",
+             f"| runner-up margin (UR): min / median | {margins[0] if margins else 0:.3f} / "
+             f"{margins[len(margins) // 2] if margins else 0:.3f} |",
+             f"| not rebuilt (skipped, or failed before reuse) | {len(rows) - len(ran)} |", "",
+             "## Failures and causes", ""]  # fmt: skip
+    for r in rows:
+        if r in both:
+            continue
+        bad = [k for k in ("reuse_base", "reuse_sc") if not r.get(k, {}).get("equal")]
+        cause = r.get("error") or "; ".join(f"{k[6:]}: {_verdict(r[k])}" for k in bad)
+        lines.append(f"- `{r['name']}`: {cause}")
+    for r in attributed:
+        a = r["attribution"]
+        if a.get("attributed") != r["name"] or (a.get("ur") or 0) < 0.99:
+            lines.append(f"- `{r['name']}`: attributed to `{a.get('attributed')}` (UR {a.get('ur')}, "
+                         f"runner-up `{a.get('runner_up')}`, margin {a.get('margin')}). {TIES.get(r['name'], '')}")  # fmt: skip
+    lines += ["", "## Per model", "", "| model | params (M) | modules | code objects | tensors exact | `--base` | self-contained "
+              "| "
+              "values equal | problems | attributed (UR) | runner-up (margin) | recover s | total s |",
+              "|" + "---|" * 13]  # fmt: skip
+    for r in rows:
+        a = r.get("attribution") or {}
+        cells = [r["name"], f"{(r.get('parameters') or 0) / 1e6:.2f}", r.get("modules", "-"), r.get("code_objects", "-"),
+                 f"{r.get('exact', '-')}/{r.get('tensors', '-')}", _verdict(r.get("reuse_base")).split(":")[0],
+                 _verdict(r.get("reuse_sc")).split(":")[0], _values(r), len(_problems(r)),
+                 f"{a.get('attributed') or '-'} ({a.get('ur', '-')})", f"{a.get('runner_up') or '-'} ({a.get('margin', '-')})",
+                 r.get("recover_s", "-"), r.get("total_s", "-")]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    notes = [f"- `{r['name']}`: " + "; ".join(p[:200] for p in _problems(r)[:3]) for r in rows if _problems(r)]
+    if notes:
+        lines += ["", "## Values reported as not rebuildable (problem entries)", ""] + notes
+    if pending:
+        lines += ["", f"## Not run yet ({len(pending)}; `python bench/zoo.py` resumes with them)", "",
+                  ", ".join(f"`{n}`" for n in pending)]
+    out.write_text("\n".join(lines) + "\n")
+
+
+def _attributions(path: Path, update: dict | None = None) -> dict:
+    """The attribution file, read (and updated) under an exclusive lock."""
+    import fcntl
+
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        if update:
+            data.update(update)
+            path.write_text(json.dumps(data, indent=1))
+        return data
+
+
+def main() -> None:
+    import platform
+    import shutil
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    ap.add_argument("--work", type=Path, default=cache / "zen" / "zoo-bench")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "zoo.md")
+    ap.add_argument("--only", nargs="*", default=[], help="glob patterns of model names (tv_*, timm_vit*, hf_bert)")
+    ap.add_argument("--limit", type=int, default=0, help="run at most N models not run yet")
+    ap.add_argument("--max-params", type=float, default=150e6, help="skip models with more parameters (image size, 2 cores)")
+    ap.add_argument("--fresh", action="store_true", help="forget earlier results")
+    ap.add_argument("--retry", action="store_true", help="run again the models that failed")
+    ap.add_argument("--redo", action="store_true", help="run the selected models again even when they passed")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--no-attribute", action="store_true", help="skip the final attribution pass")
+    ap.add_argument("--attribute-only", action="store_true", help="only the attribution pass and the report")
+    ap.add_argument("--reattribute", action="store_true", help="attribute again models attributed earlier")
+    args = ap.parse_args()
+    site = ensure_site()
+    names = catalogue(str(site) if site else None)
+    if args.only:
+        names = [n for n in names if any(fnmatch.fnmatch(n, p) for p in args.only)]
+    if args.list:
+        print("\n".join(names))
+        return
+    args.work.mkdir(parents=True, exist_ok=True)
+    state_path, library = args.work / "state.json", args.work / "library.sqlite"
+    if args.fresh:
+        state_path.unlink(missing_ok=True)
+        library.unlink(missing_ok=True)
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    os.environ["ZEN_ZOO_MAX_PARAMS"] = str(int(args.max_params))
+    t_all, done = time.perf_counter(), 0
+    for name in [] if args.attribute_only else names:
+        old = state.get(name)
+        ok = old and "reuse_base" in old and old["reuse_base"].get("equal") and old["reuse_sc"].get("equal")
+        if old and not args.redo and (ok or not args.retry):
+            continue
+        if args.limit and done >= args.limit:
+            break
+        t0 = time.perf_counter()
+        shutil.rmtree(args.work / f"case_{name}", ignore_errors=True)
+        try:
+            row = run_model(name, args.work, library, str(site) if site else None, FORKS.get(name))
+        except subprocess.TimeoutExpired as exc:
+            row = {"name": name, "library": library_of(name), "error": f"timed out: {exc.cmd[:3]}"}
+        row["total_s"] = round(time.perf_counter() - t0, 1)
+        state[name] = row
+        done += 1
+        state_path.write_text(json.dumps(state, indent=1))
+        print(f"{name}: base={_verdict(row.get('reuse_base'))} sc={_verdict(row.get('reuse_sc'))} "
+              f"{row.get('error', '')} ({row['total_s']} s)", flush=True)  # fmt: skip
+    # attribution against the library of every model run so far; kept in its own file, updated under
+    # a lock, so that passes run beside a sweep (which rewrites state.json) or each other lose nothing
+    att_path = args.work / "attribution.json"
+    size = sum(1 for r in state.values() if "reuse_base" in r)  # every model that ran was added to the library
+    for name in names:
+        row = state.get(name) or {}
+        if args.no_attribute or "reuse_base" not in row or not (args.work / f"case_{name}").is_dir():
+            continue
+        if name in _attributions(att_path) and not args.reattribute:
+            continue  # attributed already (against the library of its time: `library_size` says how large)
+        t0 = time.perf_counter()
+        res = attribute(args.work / f"case_{name}", library)
+        res.update(library_size=size, seconds=round(time.perf_counter() - t0, 1))
+        _attributions(att_path, {name: res})
+        print(f"attribute {name}: {res}", flush=True)
+    attributions = _attributions(att_path)
+    for name, row in state.items():
+        if name in attributions:
+            row["attribution"] = attributions[name]
+    import torch
+    import transformers
+
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "seconds": time.perf_counter() - t_all}  # fmt: skip
+    listed = catalogue(str(site) if site else None)
+    write_md({n: state[n] for n in listed if n in state}, args.out, meta, [n for n in listed if n not in state])
+    print(f"wrote {args.out}")
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ("deploy", "check"):
+    sys.path.insert(0, str(ROOT / "src"))
+    if sys.argv[1] == "deploy":
+        deploy(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
+    else:
+        check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
