@@ -106,6 +106,26 @@ def find_python(minor: str) -> str | None:
     return None
 
 
+def all_pythons(minor: str) -> dict[str, str]:
+    """release -> interpreter, for every distinct release of CPython `minor` found here (PATH, pyenv
+    and tools/build-python.sh builds): layouts can differ between patch releases (issue 17)."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    cands = [shutil.which(f"python{minor}"), *map(str, sorted(root.glob(f"{minor}.*/bin/python{minor}")))]
+    built = sorted(python_cache().glob(f"{minor}-*/bin/python{minor}"))
+    cands += [str(p) for p in built if (p.parent.parent / ".zen-build-ok").is_file()]
+    found: dict[str, str] = {}
+    for exe in filter(None, cands):
+        try:
+            res = subprocess.run([exe, "-c", "import platform; print(platform.python_version())"], capture_output=True,
+                                 text=True, timeout=30)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        version = res.stdout.strip()
+        if res.returncode == 0 and version.startswith(minor + "."):
+            found.setdefault(version, exe)
+    return found
+
+
 FOREIGN = ("3.13", "3.14")  # CPython versions zen reads without running them (issue 8)
 REPO = HERE.parent
 
@@ -152,7 +172,8 @@ def foreign_images(workdir):
 
     def get(minor: str):
         if minor not in _foreign:
-            exe = foreign_python(minor)
+            # "3.13" is the built (or any) interpreter of that minor; "3.13.0" exactly that release
+            exe = all_pythons(minor.rsplit(".", 1)[0]).get(minor) if minor.count(".") == 2 else foreign_python(minor)
             if exe is None:
                 _foreign[minor] = None
             else:

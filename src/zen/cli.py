@@ -163,7 +163,7 @@ def _render_info(res: dict) -> None:
         f"type type: {ip['type_type'] and hex(ip['type_type'])}  interpreter module: {ip['module']}"
         f"{'  (statically linked)' if ip['static_build'] else ''}"
     )
-    out.print(f"profile: {ip['profile']}")
+    out.print(f"profile: {ip['profile']}" + (f"  ({escape(ip['profile_why'])})" if ip.get("profile_why") else ""))
     dbg = ip.get("debug_offsets")
     if dbg and "checked" in dbg:
         agree = "all agree" if not dbg["mismatches"] else f"{len(dbg['mismatches'])} differ, the image's values are used"
@@ -374,7 +374,8 @@ def profile_python(
 
     data, text = _run_calibrator(python, "zen.cpython.calibration.run")
     prof = parse_profile(data, python)
-    target = output or (user_profile_dir() / profile_filename(prof.minor, data["python"]["machine"]))
+    # named after the exact release: an image of another patch release may need another layout (releases.py)
+    target = output or (user_profile_dir() / profile_filename(prof.version, data["python"]["machine"]))
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     out.print(

@@ -56,6 +56,7 @@ def image_info(space: AddressSpace, *, top: int = 25, census: bool = True, threa
     ip = Interpreter.open(space)
     out["interpreter"] = ip.info.to_json()
     out["interpreter"]["profile"] = ip.P.source
+    out["interpreter"]["profile_why"] = ip.P.why
     out["interpreter"]["well_known_types"] = ip.wk.how
     heap = Heap(ip)
     try:

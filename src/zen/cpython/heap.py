@@ -244,7 +244,9 @@ class Heap:
         corrupt or stale link is caught at the first step instead of looping."""
         out = []
         mask = self.ip.P.c("GC_PREV_MASK")
-        prev, node = head, self.space.u64(head)
+        # 3.14.0-3.14.4 (incremental GC) keep a flag in bit 0 of _gc_next; other releases none
+        next_mask = self.ip.P.constants.get("GC_NEXT_MASK", (1 << 64) - 1)
+        prev, node = head, self.space.u64(head) & next_mask
         steps = 0
         while node != head:
             if node == 0 or node & 7 or steps >= MAX_GC_WALK:
@@ -256,7 +258,7 @@ class Heap:
             if back & mask != prev:
                 raise ObjectError(head, f"GC list inconsistent at {node:#x} after {steps} objects")
             out.append(node + hsize)
-            prev, node = node, nxt
+            prev, node = node, nxt & next_mask
             steps += 1
         return out
 

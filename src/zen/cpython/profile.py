@@ -17,6 +17,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from zen.cpython.releases import release_tuple, resolve_release
 from zen.errors import ProfileError
 
 PROFILE_FORMAT = 1
@@ -173,6 +174,7 @@ class Profile:
     set_dummy_type_name: str
     provenance: dict[str, str] = field(default_factory=dict)
     source: str = ""
+    why: str = ""  # why this profile (and patch-release variant) was chosen for the image
 
     def __post_init__(self) -> None:
         # Structs become plain attributes (`P.code.co_consts`): readers touch them millions of times.
@@ -200,7 +202,7 @@ class Profile:
         return int(major), int(minor)
 
 
-def parse_profile(data: dict, source: str = "") -> Profile:
+def parse_profile(data: dict, source: str = "", why: str = "") -> Profile:
     if data.get("kind") != "cpython-layout" or data.get("format") != PROFILE_FORMAT:
         raise ProfileError(f"{source or 'profile'} is not a zen CPython layout profile (format {PROFILE_FORMAT})")
     try:
@@ -215,6 +217,7 @@ def parse_profile(data: dict, source: str = "") -> Profile:
             set_dummy_type_name=data.get("set_dummy_type_name", "<dummy key> type"),
             provenance=data.get("provenance", {}),
             source=source,
+            why=why,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileError(f"{source or 'profile'} is malformed: {exc}") from None
@@ -228,31 +231,51 @@ def user_profile_dir() -> Path:
 
 
 def profile_filename(minor: str, machine: str = "x86_64") -> str:
+    """File name of a profile: `minor` is "3.13" (shipped, with variants) or an exact release "3.13.0"."""
     return f"cpython-{minor}-{machine}.json"
 
 
-def _candidates(minor: str) -> list[tuple[str, str]]:
-    """(source label, JSON text) of profiles for `minor`, user profiles first."""
-    name = profile_filename(minor)
+def _candidates(minor: str, release: str | None) -> list[tuple[str, str, bool]]:
+    """(source label, JSON text, exact) of profiles for an image of `minor`/`release`, best first:
+    a user profile calibrated on that exact release, a user profile for the minor version, the
+    shipped one. `exact` profiles are used as they are; the others resolve patch-release variants."""
     out = []
-    user = user_profile_dir() / name
-    if user.is_file():
-        out.append((str(user), user.read_text()))
-    shipped = resources.files("zen.cpython").joinpath("profiles", name)
+    udir = user_profile_dir()
+    names = ([(profile_filename(release), True)] if release and release != minor else []) + [(profile_filename(minor), False)]
+    for name, exact in names:
+        user = udir / name
+        if user.is_file():
+            out.append((str(user), user.read_text(), exact))
+    shipped = resources.files("zen.cpython").joinpath("profiles", profile_filename(minor))
     if shipped.is_file():
-        out.append((f"zen:{name}", shipped.read_text()))
+        out.append((f"zen:{profile_filename(minor)}", shipped.read_text(), False))
+    # last resort: a user profile calibrated on another release of the minor version, nearest first
+    others = []
+    for path in udir.glob(f"cpython-{minor}.*-*.json") if udir.is_dir() else ():
+        rel = release_tuple(path.name.split("-")[1])
+        if rel is not None and path.name != profile_filename(release or minor):
+            want = release_tuple(release or "") or (rel[0], rel[1], 0)
+            others.append((abs(rel[2] - want[2]), str(path)))
+    out += [(src, Path(src).read_text(), False) for _, src in sorted(others)]
     return out
 
 
 @lru_cache(maxsize=8)
 def load_profile(minor: str, full_version: str | None = None) -> Profile:
-    """The layout profile for CPython `minor` ("3.11"), or a ProfileError saying how to make one."""
-    for source, text in _candidates(minor):
+    """The layout profile for CPython `minor` ("3.11"), or a ProfileError saying how to make one.
+
+    `full_version` is the image's exact release when known: the profile's variant for that release
+    is applied (see `releases.py`) and the profile's `why` says which layout was chosen and why."""
+    release = full_version if full_version and release_tuple(full_version) else None
+    for source, text, exact in _candidates(minor, release):
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise ProfileError(f"profile {source} is not valid JSON: {exc}") from None
-        return parse_profile(data, source)
+        if exact:
+            return parse_profile(data, source, f"calibrated on release {release} itself")
+        resolved, why = resolve_release(data, release or minor)
+        return parse_profile(resolved, source, why)
     shown = full_version or minor
     raise ProfileError(
         f"no layout profile for CPython {minor} (the image runs Python {shown})",
@@ -261,7 +284,7 @@ def load_profile(minor: str, full_version: str | None = None) -> Profile:
 
 
 def available_profiles() -> list[str]:
-    """Minor versions for which a profile can be loaded."""
+    """Versions for which a profile can be loaded: minor versions, and exact releases a user calibrated."""
     found = set()
     for d in (user_profile_dir(),):
         if d.is_dir():

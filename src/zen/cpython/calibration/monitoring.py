@@ -3,7 +3,7 @@
 A process run under a debugger, profiler or coverage tool has INSTRUMENTED_* opcodes in its code
 objects. Most stand for one base opcode (INSTRUMENTED_CALL for CALL); INSTRUMENTED_LINE and
 INSTRUMENTED_INSTRUCTION replace an instruction whose original opcode the interpreter keeps in the
-code object's monitoring data (`_co_monitoring`): per code unit in the line table (3.12 and 3.13.0:
+code object's monitoring data (`_co_monitoring`): per code unit in the line table (3.12 and 3.13.0-3.13.2:
 an array of 2-byte entries; later 3.13 releases and 3.14: a `bytes_per_entry` byte, then the
 entries; readers try both) and in the
 per-instruction opcode array. We instrument a sample function with a monitoring tool of our own

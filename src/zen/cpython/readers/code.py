@@ -199,7 +199,7 @@ def uninstrumented(ip: Interpreter, addr: int, adaptive: bytes) -> bytes:
     for reading in readings or [(b"", 0)]:
         try:
             return walk(reading, per_instr)
-        except ObjectError as exc:  # another reading of the line table may fit (3.13.0 vs later)
+        except ObjectError as exc:  # another reading of the line table may fit (3.13.0-3.13.2 vs later)
             problem = problem or exc
     raise problem or ObjectError(addr, "instrumented bytecode could not be read")
 
@@ -208,7 +208,7 @@ def _monitoring_data(ip: Interpreter, addr: int, n: int) -> tuple[list[tuple[byt
     """(readings of the line table as (entries, entry size), per-instruction opcodes) of an
     instrumented code object.
 
-    The line table's layout changed within 3.13 (3.13.0: 2-byte entries; later: a
+    The line table's layout changed within 3.13 (3.13.0-3.13.2: 2-byte entries; 3.13.3+: a
     `bytes_per_entry` byte first), so both readings are tried, the profile's first, and the one
     whose entries are real opcodes wherever the code says INSTRUMENTED_LINE is kept."""
     c, C = ip.P.constants, ip.P.code
