@@ -63,6 +63,7 @@ def test_zoo_model(zoo_image, workdir, name):
     case, mr, manifest = check_model(image, t, name, workdir, models_zoo.build)
     assert manifest["status"] == ("partial" if name == "ondevice" else "complete")
     assert manifest["evidence"]["sha256"] and manifest["files"]["weights.safetensors"]
+    assert manifest["python"]["version"] in manifest["python"]["profile_why"]  # the layout chosen for that release
 
 
 @pytest.mark.parametrize("name", models_zoo.HF)
@@ -89,7 +90,7 @@ def test_tied_weights(zoo_image, hf_image, workdir):
 
 
 def test_odd_tensors(zoo_image, workdir):
-    _, mr, _, _ = recovered(*zoo_image, "odd", workdir)
+    case, mr, _, _ = recovered(*zoo_image, "odd", workdir)
     wt = next(t for t in mr["tensors"] if t["key"] == "wt")
     assert wt["shape"] == [6, 4] and wt["stride"] == [1, 6]  # non-contiguous, written in C order
     grid = next(t for t in mr["tensors"] if t["key"] == "grid")
@@ -98,6 +99,13 @@ def test_odd_tensors(zoo_image, workdir):
     assert root["non_persistent_buffers"] == ["cache"] and "unused" in root["none_entries"]
     assert root["unregistered_tensors"] == ["scratch"]
     assert [m["path"] for m in mr["modules"]].count("second") == 0  # named_modules() lists a shared module once
+    # tensors outside state_dict travel in extra.safetensors, one key each (two in one list attribute)
+    from safetensors.numpy import load_file
+
+    extra = load_file(case / "extra.safetensors")
+    assert {t["key"] for t in mr["extra_tensors"]} == set(extra) >= {"scratch", "anchors", "anchors#1"}
+    assert extra["anchors"].tolist() == [1.0, 1.0] and extra["anchors#1"].tolist() == [0.0, 0.0, 0.0]
+    assert root["state"]["anchors"]["list"] == [{"tensor": "anchors", "file": "extra"}, {"tensor": "anchors#1", "file": "extra"}]
 
 
 def test_mixed_dtypes(zoo_image, workdir):

@@ -118,6 +118,17 @@ def test_every_kind_of_value_or_a_clear_problem(zoo_runs):
             line = next(p for p in r["problems"] if p.startswith(path + ":"))
             assert type_name in line
         assert [p.split(":", 1)[0] for p in r["manifest_problems"]] == ["model.fc.local_cls"]
+    # a partial as a class attribute, a partial, a lambda and a slice as a method's defaults: encoded
+    # by what they are in the PR too (not as opaque instances), so the self-contained rebuild has them
+    work = zoo_runs[0]
+    pr = json.loads((work / f"case_{VALUES}" / "pr.json").read_text())
+    head = next(c for c in pr["classes"] if c["qualname"] == "Head")
+    assert head["attributes"]["clamp_hi"]["partial"] == "functools:partial"
+    post = next(c for c in pr["codes"] if c["qualname"] == "Head.post")
+    op, f = post["defaults_enc"]["tuple"]
+    assert op["partial"] == "functools:partial" and op["func"] == {"func": "torch:mul"}
+    assert f["function"] == "zoo_values:Head.<lambda>" and f["code"]
+    assert post["kwdefaults_enc"]["dict"][0][1] == {"slice": [{"lit": "None"}] * 3}
 
 
 def test_obfuscated_fork_with_renamed_methods_on_its_base(zoo_runs):

@@ -75,7 +75,8 @@ class Mixed(nn.Module):
 
 class Odd(nn.Module):
     """A transposed (non-contiguous) parameter, a 7-dim buffer, a non-persistent buffer, a None
-    bias, a submodule registered twice, and a plain tensor attribute that is not registered."""
+    bias, a submodule registered twice, a plain tensor attribute that is not registered, and a list of
+    tensors in one attribute."""
 
     def __init__(self):
         super().__init__()
@@ -88,6 +89,7 @@ class Odd(nn.Module):
         self.second = shared
         self.register_parameter("unused", None)
         self.scratch = torch.ones(2)  # not a buffer: not in state_dict
+        self.anchors = [torch.ones(2), torch.zeros(3)]  # several tensors in one attribute (torchvision's anchors)
         self.register_buffer("table", torch.randn(256, 512))  # 512 KiB: malloc gives it its own mapping
 
     def forward(self, x):

@@ -50,7 +50,13 @@ class Encoder:
         self.home = home
         self.tensor_hook = tensor
         self.module_hook = module
-        self.value_hook = value  # framework values (a torch.device), tried after the tensor/module hooks
+        if value is None:  # partials, local functions, slices, singletons: in defaults and class attributes too
+            from zen.cpython.values import ValueKinds
+
+            kinds = ValueKinds(ip, containers=False)
+            kinds.encoder = self
+            value = kinds
+        self.value_hook = value  # values the plain forms miss (partials, a torch.device), after the tensor/module hooks
         self._ids: dict[int, int] = {}
         self._dtypes: dict[int, str] | None = None
         self._globals: dict[str, dict[int, str]] = {}

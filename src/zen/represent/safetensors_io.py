@@ -37,7 +37,11 @@ class SafetensorsWriter:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         pos = 0
         self._ranges = {}
+        seen: set[str] = set()
         for e in entries:
+            if e.name in seen or e.name == "__metadata__":  # a dict header would silently keep one
+                raise ValueError(f"safetensors entry name {e.name!r} used twice (or reserved)")
+            seen.add(e.name)
             header[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [pos, pos + e.nbytes]}
             self._ranges[e.name] = (pos, pos + e.nbytes)
             pos += e.nbytes

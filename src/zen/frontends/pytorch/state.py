@@ -15,11 +15,11 @@ from typing import Any
 
 from zen.cpython.interp import Interpreter
 from zen.cpython.snapshot import Encoder
+from zen.cpython.values import ValueKinds
 from zen.errors import ZenError
 from zen.frontends.pytorch.modules import ModuleIndex
 from zen.frontends.pytorch.mr import TensorSlot, tensor_record
 from zen.frontends.pytorch.tensors import TensorReader
-from zen.frontends.pytorch.values import ModelValues
 from zen.represent.mr import ModelMR
 
 STRUCTURAL = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
@@ -35,6 +35,7 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
         state_key.setdefault(s.addr, s.key)  # a tied tensor keeps its first key
     extra: list[TensorSlot] = []
     extra_key: dict[int, str] = {}
+    used_keys: set[str] = set()
     context = {"where": ""}
 
     def tensor_hook(addr: int) -> dict | None:
@@ -47,6 +48,12 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
             return {"tensor": state_key[addr], "file": "weights"}
         if addr not in extra_key:
             key = context["where"]
+            # one attribute can hold several tensors (a list of anchors): keys must stay unique
+            n = 0
+            while key in used_keys:
+                n += 1
+                key = f"{context['where']}#{n}"
+            used_keys.add(key)
             try:
                 meta = reader.meta(addr)
                 rec = tensor_record(key, "extra", addr, meta)
@@ -61,7 +68,7 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
         return None if path is None else {"module_ref": path}
 
     device_type: list[int | None] = [None]
-    values = ModelValues(ip)  # partials, local functions, slices, torch singletons
+    values = ValueKinds(ip)  # partials, local functions, slices, torch singletons, shared containers
 
     def value_hook(addr: int) -> dict | None:
         try:

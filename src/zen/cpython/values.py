@@ -1,9 +1,11 @@
-"""Encodings for the values real models keep in module attributes that the generic encoder
-(`zen.cpython.snapshot`) has no form for. Used as its value hook when module state is encoded.
+"""Encodings for values the plain encoder (`zen.cpython.snapshot`) has no form for: its value hook.
 
 Third-party models (torchvision, timm, transformers) keep layer *factories* and small helpers in
-their modules' `__dict__`: `functools.partial(nn.LayerNorm, eps=1e-6)`, lambdas and closures,
-slices, torch's memory formats and layouts. Encoded by what they are, never by running anything:
+their modules' `__dict__`, in class attributes and in functions' defaults and closures:
+`functools.partial(nn.LayerNorm, eps=1e-6)`, lambdas and closures, slices, torch's memory formats
+and layouts. Nothing here is specific to a framework, so every encoder uses it: the module-state
+encoder of a front end (with containers, see below) and the encoders of class attributes,
+function defaults, closures and globals (without). Encoded by what they are, never by running anything:
 
     {"partial": "functools:partial", "id": n, "func": {...}, "args": {...}, "keywords": {...}, "state": {...}}
         a partial (or a subclass): its C members, read through the member descriptors of its
@@ -17,7 +19,9 @@ slices, torch's memory formats and layouts. Encoded by what they are, never by r
         name (torch.memory_format, torch.layout, torch.qscheme): a singleton
     {"list"|"set": [...], "id": n}, {"dict": [[k, v], ...], "id": n}   exact lists, sets and dicts
         with an identity, so that shared containers stay shared and cyclic ones cyclic
-        (`{"ref": n}` on the second visit); the generic encoder copies them per reference
+        (`{"ref": n}` on the second visit); only with `containers=True` (module state): elsewhere
+        the plain encoder copies them per reference, so that the same class attribute encodes
+        the same in a base and its fork whatever was encoded before it (diffs compare encodings)
 
 Values of kinds the hook does not know are left to the generic encoder (`None`).
 """
@@ -35,11 +39,12 @@ MAX_NEST = 8  # nested values this hook encodes itself (each nesting restarts th
 T_OBJECT, T_OBJECT_EX = 6, 16
 
 
-class ModelValues:
+class ValueKinds:
     """The value hook: `hook(addr)` -> an encoding, or None to let the encoder handle it."""
 
-    def __init__(self, ip: Interpreter) -> None:
+    def __init__(self, ip: Interpreter, *, containers: bool = True) -> None:
         self.ip = ip
+        self.containers = containers
         self.encoder: Any = None  # the snapshot.Encoder using this hook (set by its creator)
         self._kind: dict[int, str | None] = {}  # type address -> handler name
         self._nest = 0
@@ -75,7 +80,7 @@ class ModelValues:
             return "partial"
         if t.full_name == "slice":
             return "slice"
-        if tp in (self.ip.wk.types.get("list"), self.ip.wk.types.get("dict"), self.ip.wk.types.get("set")):
+        if self.containers and tp in (self.ip.wk.types.get("list"), self.ip.wk.types.get("dict"), self.ip.wk.types.get("set")):
             return "container"
         if t.full_name == "function":
             return "function"
