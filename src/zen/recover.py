@@ -224,6 +224,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
             "how": ip.info.how,
             "static_build": ip.info.static_build,
             "debug_offsets": ip.info.debug_offsets,
+            "profile_why": ip.P.why,  # which layout (patch-release variant) was used, and why
         },
         "torch": {"version": tv},
         "profiles": {"cpython": ip.P.source, "torch": tprof.source},
