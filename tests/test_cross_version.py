@@ -17,7 +17,7 @@ import subprocess
 from importlib import resources
 
 import pytest
-from conftest import FOREIGN, all_pythons, foreign_python, python_cache, recovered, start_target, zen
+from conftest import FOREIGN, all_pythons, find_python, foreign_python, python_cache, recovered, start_target, zen
 from rapidfuzz import fuzz
 
 from zen.cpython.debug_offsets import read_debug_offsets
@@ -296,3 +296,27 @@ def test_incremental_gc_tags_of_314_early_releases(foreign_images, tmp_path):
                 Heap(Interpreter.open(space)).gc_generations()
     finally:
         copy.unlink()
+
+
+@pytest.mark.parametrize("minor", ["3.8", "3.9", "3.10"])
+def test_older_cpython_is_refused_clearly(minor, tmp_path):
+    """An image of a CPython older than 3.11 (whose frames, code objects and dict keys zen has no
+    readers for) is found, named and refused with exit 4, not misread (issue 17)."""
+    exe = find_python(minor)
+    if exe is None:
+        pytest.skip(f"no CPython {minor} on this machine")
+    proc = subprocess.Popen([exe, "-c", "import sys; print('READY', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        img = tmp_path / "old.core"
+        zen("acquire", "--pid", proc.pid, "-o", img, "--lean")
+    finally:
+        proc.communicate("", timeout=30)
+    for cmd in (["info", img], ["recover", img, "-o", tmp_path / "case"]):
+        res = zen(*cmd, check=False)
+        assert res.returncode == 4, res.stderr
+        assert f"CPython {minor} is not supported: zen reads images of CPython 3.11 to 3.14" in res.stderr
+        assert "Traceback" not in res.stderr + res.stdout
+    assert not (tmp_path / "case").exists()
+    img.unlink()

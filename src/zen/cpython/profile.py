@@ -277,6 +277,12 @@ def load_profile(minor: str, full_version: str | None = None) -> Profile:
         resolved, why = resolve_release(data, release or minor)
         return parse_profile(resolved, source, why)
     shown = full_version or minor
+    if minor.count(".") == 1 and minor.split(".")[0] == "3" and minor.split(".")[1].isdigit() and int(minor.split(".")[1]) < 11:
+        raise ProfileError(
+            f"CPython {shown} is not supported: zen reads images of CPython 3.11 to 3.14",
+            "frames, code objects and dict keys changed in 3.11 and zen has no readers for the older layouts; "
+            "the README's version table lists what is supported",
+        )
     raise ProfileError(
         f"no layout profile for CPython {minor} (the image runs Python {shown})",
         f"calibrate one with a CPython {minor} interpreter: `zen profile python --python /path/to/python{minor}`",
