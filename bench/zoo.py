@@ -351,8 +351,33 @@ def attribute(case_dir: Path, library: Path) -> dict:
     d = json.loads(res.stdout)
     c = d.get("candidates") or []
     second = c[1] if len(c) > 1 else {}
-    return {"attributed": d.get("attributed"), "ur": c[0]["ur"] if c else None, "top": c[0]["name"] if c else None,
-            "runner_up": second.get("name"), "margin": round(c[0]["ur"] - second["ur"], 4) if second else None}  # fmt: skip
+    out = {"attributed": d.get("attributed"), "ur": c[0]["ur"] if c else None, "top": c[0]["name"] if c else None,
+           "runner_up": second.get("name"), "margin": round(c[0]["ur"] - second["ur"], 4) if second else None}  # fmt: skip
+    name = case_dir.name.removeprefix("case_")
+    if out["attributed"] and out["attributed"] != name:
+        out["twin"] = twin(case_dir, case_dir.parent / f"case_{out['attributed']}")
+    return out
+
+
+def twin(a: Path, b: Path) -> str | None:
+    """Why two cases are the same deployed model (same root class, same weights file, the same
+    hyper-parameters), or None. Two catalogue names can build one model: timm's vit_tiny_patch16_224
+    and deit_tiny_patch16_224 are the same class and configuration, seeded alike."""
+    try:
+        ma, mb = (json.loads((p / "manifest.json").read_text()) for p in (a, b))
+        ra, rb = (json.loads((p / "mr.json").read_text()) for p in (a, b))
+    except (OSError, ValueError):
+        return None
+    sha = ma["files"].get("weights.safetensors")
+    if not sha or sha != mb["files"].get("weights.safetensors") or ma["model"]["class"] != mb["model"]["class"]:
+        return None
+
+    def hyper(mr: dict) -> list:
+        return [(m["path"], m.get("cls_module"), m.get("cls_qualname"), m.get("hyperparameters")) for m in mr["modules"]]
+
+    if hyper(ra) != hyper(rb):
+        return None
+    return f"same class {ma['model']['class']}, same hyper-parameters, same weights (sha256 {sha[:12]}...)"
 
 
 # -- the sweep ------------------------------------------------------------------------------------
@@ -382,7 +407,8 @@ def write_md(state: dict, out: Path, meta: dict, pending: list[str] = ()) -> Non
     ran = [r for r in rows if "reuse_base" in r]
     both = [r for r in ran if r["reuse_base"].get("equal") and r["reuse_sc"].get("equal")]
     attributed = [r for r in ran if r.get("attribution")]
-    att = [r for r in attributed if r["attribution"].get("attributed") == r["name"] and (r["attribution"].get("ur") or 0) >= 0.99]
+    att = [r for r in attributed if (r["attribution"].get("attributed") == r["name"] or r["attribution"].get("twin"))
+           and (r["attribution"].get("ur") or 0) >= 0.99]  # fmt: skip
     margins = sorted(r["attribution"]["margin"] for r in att if r["attribution"].get("margin") is not None)
     count = {lib: sum(1 for r in rows if r["library"] == lib) for lib in LIBS}
     lines = ["# Model zoo sweep (issue 15)", "",
@@ -398,7 +424,7 @@ def write_md(state: dict, out: Path, meta: dict, pending: list[str] = ()) -> Non
              f"| `--base` rebuild bit-identical | {sum(1 for r in ran if r['reuse_base'].get('equal'))} |",
              f"| self-contained rebuild bit-identical | {sum(1 for r in ran if r['reuse_sc'].get('equal'))} |",
              f"| both bit-identical | {len(both)} |",
-             f"| attributed to itself with UR >= 0.99 | {len(att)} of {len(attributed)} |",
+             f"| attributed to itself (or to its identical twin) with UR >= 0.99 | {len(att)} of {len(attributed)} |",
              f"| runner-up margin (UR): min / median | {margins[0] if margins else 0:.3f} / "
              f"{margins[len(margins) // 2] if margins else 0:.3f} |",
              f"| not rebuilt (skipped, or failed before reuse) | {len(rows) - len(ran)} |", "",
@@ -412,8 +438,9 @@ def write_md(state: dict, out: Path, meta: dict, pending: list[str] = ()) -> Non
     for r in attributed:
         a = r["attribution"]
         if a.get("attributed") != r["name"] or (a.get("ur") or 0) < 0.99:
+            why = f"its twin: {a['twin']}" if a.get("twin") else "not a twin"
             lines.append(f"- `{r['name']}`: attributed to `{a.get('attributed')}` (UR {a.get('ur')}, "
-                         f"runner-up `{a.get('runner_up')}`, margin {a.get('margin')}). {TIES.get(r['name'], '')}")  # fmt: skip
+                         f"runner-up `{a.get('runner_up')}`, margin {a.get('margin')}); {why}. {TIES.get(r['name'], '')}")  # fmt: skip
     lines += ["", "## Per model", "", "| model | params (M) | modules | code objects | tensors exact | `--base` | self-contained "
               "| "
               "values equal | problems | attributed (UR) | runner-up (margin) | recover s | total s |",

@@ -53,8 +53,8 @@ HF: dict[str, dict] = {
                    "num_feedforward_networks": 1},
 }  # fmt: skip
 TIES = {"timm_vit_tiny_patch16_224": "timm builds DeiT-Tiny as the same VisionTransformer class with the same "
-        "hyper-parameters: architecture and code are identical (UR 1.0 for both), only the random weights differ, which "
-        "attribution does not compare."}  # fmt: skip
+        "hyper-parameters, and the sweep seeds every model alike: the two processes hold the same model, weights "
+        "included (only timm's `pretrained_cfg` names differ), so either attribution is right."}  # fmt: skip
 FORKS = {"tvfork_resnet18_obf": "tv_resnet18"}  # fork -> its base (which must run first)
 OWN_CODE = ("tvvalues_resnet18",)  # models whose own module (in their deploy directory) is their base's code
 

@@ -129,6 +129,9 @@ def test_every_kind_of_value_or_a_clear_problem(zoo_runs):
     assert op["partial"] == "functools:partial" and op["func"] == {"func": "torch:mul"}
     assert f["function"] == "zoo_values:Head.<lambda>" and f["code"]
     assert post["kwdefaults_enc"]["dict"][0][1] == {"slice": [{"lit": "None"}] * 3}
+    # `zen reuse` says which values the package cannot rebuild as it writes it
+    res = zoo.zen("reuse", work / f"case_{VALUES}", "-o", work / "pkg_values_again")
+    assert res.returncode == 0 and "not rebuildable: model.fc.local_cls" in " ".join(res.stderr.split())
 
 
 def test_obfuscated_fork_with_renamed_methods_on_its_base(zoo_runs):

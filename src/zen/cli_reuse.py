@@ -123,6 +123,13 @@ def reuse(
     how = f"base {base} + patch" if base else "self-contained (modules synthesised from recovered code)"
     out.print(f"wrote {escape(str(pkg))}: {how}; {len(data['functions'])} functions, {len(data['classes'])} classes")
     out.print(f"use: import {pkg.name}; model = {pkg.name}.load()   (with {escape(str(pkg.parent))} on sys.path)")
+    # values the package cannot rebuild (a lock, a class made inside a function): load() reports them
+    # again, by path, and fails only if the model uses them
+    problems = json.loads((pkg / "reuse.json").read_text()).get("problems") or []
+    for p in problems[:20]:
+        err.print(f"[yellow]not rebuildable:[/yellow] {escape(str(p))}", soft_wrap=True)
+    if len(problems) > 20:
+        err.print(f"[yellow]... and {len(problems) - 20} more (reuse.json lists them all)[/yellow]")
     err.print(f"[yellow]warning:[/yellow] {EXECUTES}")
 
 
