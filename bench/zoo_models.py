@@ -225,7 +225,8 @@ def build(name: str, outdir: Path) -> tuple[Any, list, dict]:
     if kind == "tv":
         import torchvision.models as tvm
 
-        extra = {"weights_backbone": None} if arch in tvm.list_models(module=tvm.detection) else {}
+        heads = tvm.list_models(module=tvm.detection) + tvm.list_models(module=tvm.segmentation)
+        extra = {"weights_backbone": None} if arch in heads else {}  # no download of backbone weights
         extra.update({"aux_logits": False, "init_weights": True} if arch in ("googlenet", "inception_v3") else {})
         model = tvm.get_model(arch, weights=None, **extra)
         size = 224 if arch.startswith(("vit", "swin", "maxvit")) else 96 if arch == "inception_v3" else 64
