@@ -440,7 +440,8 @@ def write_md(state: dict, out: Path, meta: dict, pending: list[str] = ()) -> Non
         if a.get("attributed") != r["name"] or (a.get("ur") or 0) < 0.99:
             why = f"its twin: {a['twin']}" if a.get("twin") else "not a twin"
             lines.append(f"- `{r['name']}`: attributed to `{a.get('attributed')}` (UR {a.get('ur')}, "
-                         f"runner-up `{a.get('runner_up')}`, margin {a.get('margin')}); {why}. {TIES.get(r['name'], '')}")  # fmt: skip
+                         f"runner-up `{a.get('runner_up')}`, margin {a.get('margin')}); {why}. "
+                         f"{TIES.get(r['name'], '')}")  # fmt: skip
     lines += ["", "## Per model", "", "| model | params (M) | modules | code objects | tensors exact | `--base` | self-contained "
               "| "
               "values equal | problems | attributed (UR) | runner-up (margin) | recover s | total s |",
