@@ -22,7 +22,7 @@ import numpy as np
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.types import TypeInfo, read_type
 from zen.errors import MemoryReadError, ObjectError, ZenError
-from zen.memory.scan import find_u64, find_u64_in, gather_u64, writable_chunks
+from zen.memory.scan import find_u64_in, find_u64_in_mapped, find_u64_in_ranges, gather_u64, writable_chunks
 
 MAX_GC_WALK = 50_000_000
 MAX_META_ROUNDS = 8
@@ -42,11 +42,42 @@ class Heap:
     def __init__(self, ip: Interpreter) -> None:
         self.ip = ip
         self.space = ip.space
-        self._chunks = writable_chunks(self.space)
-        self._types: list[int] | None = None
+        self._memo = ip.census_memo  # shared by every Heap of this interpreter (an image does not change)
+        chunks = self._memo.get("writable_chunks")
+        if chunks is None:
+            chunks = self._memo["writable_chunks"] = writable_chunks(self.space)
+        self._chunks: list = chunks  # type: ignore[assignment]
         self.problems: list[str] = []  # entries skipped as unreadable, each naming what and why
 
     # -- pointer scans ------------------------------------------------------------------------
+    def _find(self, values: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Aligned words equal to any of `values` in writable memory (`find_u64_in`).
+
+        The first search also maps where user-space pointers are at all (`find_u64_in_mapped`);
+        later searches for values inside that span read only those ranges, which leaves out tensor
+        data: a census of a multi-GB model process then costs one pass over the image, not one
+        pass per question."""
+        vals = sorted(set(values))
+        span = self._pointer_span()
+        fits = span is not None and all(span[0] <= v <= span[1] for v in vals)
+        ranges = self._memo.get("pointer_map")
+        if fits and ranges is not None:
+            return find_u64_in_ranges(self.space, vals, ranges)  # type: ignore[arg-type]
+        if fits and ranges is None:
+            hits, found, ranges = find_u64_in_mapped(self.space, vals, self._chunks, span[0], span[1])  # type: ignore[index]
+            self._memo["pointer_map"] = ranges
+            return hits, found
+        return find_u64_in(self.space, vals, self._chunks)
+
+    def _pointer_span(self) -> tuple[int, int] | None:
+        """[lowest, highest] user-space address of writable memory, where every type object lives;
+        None when the chunks are not views of a file or buffer (live processes: no pointer map)."""
+        if "pointer_span" not in self._memo:
+            user = [c for c in self._chunks if c.end <= 1 << 47]
+            ok = user and all(hasattr(c, "backing") for c in self._chunks)
+            self._memo["pointer_span"] = (min(c.start for c in user), max(c.end for c in user) - 1) if ok else None
+        return self._memo["pointer_span"]  # type: ignore[return-value]
+
     def _plausible(self, cands: np.ndarray, gc_types: np.ndarray | None = None) -> np.ndarray:
         """Mask of candidate object addresses that look like real, live objects (vectorised).
 
@@ -91,7 +122,7 @@ class Heap:
 
     def instances(self, type_addr: int) -> np.ndarray:
         """Addresses of objects whose ob_type is exactly `type_addr` (sorted, validated)."""
-        hits = find_u64(self.space, type_addr, self._chunks)
+        hits, _ = self._find([type_addr])
         cands = hits - np.uint64(self.ip.P.object.ob_type)
         gc_flag = self._is_gc_type(np.array([type_addr], dtype=np.uint64))
         cands = cands[self._plausible(cands, np.repeat(gc_flag, cands.size))]
@@ -102,7 +133,7 @@ class Heap:
         tlist = sorted(set(type_addrs))
         if not tlist:
             return {}
-        hits, vals = find_u64_in(self.space, tlist, self._chunks)
+        hits, vals = self._find(tlist)
         cands = hits - np.uint64(self.ip.P.object.ob_type)
         keep = self._plausible(cands, self._is_gc_type(vals))
         cands, vals = cands[keep], vals[keep]
@@ -138,8 +169,9 @@ class Heap:
 
     def all_types(self) -> list[int]:
         """Every type object: instances of `type` and, iteratively, of every metaclass found."""
-        if self._types is not None:
-            return self._types
+        cached = self._memo.get("all_types")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         ip = self.ip
         flag = np.uint64(ip.P.c("TPFLAGS_TYPE_SUBCLASS"))
         found: set[int] = set()
@@ -150,7 +182,7 @@ class Heap:
             if not new_metas:
                 break
             seen_metas |= new_metas
-            hits, _vals = find_u64_in(self.space, new_metas, self._chunks)
+            hits, _vals = self._find(new_metas)
             cands = hits - np.uint64(ip.P.object.ob_type)
             # Only heap types have a GC header: static types are plain C data, and what precedes
             # them is whatever the linker put there.
@@ -162,8 +194,8 @@ class Heap:
             flags, ok = gather_u64(self.space, cands + np.uint64(ip.P.type.tp_flags))
             found.update(cands.tolist())
             metas |= set(cands[ok & ((flags & flag) != 0)].tolist())
-        self._types = sorted(found)
-        return self._types
+        types = self._memo["all_types"] = sorted(found)
+        return types
 
     def types_named(self, name: str) -> list[int]:
         """Type objects whose full name (module.qualname) or bare name is `name`."""
@@ -179,21 +211,29 @@ class Heap:
 
     def subclasses_of(self, full_name: str) -> list[TypeInfo]:
         """Readable type objects that have a class named `full_name` in their MRO."""
+        return [ti for ti, names in self._mro_names() if full_name in names]
+
+    def _mro_names(self) -> list[tuple[TypeInfo, frozenset[str]]]:
+        """Every readable type with the full names of its MRO, read once per interpreter
+        (front ends ask for the subclasses of several bases; each question is then a filter)."""
+        cached = self._memo.get("mro_names")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         out = []
         for t in self.all_types():
             try:
                 ti = read_type(self.ip, t)
-                names = [read_type(self.ip, a).full_name for a in ti.mro_addrs]
+                names = frozenset(read_type(self.ip, a).full_name for a in ti.mro_addrs)
             except ZenError:
                 continue
-            if full_name in names:
-                out.append(ti)
+            out.append((ti, names))
+        self._memo["mro_names"] = out
         return out
 
     def census(self, types: Iterable[int] | None = None) -> dict[int, int]:
         """Number of plausible objects per type address (pointer scan + refcount check)."""
         tset = list(types) if types is not None else self.all_types()
-        hits, vals = find_u64_in(self.space, tset, self._chunks)
+        hits, vals = self._find(tset)
         objs = hits - np.uint64(self.ip.P.object.ob_type)
         keep = self._plausible(objs, self._is_gc_type(vals))
         uniq, counts = np.unique(vals[keep], return_counts=True)
@@ -216,17 +256,25 @@ class Heap:
         """`sys.modules` of the main interpreter: module name -> module object address."""
         from zen.cpython.readers.dicts import read_dict
 
+        cached = self._memo.get("sys_modules")
+        if cached is not None:
+            out, problems = cached  # type: ignore[misc]
+            self.problems += [p for p in problems if p not in self.problems]
+            return dict(out)
         ip = self.ip
         d = ip.ptr(self.interpreter_state() + ip.P.interp.modules)
         out = {}
+        problems = []
         for k, v in read_dict(ip, d):
             # one corrupt entry must not hide the others (the model's modules among them)
             try:
                 if ip.kind(k) == "str":
                     out[ip.str(k)] = v
             except ZenError as exc:
-                self.problems.append(f"sys.modules entry with key at {k:#x} skipped: {exc}")
-        return out
+                problems.append(f"sys.modules entry with key at {k:#x} skipped: {exc}")
+        self._memo["sys_modules"] = (out, problems)
+        self.problems += problems
+        return dict(out)
 
     def gc_generations(self) -> list[list[int]]:
         """Objects on each GC generation list (young to old, then the permanent generation)."""

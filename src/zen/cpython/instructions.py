@@ -8,16 +8,17 @@ code from a 3.13 image decodes correctly under zen's 3.11. Input is de-specialis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from zen.cpython.profile import OpcodeTable
 
 MAX_INSTRUCTIONS = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Instruction:
+class Instruction(NamedTuple):
+    """One decoded instruction. A named tuple, not a dataclass: hundreds of thousands are made
+    per recovery, and a tuple is built several times faster than a frozen dataclass."""
+
     offset: int  # byte offset of the instruction (after any EXTENDED_ARG prefix)
     op: int
     name: str
@@ -26,31 +27,101 @@ class Instruction:
     argval: Any  # resolved name / const display / local name / operator / jump target offset
 
 
+# how an opcode's argument resolves (the order of `resolution order below)
+_PAIR, _NAME, _CONST, _LOCAL, _FREE, _COMPARE, _BINOP, _JREL, _JABS, _OTHER = range(10)
+_tables: dict[int, tuple[OpcodeTable, list]] = {}
+
+
+def _table(ops: OpcodeTable) -> list[tuple[str, int, int, int, bool]]:
+    """Per opcode 0..255: (name, inline cache entries, resolution, name-argument shift, backward)."""
+    hit = _tables.get(id(ops))
+    if hit is not None and hit[0] is ops:
+        return hit[1]
+    rows = []
+    for op in range(256):
+        name = ops.name(op)
+        if op in ops.haslocal and pair_parts(name) is not None:
+            how = _PAIR
+        elif op in ops.hasname:
+            how = _NAME
+        elif op in ops.hasconst:
+            how = _CONST
+        elif op in ops.haslocal:
+            how = _LOCAL
+        elif op in ops.hasfree:
+            how = _FREE
+        elif op in ops.hascompare:
+            how = _COMPARE
+        elif name == "BINARY_OP":
+            how = _BINOP
+        elif op in ops.hasjrel:
+            how = _JREL
+        elif op in ops.hasjabs:
+            how = _JABS
+        else:
+            how = _OTHER
+        rows.append((name, ops.cache_entries.get(op, 0), how, ops.name_arg_shift.get(name, 0), op in ops.backward_jumps))
+    _tables[id(ops)] = (ops, rows)
+    return rows
+
+
 def decode(
     code: bytes, names: tuple[str, ...], localsplus: tuple[str, ...], consts: list[str], ops: OpcodeTable
 ) -> list[Instruction]:
-    """Instructions of de-specialised `code`; `consts` are display strings for co_consts."""
+    """Instructions of de-specialised `code`; `consts` are display strings for co_consts.
+
+    Table-driven (one lookup per opcode): every code object of a model is decoded at least twice
+    per recovery (closure, listing), some 200,000 instructions for a transformers model."""
     out: list[Instruction] = []
+    append = out.append
+    table = _table(ops)
     n = len(code) - 1
     i = 0
     ext = 0
-    caches = ops.cache_entries
     have_arg = ops.have_argument
+    extended = ops.extended_arg
     after_caches = ops.jump_base == "after_caches"
+    nnames, nlocals, nconsts = len(names), len(localsplus), len(consts)
     while i < n and len(out) < MAX_INSTRUCTIONS:
         op, raw = code[i], code[i + 1]
-        if op == ops.extended_arg:
+        if op == extended:
             ext = ((ext | raw) << 8) & 0xFFFFFFFF  # opargs are 32-bit; hostile prefix runs stay bounded
             i += 2
             continue
-        arg = (ext | raw) if op >= have_arg else None
+        name, ncache, how, shift, backward = table[op]
+        if op < have_arg:
+            ext = 0
+            append(Instruction(i, op, name, None, "none", None))
+            i += 2 + 2 * ncache
+            continue
+        arg = ext | raw
         ext = 0
-        name = ops.name(op)
-        ncache = caches.get(op, 0)
-        kind, val = "none", None
-        if arg is not None:
-            kind, val = _resolve(op, name, arg, i, ncache, names, localsplus, consts, ops, after_caches)
-        out.append(Instruction(i, op, name, arg, kind, val))
+        if how == _NAME:
+            idx = arg >> shift
+            ins = Instruction(i, op, name, arg, "name", names[idx] if idx < nnames else f"<name {idx}>")
+        elif how == _LOCAL:
+            ins = Instruction(i, op, name, arg, "local", localsplus[arg] if arg < nlocals else f"<local {arg}>")
+        elif how == _CONST:
+            ins = Instruction(i, op, name, arg, "const", consts[arg] if arg < nconsts else f"<const {arg}>")
+        elif how == _JREL:
+            base = i + 2 + (2 * ncache if after_caches else 0)
+            ins = Instruction(i, op, name, arg, "jump", base - 2 * arg if backward else base + 2 * arg)
+        elif how == _OTHER:
+            ins = Instruction(i, op, name, arg, "other", arg)
+        elif how == _PAIR:
+            a, b = arg >> 4, arg & 15
+            pair = (localsplus[a] if a < nlocals else f"<local {a}>", localsplus[b] if b < nlocals else f"<local {b}>")
+            ins = Instruction(i, op, name, arg, "local_pair", pair)
+        elif how == _FREE:
+            ins = Instruction(i, op, name, arg, "free", localsplus[arg] if arg < nlocals else f"<free {arg}>")
+        elif how == _COMPARE:
+            idx = arg >> ops.compare_arg_shift
+            ins = Instruction(i, op, name, arg, "compare", ops.cmp_op[idx] if idx < len(ops.cmp_op) else f"<cmp {arg}>")
+        elif how == _BINOP:
+            ins = Instruction(i, op, name, arg, "binop", ops.binary_ops[arg] if arg < len(ops.binary_ops) else f"<op {arg}>")
+        else:  # _JABS
+            ins = Instruction(i, op, name, arg, "jump", 2 * arg)
+        append(ins)
         i += 2 + 2 * ncache
     return out
 

@@ -81,6 +81,10 @@ class Interpreter:
         self._kind_cache: dict[int, str] = {}  # type address -> reader kind
         self._obj_kind: dict[int, str] = {}  # object address -> reader kind (images do not change)
         self._obj_type: dict[int, int] = {}  # object address -> validated type address
+        # census results (all types, sys.modules, writable chunks, MRO names): a Heap is cheap to
+        # make and many callers make their own, but these cost a pass over memory or thousands of
+        # reads, and an image does not change, so they are computed once per interpreter
+        self.census_memo: dict[str, object] = {}
         self.tflags_type_subclass = profile.c("TPFLAGS_TYPE_SUBCLASS")
         self._tp_flags = profile.type.tp_flags
         self._ob_type = profile.object.ob_type
@@ -230,3 +234,4 @@ class Interpreter:
         self._kind_cache.clear()
         self._obj_kind.clear()
         self._obj_type.clear()
+        self.census_memo.clear()

@@ -226,9 +226,9 @@ class _Inlined:
 
     def drop_handlers(self, lines: list[str]) -> list[str]:
         """Leave out each comprehension's cleanup handler (one pass over the lines)."""
-        wanted = Counter(self.handlers)
-        if not wanted:
+        if not self.handlers:
             return lines
+        wanted = Counter(self.handlers)
         out: list[str] = []
         i, n = 0, len(lines)
         while i < n:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
+
 from zen.cpython.closure import Closure, ClosureResult
 from zen.cpython.instructions import decode
 from zen.cpython.listing import LISTING_VERSION, listing_sha256, normalise
@@ -43,8 +45,10 @@ def const_display(rt: Runtime, addr: int) -> str:
     return text if len(text) <= MAX_CONST else text[: MAX_CONST - 3] + "..."
 
 
-def listing_of(rt: Runtime, ci: CodeInfo) -> list[str]:
-    consts = [const_display(rt, a) for a in ci.consts]
+def listing_of(rt: Runtime, ci: CodeInfo, consts: list[str] | None = None) -> list[str]:
+    """The normalised listing; `consts`: the constants' displays when the caller has them."""
+    if consts is None:
+        consts = [const_display(rt, a) for a in ci.consts]
     return normalise(decode(ci.code, ci.names, ci.localsplusnames, consts, rt.ip.P.opcodes))
 
 
@@ -132,7 +136,8 @@ def code_record(rt: Runtime, code_addr: int, function: int | None, parent: int |
         owner = t.full_name if t else None
         attr, binding = holders[0][1], holders[0][2]
     sig = _signature(rt, ci, f) if f else None
-    lines = listing_of(rt, ci)
+    consts = [const_display(rt, a) for a in ci.consts]
+    lines = listing_of(rt, ci, consts)
     closure = []
     if f is not None and f.closure:
         from zen.cpython.describe import describe
@@ -157,7 +162,7 @@ def code_record(rt: Runtime, code_addr: int, function: int | None, parent: int |
         argcount=ci.argcount, posonlyargcount=ci.posonlyargcount, kwonlyargcount=ci.kwonlyargcount,
         nlocals=ci.nlocals, stacksize=ci.stacksize, flags=ci.flags,
         varnames=list(ci.varnames), cellvars=list(ci.cellvars), freevars=list(ci.freevars), names=list(ci.names),
-        consts=[const_display(rt, a) for a in ci.consts],
+        consts=consts,
         filename=ci.filename, firstlineno=ci.firstlineno, calls=_calls(rt, code_addr, ci),
         bytecode_sha256=hashlib.sha256(ci.code).hexdigest(), listing_sha256=listing_sha256(lines), listing=lines,
         parent=f"{parent:#x}" if parent else None, children=[f"{c:#x}" for c in children],
@@ -219,29 +224,88 @@ def class_record(rt: Runtime, taddr: int, model: bool) -> ClassRecord | None:
 
 
 def system_table(rt: Runtime) -> list[list]:
-    """[address, module, qualname, first line, bytecode sha256] for every code object in the image."""
+    """[address, module, qualname, first line, bytecode sha256] for every code object in the image.
+
+    A process that imported transformers holds ~80,000 code objects and ~60,000 functions: their
+    fields are gathered with numpy and their names read in bulk (`zen.cpython.bulk`); a code
+    object the vectorised checks do not accept is read by `read_code_brief`, as before."""
+    from zen.cpython import bulk
+
     ip = rt.ip
-    fields = ip.P.function.reader("func_code", "func_module")
+    F = ip.P.function
     module_of_code: dict[int, str] = {}
     names: dict[int, str] = {}
-    for fa in rt.function_addrs:
-        try:
-            f = fields.unpack(ip.space.read(fa, fields.size))
-            if f.func_code in module_of_code:
+    fa = bulk.as_array(rt.function_addrs)
+    fcode, ok1 = bulk.gather_field(ip, fa, F.func_code, "ptr")
+    fmod, ok2 = bulk.gather_field(ip, fa, F.func_module, "ptr")
+    readable = (ok1 & ok2).tolist()
+    mod_strs = bulk.strs(ip, sorted({m for m, r in zip(fmod.tolist(), readable) if r and m}))
+    for code, mod, r in zip(fcode.tolist(), fmod.tolist(), readable):
+        if not r or code in module_of_code:
+            continue
+        m = names.get(mod)
+        if m is None:
+            if mod and mod_strs.get(mod) is None:
+                try:  # not a readable str: the reader tells "not a str" ("?") from an error (skipped)
+                    if rt.kind(mod) == "str":
+                        continue
+                except ZenError:
+                    continue
+                m = names[mod] = "?"
+            else:
+                m = names[mod] = mod_strs[mod] if mod else "?"  # type: ignore[assignment]
+        module_of_code[code] = m
+    return [r for r in _code_rows(rt, module_of_code) if r is not None]
+
+
+def _code_rows(rt: Runtime, module_of_code: dict[int, str]) -> list[list | None]:
+    from zen.cpython import bulk
+    from zen.cpython.bytecode import deoptimize
+    from zen.cpython.readers.code import uninstrumented
+
+    ip = rt.ip
+    C, c = ip.P.code, ip.P.constants
+    types = C.fields()
+    ca = bulk.as_array(rt.code_addrs)
+    good = bulk.plain_headers(ip, ca, ip.wk.types["code"])
+    units, ok = bulk.gather_field(ip, ca, ip.P.varobject.ob_size, "i64")
+    good &= ok & (units > 0) & (units <= ip.limits.max_code_units)
+    qual, ok = bulk.gather_field(ip, ca, C.co_qualname, "ptr")
+    good &= ok
+    fname, ok = bulk.gather_field(ip, ca, C.co_filename, "ptr")
+    good &= ok
+    first, ok = bulk.gather_field(ip, ca, C.co_firstlineno, types["co_firstlineno"][1])
+    good &= ok
+    warm = None
+    if C.has("co_warmup"):
+        warm, ok = bulk.gather_field(ip, ca, C.co_warmup, types["co_warmup"][1])
+        good &= ok
+        warm = warm.tolist()
+    unit = c.get("CODE_UNIT_SIZE", 2)
+    adaptive = bulk.byte_slices(ip, ca + np.uint64(C.co_code_adaptive), np.where(good, units * unit, -1))
+    good_l = good.tolist()
+    sel = [i for i, g in enumerate(good_l) if g and adaptive[i] is not None]
+    qs = bulk.strs(ip, [int(x) for x in qual[sel].tolist()])
+    fs = bulk.strs(ip, [int(x) for x in fname[sel].tolist()])
+    rows: list[list | None] = []
+    qual_l, fname_l, first_l = qual.tolist(), fname.tolist(), first.tolist()
+    for i, addr in enumerate(rt.code_addrs):
+        code = adaptive[i] if good_l[i] else None
+        if code is None:
+            try:
+                qualname, _filename, line, code = read_code_brief(ip, addr)
+            except ZenError:
                 continue
-            m = names.get(f.func_module)
-            if m is None:
-                m = names[f.func_module] = ip.str(f.func_module) if f.func_module and rt.kind(f.func_module) == "str" else "?"
-            module_of_code[f.func_code] = m
-        except ZenError:
-            continue
-    rows = []
-    for ca in rt.code_addrs:
-        try:
-            qualname, _filename, first, code = read_code_brief(ip, ca)
-        except ZenError:
-            continue
-        rows.append([f"{ca:#x}", module_of_code.get(ca, "?"), qualname, first, hashlib.sha256(code).hexdigest()[:32]])
+        else:
+            qualname, filename, line = qs[qual_l[i]], fs[fname_l[i]], first_l[i]
+            if qualname is None or filename is None:
+                continue
+            if warm is None or warm[i] >= 0:  # quickened (3.11 after warm-up; always from 3.12)
+                try:
+                    code = deoptimize(uninstrumented(ip, addr, code), ip.P.opcodes)
+                except ZenError:
+                    continue
+        rows.append([f"{addr:#x}", module_of_code.get(addr, "?"), qualname, line, hashlib.sha256(code).hexdigest()[:32]])
     return rows
 
 

@@ -39,6 +39,18 @@ MAX_ITEMS = 20_000
 Hook = Callable[[int], dict | None]
 
 
+def module_info(ip: Interpreter, addr: int):
+    """`read_module`, once per module and interpreter: it walks the module's whole namespace (1,500
+    names for torch) to find `__name__`, and encoders ask for the same few modules thousands of times."""
+    from zen.cpython.readers.modules import read_module
+
+    memo = ip.census_memo.setdefault("module_info", {})
+    info = memo.get(addr)  # type: ignore[union-attr]
+    if info is None:
+        info = memo[addr] = read_module(ip, addr)  # type: ignore[index]
+    return info
+
+
 class Encoder:
     """Encodes objects; shared instances are encoded once per encoder and referenced after."""
 
@@ -120,9 +132,8 @@ class Encoder:
         if kind == "builtin_function":
             return self._builtin(addr)
         if kind == "module":
-            from zen.cpython.readers.modules import read_module
 
-            return {"module": read_module(ip, addr).name}
+            return {"module": module_info(ip, addr).name}
         if t.full_name == "torch.dtype":
             name = self._dtype_names().get(addr)
             return {"dtype": name} if name else {"unsupported": "unknown torch.dtype"}
@@ -159,23 +170,25 @@ class Encoder:
         if module and ip.kind(module) == "str":
             return {"func": f"{ip.str(module)}:{name}"}
         if self_obj and ip.kind(self_obj) == "module":
-            from zen.cpython.readers.modules import read_module
 
-            return {"func": f"{read_module(ip, self_obj).name}:{name}"}
+            return {"func": f"{module_info(ip, self_obj).name}:{name}"}
         return {"unsupported": f"builtin method {name} bound to an object"}
 
     def _dtype_names(self) -> dict[int, str]:
         """Addresses of torch's dtype objects -> their names, from the torch module's namespace."""
         if self._dtypes is None:
-            self._dtypes = {}
+            memo = self.ip.census_memo  # the image's dtypes: read once per interpreter, not per encoder
+            if "torch_dtypes" in memo:
+                self._dtypes = memo["torch_dtypes"]  # type: ignore[assignment]
+                return self._dtypes
+            self._dtypes = memo["torch_dtypes"] = {}
             try:
                 from zen.cpython.heap import Heap
                 from zen.cpython.readers.dicts import dict_str_items
-                from zen.cpython.readers.modules import read_module
 
                 torch = Heap(self.ip).sys_modules().get("torch")
                 if torch:
-                    for name, v in dict_str_items(self.ip, read_module(self.ip, torch).dict):
+                    for name, v in dict_str_items(self.ip, module_info(self.ip, torch).dict):
                         try:
                             if self.ip.type_name(v) == "torch.dtype":
                                 self._dtypes.setdefault(v, name)
@@ -188,22 +201,27 @@ class Encoder:
     def _module_global(self, addr: int, module: str) -> str | None:
         """The name under which `module` (the instance's class's module) holds this object."""
         if module not in self._globals:
+            # encoders are made per value (class attributes, defaults): a module's names are read
+            # once per interpreter, not once per encoder
+            shared = self.ip.census_memo.setdefault("module_global_names", {})
+            if module in shared:  # type: ignore[operator]
+                self._globals[module] = shared[module]  # type: ignore[index]
+                return self._globals[module].get(addr)
             names: dict[int, str] = {}
             try:
                 from zen.cpython.heap import Heap
                 from zen.cpython.readers.dicts import dict_str_items
-                from zen.cpython.readers.modules import read_module
 
                 if self._sys_modules is None:
                     self._sys_modules = Heap(self.ip).sys_modules()
                 mod = self._sys_modules.get(module)
                 if mod:
-                    for name, v in dict_str_items(self.ip, read_module(self.ip, mod).dict):
+                    for name, v in dict_str_items(self.ip, module_info(self.ip, mod).dict):
                         if not name.startswith("__"):
                             names.setdefault(v, name)
             except ZenError:
                 pass
-            self._globals[module] = names
+            self._globals[module] = shared[module] = names  # type: ignore[index]
         return self._globals[module].get(addr)
 
     def _instance(self, addr: int, t, depth: int) -> dict[str, Any]:

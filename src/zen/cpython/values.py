@@ -200,18 +200,22 @@ class ValueKinds:
 
     def _namespace(self, module: str) -> dict[int, str]:
         if module not in self._namespaces:
+            shared = self.ip.census_memo.setdefault("module_public_names", {})  # once per interpreter
+            if module in shared:  # type: ignore[operator]
+                self._namespaces[module] = shared[module]  # type: ignore[index]
+                return self._namespaces[module]
             names: dict[int, str] = {}
             try:
                 from zen.cpython.heap import Heap
                 from zen.cpython.readers.dicts import dict_str_items
-                from zen.cpython.readers.modules import read_module
+                from zen.cpython.snapshot import module_info
 
                 mod = Heap(self.ip).sys_modules().get(module)
                 if mod:
-                    for name, v in dict_str_items(self.ip, read_module(self.ip, mod).dict):
+                    for name, v in dict_str_items(self.ip, module_info(self.ip, mod).dict):
                         if not name.startswith("_"):
                             names.setdefault(v, name)
             except ZenError:
                 pass
-            self._namespaces[module] = names
+            self._namespaces[module] = shared[module] = names  # type: ignore[index]
         return self._namespaces[module]

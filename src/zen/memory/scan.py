@@ -87,6 +87,90 @@ def find_u64_in(
     return np.concatenate(addrs), np.concatenate(found)
 
 
+MAP_BLOCK = 1 << 16  # bytes per entry of a pointer map (see `find_u64_in_mapped`)
+
+
+def find_u64_in_mapped(
+    space: AddressSpace, values: Iterable[int], chunks: Sequence[Chunk], lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """`find_u64_in`, and in the same pass a *pointer map*: the address ranges (in MAP_BLOCK
+    pieces, adjacent ones merged) that hold at least one aligned word in [lo, hi].
+
+    Every object starts with a pointer to its type, so a later search for objects of types
+    within [lo, hi] only needs these ranges. Tensor data never do (a float32 pair reads as a
+    user-space pointer only when the upper float is a denormal; bf16 and fp16 quads only when one
+    value is a zero and the next a huge number): on a process serving billions of parameters the
+    later passes read the Python heap, not the weights."""
+    vals = np.unique(np.fromiter(values, dtype=np.uint64))
+    vlo, vwidth = (vals[0], vals[-1] - vals[0]) if vals.size else (np.uint64(1), np.uint64(0))
+    plo, pwidth = np.uint64(lo), np.uint64(hi - lo)
+    words = MAP_BLOCK // 8
+    addrs: list[np.ndarray] = []
+    found: list[np.ndarray] = []
+    ranges: list[tuple[int, int]] = []
+    for start, arr in space.iter_arrays(chunks):
+        for base, q in _u64_blocks(start, arr):
+            inside = (q - plo) <= pwidth
+            n = q.size
+            full = n // words * words
+            marks = inside[:full].reshape(-1, words).any(axis=1).tolist()
+            if full < n:
+                marks.append(bool(inside[full:].any()))
+            for i in np.flatnonzero(marks).tolist():
+                a, b = base + i * MAP_BLOCK, base + min((i + 1) * words, n) * 8
+                if ranges and ranges[-1][1] == a:
+                    ranges[-1] = (ranges[-1][0], b)
+                else:
+                    ranges.append((a, b))
+            if not vals.size:
+                continue
+            cand = np.flatnonzero(inside & ((q - vlo) <= vwidth))
+            if not cand.size:
+                continue
+            w = q[cand]
+            idx = np.searchsorted(vals, w)
+            idx[idx == vals.size] = 0
+            ok = vals[idx] == w
+            if ok.any():
+                addrs.append(np.uint64(base) + cand[ok].astype(np.uint64) * np.uint64(8))
+                found.append(w[ok])
+    if not addrs:
+        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64), ranges
+    return np.concatenate(addrs), np.concatenate(found), ranges
+
+
+def find_u64_in_ranges(
+    space: AddressSpace, values: Iterable[int], ranges: Sequence[tuple[int, int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`find_u64_in` over address ranges (a pointer map) instead of whole chunks."""
+    pieces: list = []
+    for a, b in ranges:
+        while a < b:
+            c = space.chunk_of(a)
+            if c is None:
+                break
+            end = min(b, c.end)
+            pieces.append(_Slice(c, a, end))
+            a = end
+    return find_u64_in(space, values, pieces)
+
+
+class _Slice:
+    """A piece of a chunk, scanned like a chunk (its pages released after the scan as usual)."""
+
+    __slots__ = ("start", "end", "_c")
+
+    def __init__(self, chunk: Chunk, start: int, end: int) -> None:
+        self._c, self.start, self.end = chunk, start, end
+
+    def array(self) -> np.ndarray:
+        return self._c.array()[self.start - self._c.start : self.end - self._c.start]
+
+    def release(self, offset: int = 0, size: int | None = None) -> None:
+        size = self.end - self.start - offset if size is None else size
+        self._c.release(self.start - self._c.start + offset, size)
+
+
 def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Read the 8-byte little-endian word at each address, vectorised.
 

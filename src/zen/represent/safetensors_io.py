@@ -17,6 +17,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+OVERLAP = 1 << 20  # blocks at least this large are written while they are hashed
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -50,6 +52,7 @@ class SafetensorsWriter:
         self._fh = open(path, "wb")
         self._fh.write(struct.pack("<Q", len(blob)) + blob)
         self._next = 0
+        self._executor = None
         self.sha256: dict[str, str] = {}
 
     def write(self, name: str, chunks: Iterable[bytes]) -> str:
@@ -60,8 +63,15 @@ class SafetensorsWriter:
         h = hashlib.sha256()
         n = 0
         for chunk in chunks:
-            self._fh.write(chunk)
-            h.update(chunk)
+            if len(chunk) >= OVERLAP:
+                # write and hash the block at once: both release the GIL, and on a multi-GB model
+                # each is seconds of one core (hashing) or of waiting for the disk (writing)
+                done = self._pool().submit(self._fh.write, chunk)
+                h.update(chunk)
+                done.result()
+            else:
+                self._fh.write(chunk)
+                h.update(chunk)
             n += len(chunk)
         if n != e.nbytes:
             raise ValueError(f"{name}: wrote {n} bytes, header says {e.nbytes}")
@@ -69,7 +79,20 @@ class SafetensorsWriter:
         self.sha256[name] = h.hexdigest()
         return self.sha256[name]
 
+    def _pool(self):
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zen-safetensors")
+        return self._executor
+
+    def _shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
     def close(self) -> None:
+        self._shutdown()
         if self._next != len(self.entries):
             self._fh.close()
             os.unlink(self.path)
@@ -77,6 +100,7 @@ class SafetensorsWriter:
         self._fh.close()
 
     def abort(self) -> None:
+        self._shutdown()
         self._fh.close()
         try:
             os.unlink(self.path)
