@@ -28,7 +28,8 @@ app = typer.Typer(
     help="zen: recover deep-learning models, and the code that implements them, from memory images of Python processes "
     "(process cores, live PIDs, or whole-machine RAM images: LiME, AVML, raw, ELF dumps).",
 )
-profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles (struct offsets) for a Python version.")
+profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles (struct offsets) for a Python, torch or "
+                          "TensorFlow version.")
 app.add_typer(profile_app, name="profile")
 app.add_typer(cli_library.library_app, name="library")
 app.command("attribute")(cli_library.attribute)
@@ -245,7 +246,10 @@ def recover(
     limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on what is read "
                                            "from the image (max_str, max_items, max_module_depth, ...; see README)."),
 ) -> None:
-    """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs."""
+    """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs.
+
+    The front end follows what the image holds: PyTorch (nn.Module trees) or Keras 3 on TensorFlow (layers, functional
+    graph, every variable keyed by its Keras path, optimizer slots in extra.safetensors)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     from zen.recover import recover as do_recover
@@ -401,6 +405,26 @@ def profile_torch(
     out.print(
         f"calibrated torch {data['torch']['full_version']}: {sum(len(s.fields()) for s in prof.structs.values())} "
         f"fields, {len(prof.dtypes)} dtypes, {data['self_checks']} self-checks passed -> {target}"
+    )
+
+
+@profile_app.command("tf")
+def profile_tf(
+    python: str = typer.Option(..., "--python", help="Interpreter with the TensorFlow to calibrate (zen's own has none)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
+) -> None:
+    """Measure TensorFlow tensor/variable layouts (EagerTensor, ResourceVariable, shapes, dtypes) for Keras models."""
+    from zen.cpython.profile import user_profile_dir
+    from zen.frontends.keras.profile import parse_tf_profile, tf_profile_filename
+
+    data, text = _run_calibrator(python, "zen.frontends.keras.calibration")
+    prof = parse_tf_profile(data, python)
+    target = output or (user_profile_dir() / tf_profile_filename(prof.minor, data["tensorflow"]["machine"]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    out.print(
+        f"calibrated TensorFlow {prof.version}: {sum(len(s.fields()) for s in prof.structs.values())} fields, "
+        f"{len(prof.dtypes)} dtypes, {data['self_checks']} self-checks passed -> {target}"
     )
 
 

@@ -1,8 +1,10 @@
 """`zen recover`: image (or live PID) -> case directory with the model's MR and weights.
 
-Pipeline: open the evidence, find the interpreter, detect torch and load its layout profile, find
-every nn.Module and pick the model root, build the MR, stream every readable tensor into
-weights.safetensors, recover candidate inputs, write mr.json and the manifest. The image's
+Pipeline: open the evidence, find the interpreter, pick the front end by what the image holds
+(PyTorch, or Keras on TensorFlow: `frontends/keras/stage.py`), load its layout profile, find every
+model and pick the root, build the MR, stream every readable tensor into weights.safetensors,
+recover candidate inputs (PyTorch), write mr.json, the code stage and the manifest, the same case
+contract for both front ends. The image's
 sha256 (for the record) is computed in a background thread while the analysis runs: hashlib
 releases the GIL, so on two cores hashing costs little wall time.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,7 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.errors import ObjectError, ZenError
+from zen.frontends.keras.tensors import TFDataMissing
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex, NoModelFound, references
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
@@ -135,6 +139,8 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
     try:
         ip = Interpreter.open(space, limits=bounds[0])
         heap = Heap(ip)
+        if _framework(ip, heap, model) == "keras":
+            return _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0, started, timings)
         tv = torch_version(ip, heap)
         tprof = load_torch_profile(".".join(tv.split("+")[0].split(".")[:2]), tv)
         reader = TensorReader(ip, tprof)
@@ -195,23 +201,77 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
             problems.append(f"data-flow edges not recovered: {exc}")
         mr.summary = summarize(mr)
         textio.write_text(out / case.MR_FILE, mr.dumps())
-        t = time.perf_counter()
-        try:
-            _write_code(out, ip, heap, found, index, mr, space)
-        except ZenError as exc:
-            for name in (case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS):
-                (out / name).unlink(missing_ok=True)
-            problems.append(f"the model's code was not recovered (no pr.json, ur.json, code.marshal): {exc}")
-        timings["code"] = time.perf_counter() - t
+        _code_stage(out, ip, heap, found, index, mr, space, problems, timings)
     except BaseException:
         space.close()
         raise
-    status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
-    problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
-    if hasher:
-        hasher.join()
-    evidence = _evidence(space, image, pid, hasher)
-    space.close()
+    sections = {"torch": {"version": tv}}
+    return _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings,
+                   t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source})
+
+
+def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
+    """Which front end reads this image: "keras" when TensorFlow/Keras is loaded and torch is not (or when
+    `--model` names a Keras layer, or torch holds no module while Keras has layers), else "pytorch"."""
+    from zen.frontends.keras import stage
+
+    if not stage.has_tensorflow(heap):
+        return "pytorch"
+    if "torch" not in heap.sys_modules():
+        return "keras"
+    if model is not None and stage.keras_roots_match(ip, heap, model):
+        return "keras"
+    counts = heap.census([t.addr for t in heap.subclasses_of(MODULE_BASE)])
+    return "pytorch" if any(counts.values()) else "keras"
+
+
+def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0, started, timings) -> RecoverResult:
+    """The Keras front end's stage, then the same case files as for PyTorch (weights keyed by variable path)."""
+    from zen.frontends.keras.stage import keras_model
+
+    timings["interpreter"] = time.perf_counter() - t0
+    t = time.perf_counter()
+    km = keras_model(ip, heap, model, space.description)
+    space.release()
+    timings["model"] = time.perf_counter() - t
+    t = time.perf_counter()
+    mr = km.mr
+    problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
+    _write_tensors(out / case.WEIGHTS, km.reader, km.slots, progress, fmt="tf")
+    if km.extra:
+        _write_tensors(out / case.EXTRA, km.reader, km.extra, None, fmt="tf")
+    timings["weights"] = time.perf_counter() - t
+    mr.summary["status"] = dict(sorted(Counter(t.status for t in mr.tensors).items()))
+    textio.write_text(out / case.MR_FILE, mr.dumps())
+    _code_stage(out, ip, heap, km.found, km.index, mr, space, problems, timings)
+    sections = {**km.versions, "framework": "keras"}
+    profiles = {"cpython": ip.P.source, "tf": km.profile.source if km.profile else None}
+    return _finish(out, space, image, pid, hasher, ip, mr, km.slots, km.extra, km.chosen, km.how, mr.roots, problems,
+                   timings, t0, started, sections, profiles)
+
+
+def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> None:
+    t = time.perf_counter()
+    try:
+        _write_code(out, ip, heap, found, index, mr, space)
+    except ZenError as exc:
+        for name in (case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS):
+            (out / name).unlink(missing_ok=True)
+        problems.append(f"the model's code was not recovered (no pr.json, ur.json, code.marshal): {exc}")
+    timings["code"] = time.perf_counter() - t
+
+
+def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings, t0, started,
+            sections: dict, profiles: dict) -> RecoverResult:  # fmt: skip
+    """Status, evidence and manifest: the same for every front end."""
+    try:
+        status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
+        problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
+        if hasher:
+            hasher.join()
+        evidence = _evidence(space, image, pid, hasher)
+    finally:
+        space.close()
     names = (case.MR_FILE, case.WEIGHTS, case.INPUTS, case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS, case.EXTRA)
     files = {n: case.file_sha256(out / n) for n in names if (out / n).exists()}
     manifest = {
@@ -226,8 +286,8 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
             "debug_offsets": ip.info.debug_offsets,
             "profile_why": ip.P.why,  # which layout (patch-release variant) was used, and why
         },
-        "torch": {"version": tv},
-        "profiles": {"cpython": ip.P.source, "torch": tprof.source},
+        **sections,
+        "profiles": profiles,
         "model": {"root": chosen.address, "class": chosen.cls, "selected_by": how, "roots_found": len(roots)},
         "status": status,
         "problems": problems + [f"{s.key}: {s.record.status} ({s.record.note})" for s in slots if s.record.status != "ok"],
@@ -284,7 +344,7 @@ def _submodule_root(index, reader, choice, refs):
     return root_record(index, reader, addr, refs.get(addr, []))
 
 
-def _write_tensors(path: Path, reader: TensorReader, slots, progress: Progress | None) -> None:
+def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: str = "pt") -> None:
     """Stream every tensor whose data is present into a safetensors file, in the slots' order."""
     space = reader.ip.space
     writable = []
@@ -298,7 +358,7 @@ def _write_tensors(path: Path, reader: TensorReader, slots, progress: Progress |
             continue
         writable.append(s)
     total = sum(s.meta.nbytes for s in writable)
-    meta = {"format": "pt", "producer": f"zen {__version__}"}
+    meta = {"format": fmt, "producer": f"zen {__version__}"}
     tied = {s.key: s.record.tied_to for s in writable if s.record.tied_to}
     if tied:
         meta["zen_tied"] = ",".join(f"{k}={v}" for k, v in tied.items())
@@ -311,7 +371,7 @@ def _write_tensors(path: Path, reader: TensorReader, slots, progress: Progress |
             if progress:
                 progress(path.stem, done, total)
         w.close()
-    except TensorDataMissing as exc:
+    except (TensorDataMissing, TFDataMissing) as exc:
         w.abort()
         raise ZenError(f"tensor data became unreadable while writing {path.name}: {exc}") from None
     except BaseException:

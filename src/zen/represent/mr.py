@@ -93,6 +93,7 @@ class ModelMR:
     summary: dict[str, Any] = field(default_factory=dict)
     extra_tensors: list[TensorRecord] = field(default_factory=list)  # not in state_dict (extra.safetensors)
     problems: list[str] = field(default_factory=list)  # what could not be read, each naming its path
+    framework: str = "pytorch"  # the front end that recovered it: "pytorch" or "keras" (older cases: pytorch)
     format: int = MR_FORMAT
 
     def module(self, path: str) -> ModuleRecord:
@@ -132,4 +133,5 @@ class ModelMR:
             summary=d.get("summary", {}),
             extra_tensors=[TensorRecord(**t) for t in d.get("extra_tensors", [])],
             problems=d.get("problems", []),
+            framework=d.get("framework", "pytorch"),
         )

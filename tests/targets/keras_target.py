@@ -1,0 +1,147 @@
+"""A deployed Keras system for the Keras front-end tests: builds models, runs them, writes its own truth, waits.
+
+    python keras_target.py OUTDIR [models|nomodel|fakeversion]
+
+Runs in the TF environment (tools/tf-venv.sh), never zen's. `models` builds a Sequential CNN (trained one step with
+Adam, so BatchNormalization statistics move and the optimizer has slots), a functional model with branches and a
+shared layer, and a subclassed transformer block with a layer holding variables of many dtypes. truth.json records
+each model's id, its layers and configuration, and every variable (Keras path, dtype, shape, sha256 of its bytes) in
+`model.variables` order, plus the optimizer's variables. `nomodel` imports TF and keeps tensors and variables but
+no layer; `fakeversion` is `models` with `tensorflow.__version__` set to a release zen has no profile for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from keras import layers  # noqa: E402
+
+keras.utils.set_random_seed(7)
+CONFIG = ("filters", "kernel_size", "strides", "padding", "units", "epsilon", "momentum", "input_dim", "output_dim",
+          "axis", "rate", "use_bias")  # fmt: skip
+
+
+def var_truth(v) -> dict:
+    arr = v.value.numpy() if hasattr(v, "value") else v.numpy()
+    return {"path": v.path, "dtype": str(v.dtype), "shape": list(v.shape), "sha256": hashlib.sha256(arr.tobytes()).hexdigest(),
+            "trainable": bool(v.trainable), "id": id(v)}  # fmt: skip
+
+
+def layer_truth(model) -> list[dict]:
+    out = []
+    for layer in model._flatten_layers(include_self=True):
+        cfg = {k: repr(getattr(layer, k)) for k in CONFIG if hasattr(layer, k) and not callable(getattr(layer, k))}
+        out.append({"name": layer.name, "class": f"{type(layer).__module__}.{type(layer).__qualname__}", "id": id(layer),
+                    "config": cfg, "n_sublayers": len(layer._layers)})  # fmt: skip
+    return out
+
+
+class DTypes(layers.Layer):
+    """Variables of every dtype a Keras layer can hold, with random contents (bit patterns, not only values)."""
+
+    def build(self, input_shape):
+        rng = np.random.default_rng(3)
+        for name in ("float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"):
+            w = self.add_weight(shape=(3, 5), dtype=name, trainable=False, name=f"t_{name}", initializer="zeros")
+            if name == "bool":
+                w.assign(rng.integers(0, 2, (3, 5)) > 0)
+            elif name in ("float16", "bfloat16"):
+                bits = rng.integers(0, 1 << 14, (3, 5)).astype(np.uint16)  # finite bit patterns
+                w.assign(tf.bitcast(tf.constant(bits), tf.as_dtype(name)))
+            else:
+                w.assign(rng.integers(-100 if not name.startswith("u") else 0, 100, (3, 5)).astype(name))
+
+    def call(self, x):
+        return x
+
+
+class Block(keras.Model):
+    """A subclassed transformer block with its own call."""
+
+    def __init__(self, vocab=50, dim=16, heads=2, **kw):
+        super().__init__(**kw)
+        self.emb = layers.Embedding(vocab, dim, name="emb")
+        self.mha = layers.MultiHeadAttention(heads, dim // heads, name="mha")
+        self.norm1 = layers.LayerNormalization(epsilon=1e-5, name="norm1")
+        self.ff = [layers.Dense(32, activation="gelu", name="ff_in"), layers.Dense(dim, name="ff_out")]
+        self.norm2 = layers.LayerNormalization(name="norm2")
+        self.tables = DTypes(name="tables")
+        self.head = layers.Dense(vocab, name="head")
+
+    def call(self, ids):
+        h = self.emb(ids)
+        h = self.norm1(h + self.mha(h, h))
+        f = h
+        for d in self.ff:
+            f = d(f)
+        h = self.tables(self.norm2(h + f))
+        return self.head(h)
+
+
+def build_models() -> dict:
+    seq = keras.Sequential([
+        keras.Input((12, 12, 3)), layers.Conv2D(8, 3, strides=1, padding="same", name="conv1"),
+        layers.BatchNormalization(name="bn1"), layers.ReLU(name="relu1"), layers.Conv2D(4, 3, strides=2, name="conv2"),
+        layers.Flatten(name="flat"), layers.Dropout(0.25, name="drop"), layers.Dense(5, name="fc"),
+    ], name="cnn")  # fmt: skip
+    seq.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    x = np.random.default_rng(1).normal(size=(4, 12, 12, 3)).astype("float32")
+    seq.fit(x, np.ones((4, 5), "float32"), epochs=1, batch_size=4, verbose=0)
+
+    inp = keras.Input((10,), name="features")
+    shared = layers.Dense(10, activation="relu", name="shared")
+    a = shared(inp)
+    b = layers.Dense(10, name="side")(inp)
+    b = shared(b)
+    c = layers.Concatenate(name="cat")([a, b])
+    c = layers.BatchNormalization(name="bn")(c)
+    out = layers.Dense(3, name="out")(layers.Add(name="add")([c, layers.Dense(20, name="skip")(inp)]))
+    func = keras.Model(inp, out, name="branches")
+
+    block = Block(name="block")
+    ids = np.random.default_rng(2).integers(0, 50, size=(2, 7))
+    block(ids)
+    return {"cnn": (seq, x[:1]), "branches": (func, np.ones((2, 10), "float32")), "block": (block, ids)}
+
+
+def main() -> None:
+    outdir, mode = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "models")
+    truth: dict = {"tensorflow": tf.__version__, "keras": keras.__version__, "pid": os.getpid(), "mode": mode}
+    keep = []
+    if mode == "nomodel":
+        keep = [tf.constant(np.arange(100, dtype="float32")), tf.Variable(np.ones((4, 4), "float64")),
+                keras.Variable(np.zeros((3,), "float32"), name="loose")]  # fmt: skip
+        truth["models"] = {}
+    else:
+        models = build_models()
+        truth["models"] = {}
+        for name, (m, x) in models.items():
+            y = m(x)
+            entry = {"id": id(m), "class": f"{type(m).__module__}.{type(m).__qualname__}", "layers": layer_truth(m),
+                     "variables": [var_truth(v) for v in m.variables],
+                     "output_sha256": hashlib.sha256(np.asarray(y).tobytes()).hexdigest()}  # fmt: skip
+            opt = getattr(m, "optimizer", None)
+            entry["optimizer"] = [var_truth(v) for v in opt.variables] if opt is not None and opt.built else []
+            truth["models"][name] = entry
+        keep = list(models.values())
+        if mode == "fakeversion":
+            tf.__version__ = "2.99.0"
+            truth["tensorflow"] = tf.__version__
+    with open(os.path.join(outdir, "truth.json"), "w") as fh:
+        json.dump(truth, fh, indent=1)
+    print("READY", flush=True)
+    sys.stdin.read()
+    del keep
+
+
+if __name__ == "__main__":
+    main()
