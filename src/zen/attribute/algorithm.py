@@ -14,6 +14,14 @@
 3. The candidate with the highest URSS is the attribution. If no library model shares any code,
    attribution is refused ("no base model in the library shares code with this model") and MR-only
    scores are reported for every library model.
+
+Speed (issue 16). Every candidate gets an MR score, so per-candidate cost sets the scaling: the
+library stores each entry's query-independent invariants (zen.attribute.invariants: layer and
+tensor multisets, hyper-parameters, Laplacian spectrum, code views), the query's are computed
+once, and `mr_score` combines them with the formulas of `mr_similarity` (bit-identical). The full
+comparisons use the vectorised matching of zen.attribute.matching with one IBSS cache for the
+query. Results are the same as the per-pair reference (`attribute(..., reference=True)`, kept for
+the tests): same candidates, order, scores and explanation.
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zen.attribute.invariants import INVARIANTS_VERSION, OpMemo, mr_features, mr_score, unpack_mr, unpack_views
+from zen.attribute.matching import IbssCache
 from zen.attribute.mr_similarity import MRScore, mr_similarity
-from zen.attribute.pr_similarity import MatchResult, class_similarity, code_similarity, views
-from zen.library.store import Library
+from zen.attribute.pr_similarity import CodeView, MatchResult, class_similarity, code_similarity, views
+from zen.library.store import InvariantRow, Library
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation
 
@@ -97,19 +107,81 @@ def primary_modules(mr: ModelMR) -> set[str]:
     return {m.cls_module for m in mr.modules if not excluded(m.cls_module)}
 
 
-def compare(mr: ModelMR, entry, delta: list, *, optimal: bool = False, shared: int = 0) -> Candidate:
+def compare(mr: ModelMR, entry, delta: list, *, optimal: bool = False, shared: int = 0, reference: bool = False,
+            cache: IbssCache | None = None) -> Candidate:  # fmt: skip
     """Full MR + PR comparison of a recovered model (its code views `delta`) with one library entry.
 
     `attribute` runs it only for candidates that share code (Algorithm 1 lines 3-7); evaluation
     tables (ZEN Table III) run it against every base, sharing or not.
     """
     gamma = views(entry.pr, primary_modules(entry.mr))
-    match = code_similarity(delta, gamma, optimal=optimal)
+    return _compare(entry.name, mr_similarity(mr, entry.mr), delta, gamma, optimal, shared, reference, cache)
+
+
+def _compare(name: str, mrs: MRScore, delta: list[CodeView], gamma: list[CodeView], optimal: bool, shared: int,
+             reference: bool = False, cache: IbssCache | None = None) -> Candidate:  # fmt: skip
+    match = code_similarity(delta, gamma, optimal=optimal, cache=cache, reference=reference)
     cls = class_similarity(delta, gamma, match.pairs)
-    return Candidate(entry.name, mr_similarity(mr, entry.mr), "algorithm-1", match.cos, cls, match.optimal_cos, shared, match)
+    return Candidate(name, mrs, "algorithm-1", match.cos, cls, match.optimal_cos, shared, match)
 
 
-def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool = True) -> Attribution:
+class _Stored:
+    """An entry's invariants as attribution reads them: stored ones, or (an entry added by an older
+    zen, or with another INVARIANTS_VERSION) computed from its MR/PR on first use."""
+
+    def __init__(self, library: Library, row: InvariantRow) -> None:
+        self.library, self.row = library, row
+        self._decoded = None
+        if row.version == INVARIANTS_VERSION and row.mr is not None and row.spectrum is not None:
+            self.mr, self.listing_version = unpack_mr(row.mr, row.spectrum)
+        else:
+            self.mr, self.listing_version = mr_features(self._entry().mr), self._entry().pr.listing_version
+
+    def _entry(self):
+        if self._decoded is None:
+            self._decoded = self.library.get(self.row.name)
+        return self._decoded
+
+    def views(self) -> list[CodeView]:
+        stored = self.library.views_blob(self.row.name)
+        if stored is not None and stored[0] == INVARIANTS_VERSION:
+            return unpack_views(stored[1], self.library.code_bodies)
+        e = self._entry()
+        return views(e.pr, primary_modules(e.mr))
+
+
+def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool = True,
+              reference: bool = False) -> Attribution:  # fmt: skip
+    """Algorithm 1 over `library`. `reference=True` runs the per-pair reference implementation on
+    fully decoded entries (as before issue 16): slow, kept to test that the fast path agrees."""
+    if reference:
+        return _attribute_reference(mr, pr, library, optimal=optimal)
+    size = len(library)
+    query, memo = mr_features(mr), OpMemo()
+    shared = library.sharing("listing", {c.listing_sha256 for c in pr.codes})
+    if not shared:
+        rows = [_Stored(library, r) for r in library.mr_invariants()]
+        cands = [Candidate(s.row.name, mr_score(query, s.mr, memo), "mr-only") for s in rows]
+        cands.sort(key=lambda c: (-c.ur, c.name))
+        return Attribution(None, cands, NO_SHARED_CODE, f"{NO_SHARED_CODE}; MR-only similarities are listed.", size)
+    stored = {r.name: _Stored(library, r) for r in library.mr_invariants(shared)}
+    sizes = {n: max(1, s.row.summary.get("code_objects", 1)) for n, s in stored.items()}
+    ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), n))
+    delta = views(pr, primary_modules(mr))
+    cache = IbssCache()
+    cands: list[Candidate] = []
+    for name in sorted(ranked[:FULL_COMPARE]):
+        s = stored[name]
+        cands.append(_compare(name, mr_score(query, s.mr, memo), delta, s.views(), optimal, shared[name], cache=cache))
+    for name in sorted(ranked[FULL_COMPARE:]):
+        est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
+        cands.append(Candidate(name, mr_score(query, stored[name].mr, memo), "index estimate", est, est, None, shared[name]))
+    stale = sorted(n for n in ranked[:FULL_COMPARE] if stored[n].listing_version != pr.listing_version)
+    return _finish(cands, size, mr, pr, stale)
+
+
+def _attribute_reference(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool) -> Attribution:
+    """Algorithm 1 as it ran before the library stored invariants (one Python call per pair)."""
     size = len(library)
     shared = library.sharing("listing", {c.listing_sha256 for c in pr.codes})
     if not shared:
@@ -120,17 +192,20 @@ def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, 
     ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), n))
     delta = views(pr, primary_modules(mr))
     cands: list[Candidate] = []
-    for entry in library.entries(ranked[:FULL_COMPARE]):
-        cands.append(compare(mr, entry, delta, optimal=optimal, shared=shared[entry.name]))
-    rest = ranked[FULL_COMPARE:]
-    for entry in library.entries(rest):
+    top = library.entries(ranked[:FULL_COMPARE])
+    for entry in top:
+        cands.append(compare(mr, entry, delta, optimal=optimal, shared=shared[entry.name], reference=True))
+    for entry in library.entries(ranked[FULL_COMPARE:]):
         est = shared[entry.name] / max(len(pr.codes), sizes.get(entry.name, 1))
         cands.append(Candidate(entry.name, mr_similarity(mr, entry.mr), "index estimate", est, est, None, shared[entry.name]))
+    return _finish(cands, size, mr, pr, sorted(e.name for e in top if e.pr.listing_version != pr.listing_version))
+
+
+def _finish(cands: list[Candidate], size: int, mr: ModelMR, pr: ProgrammaticRepresentation, stale: list[str]) -> Attribution:
     cands.sort(key=lambda c: (c.method != "algorithm-1", -c.ur, c.name))
     best = cands[0]
     att = Attribution(best.name, cands, "", "", size, {"primary": sorted(primary_modules(mr))})
     att.explanation = explain(att, pr)
-    stale = sorted(e.name for e in library.entries(ranked[:FULL_COMPARE]) if e.pr.listing_version != pr.listing_version)
     if stale:
         att.details["stale_listings"] = stale
         att.explanation += (

@@ -244,8 +244,11 @@ def _is_label(arg: str) -> bool:
     return tail.startswith("L") and tail[1:].isdigit()
 
 
-def greedy_match(delta: list[CodeView], gamma: list[CodeView]) -> MatchResult:
-    """Algorithm 1, lines 11-24: identical code first, then δ→TOP-N→γ by pair score."""
+def greedy_match_reference(delta: list[CodeView], gamma: list[CodeView]) -> MatchResult:
+    """Algorithm 1, lines 11-24: identical code first, then δ→TOP-N→γ by pair score.
+
+    The reference definition, one Python call per pair: `matching.greedy_match` computes the same
+    pairs vectorised and is what `code_similarity` runs; tests hold the two equal."""
     res = MatchResult()
     remaining = {id(g): g for g in gamma}
     by_hash: dict[str, list[CodeView]] = {}
@@ -278,8 +281,10 @@ def greedy_match(delta: list[CodeView], gamma: list[CodeView]) -> MatchResult:
     return res
 
 
-def optimal_cos(delta: list[CodeView], gamma: list[CodeView], exact_pairs: list[Pair]) -> float | None:
-    """Code-object similarity under the best one-to-one assignment of the non-identical code."""
+def optimal_cos_reference(delta: list[CodeView], gamma: list[CodeView], exact_pairs: list[Pair]) -> float | None:
+    """Code-object similarity under the best one-to-one assignment of the non-identical code.
+
+    The reference definition (see `greedy_match_reference`); `matching.optimal_cos` is run."""
     used_r = {p.recovered.address for p in exact_pairs}
     used_b = {p.base.address for p in exact_pairs}
     d = [v for v in delta if v.rec.address not in used_r]
@@ -303,18 +308,26 @@ def _cos(res: MatchResult, delta: list[CodeView], gamma: list[CodeView]) -> floa
     return min(1.0, sum(p.score * p.weight for p in res.pairs) / total_w)
 
 
-def code_similarity(delta: list[CodeView], gamma: list[CodeView], *, optimal: bool = True) -> MatchResult:
-    """Match model code with model code and framework code with framework code; combine their COs."""
+def code_similarity(delta: list[CodeView], gamma: list[CodeView], *, optimal: bool = True, cache=None,
+                    reference: bool = False) -> MatchResult:  # fmt: skip
+    """Match model code with model code and framework code with framework code; combine their COs.
+
+    `cache`: a `matching.IbssCache` shared by the comparisons of one attribution. `reference`: run
+    the per-pair reference loops instead of the vectorised matching (tests compare the two)."""
+    from zen.attribute import matching
+
+    cache = cache if cache is not None else matching.IbssCache()
     parts = []
     for flag in (True, False):
         d = [v for v in delta if v.model_code is flag]
         g = [v for v in gamma if v.model_code is flag]
         if not d and not g:
             continue
-        r = greedy_match(d, g)
+        r = greedy_match_reference(d, g) if reference else matching.greedy_match(d, g, cache)
         r.cos = _cos(r, d, g)
         if optimal:
-            r.optimal_cos = optimal_cos(d, g, [p for p in r.pairs if p.exact])
+            exact = [p for p in r.pairs if p.exact]
+            r.optimal_cos = optimal_cos_reference(d, g, exact) if reference else matching.optimal_cos(d, g, exact, cache)
         parts.append((flag, r))
     res = MatchResult()
     for _, r in parts:
