@@ -90,8 +90,9 @@ def test_no_arguments():
 
 
 @pytest.mark.skipif(find_python("3.10") is None, reason="no CPython 3.10 interpreter on this machine")
-def test_missing_profile_names_version_and_command(tmp_path):
-    """zen ships no profile for 3.10 (its layouts predate 3.11's frames and code objects)."""
+def test_unsupported_python_names_version_and_what_is_supported(tmp_path):
+    """zen has no readers for 3.10 (its layouts predate 3.11's frames and code objects): refused
+    with exit 4, naming the version and what is supported, even with no profiles at all."""
     exe = find_python("3.10")
     proc = subprocess.Popen([exe, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
@@ -104,9 +105,9 @@ def test_missing_profile_names_version_and_command(tmp_path):
             [sys.executable, "-m", "zen", "info", str(img)],
             capture_output=True,
             text=True,
-            env={**os.environ, "ZEN_PROFILE_DIR": str(env_dir)},
+            env={**os.environ, "ZEN_PROFILE_DIR": str(env_dir), "COLUMNS": "200"},
         )
-        check_clean_failure(res, "no layout profile for CPython 3.10", "zen profile python")
+        check_clean_failure(res, "CPython 3.10 is not supported: zen reads images of CPython 3.11 to 3.14", "version table")
         assert res.returncode == 4
     finally:
         proc.kill()
