@@ -212,3 +212,21 @@ def test_one_thread_restores_blas_threads():
         assert all(get() == 1 for get, _ in _openblas_apis())
         np.linalg.eigvalsh(np.eye(3))
     assert [get() for get, _ in _openblas_apis()] == before
+
+
+def test_same_code_family_is_told_apart_by_architecture(family_images, hf_image, workdir, tmp_path):
+    """A family whose sizes share exactly the same code (torchvision's 15 RegNets): more than
+    FULL_COMPARE entries tie on shared code. The query's own entry sorts last by name; ranked by
+    name alone it fell outside the full comparison (tv_regnet_y_32gf was attributed to
+    tv_regnet_y_16gf at UR 0.955); ranked by MR similarity after the code share it is compared in
+    full and wins at UR 1.0, in the fast path and in the reference alike."""
+    mr, pr, ur = _loaded("convnet", BASES["convnet"], family_images, hf_image, workdir)
+    with Library(tmp_path / "family.sqlite") as lib:
+        for k in range(FULL_COMPARE + 2):  # same code, other sizes
+            pmr = perturb_mr(mr.to_json(), random.Random(f"family:{k}"))
+            lib.add(f"a_size{k:02d}", ModelMR.from_json(pmr), pr, ur)
+        lib.add("z_self", mr, pr, ur)
+        fast, ref = attribute(mr, pr, lib), attribute(mr, pr, lib, reference=True)
+    _same(fast, ref)
+    best = fast.candidates[0]
+    assert fast.attributed == "z_self" and best.method == "algorithm-1" and best.ur == 1.0

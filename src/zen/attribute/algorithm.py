@@ -2,9 +2,11 @@
 
 1. Candidate selection (lines 3-7): the library models sharing at least one identical code
    object (same normalised listing, see pr_similarity) with the recovered model, found with one
-   indexed query. They are ranked by the share of
-   code they have in common, and the first `FULL_COMPARE` are compared in full; the rest keep an
-   index-based estimate (flagged as such), which keeps attribution time nearly flat in library size.
+   indexed query. They are ranked by the share of code they have in common, then by MR
+   similarity (the sizes of one family, e.g. torchvision's 15 RegNets, share exactly the same code:
+   ranked by name, the right one fell outside the cut), and the first `FULL_COMPARE` are compared
+   in full; the rest keep an index-based estimate (flagged as such), which keeps attribution time
+   nearly flat in library size.
 2. For each candidate (lines 9-30): MRSS (mr_similarity), the δ→γ code matching and COs
    (pr_similarity), the class similarity CLS, and
        PRSS = 0.8·COs + 0.2·CLS            (code dominates; classes confirm the grouping)
@@ -166,16 +168,17 @@ def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, 
         return Attribution(None, cands, NO_SHARED_CODE, f"{NO_SHARED_CODE}; MR-only similarities are listed.", size)
     stored = {r.name: _Stored(library, r) for r in library.mr_invariants(shared)}
     sizes = {n: max(1, s.row.summary.get("code_objects", 1)) for n, s in stored.items()}
-    ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), n))
+    mrs = {n: mr_score(query, stored[n].mr, memo) for n in shared}
+    ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
     delta = views(pr, primary_modules(mr))
     cache = IbssCache()
     cands: list[Candidate] = []
     for name in sorted(ranked[:FULL_COMPARE]):
         s = stored[name]
-        cands.append(_compare(name, mr_score(query, s.mr, memo), delta, s.views(), optimal, shared[name], cache=cache))
+        cands.append(_compare(name, mrs[name], delta, s.views(), optimal, shared[name], cache=cache))
     for name in sorted(ranked[FULL_COMPARE:]):
         est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
-        cands.append(Candidate(name, mr_score(query, stored[name].mr, memo), "index estimate", est, est, None, shared[name]))
+        cands.append(Candidate(name, mrs[name], "index estimate", est, est, None, shared[name]))
     stale = sorted(n for n in ranked[:FULL_COMPARE] if stored[n].listing_version != pr.listing_version)
     return _finish(cands, size, mr, pr, stale)
 
@@ -189,15 +192,17 @@ def _attribute_reference(mr: ModelMR, pr: ProgrammaticRepresentation, library: L
         cands.sort(key=lambda c: (-c.ur, c.name))
         return Attribution(None, cands, NO_SHARED_CODE, f"{NO_SHARED_CODE}; MR-only similarities are listed.", size)
     sizes = {e["name"]: max(1, e["summary"].get("code_objects", 1)) for e in library.list()}
-    ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), n))
+    entries = {e.name: e for e in library.entries(sorted(shared))}
+    mrs = {n: mr_similarity(mr, e.mr) for n, e in entries.items()}
+    ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
     delta = views(pr, primary_modules(mr))
     cands: list[Candidate] = []
-    top = library.entries(ranked[:FULL_COMPARE])
+    top = [entries[n] for n in sorted(ranked[:FULL_COMPARE])]
     for entry in top:
         cands.append(compare(mr, entry, delta, optimal=optimal, shared=shared[entry.name], reference=True))
-    for entry in library.entries(ranked[FULL_COMPARE:]):
-        est = shared[entry.name] / max(len(pr.codes), sizes.get(entry.name, 1))
-        cands.append(Candidate(entry.name, mr_similarity(mr, entry.mr), "index estimate", est, est, None, shared[entry.name]))
+    for name in sorted(ranked[FULL_COMPARE:]):
+        est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
+        cands.append(Candidate(name, mrs[name], "index estimate", est, est, None, shared[name]))
     return _finish(cands, size, mr, pr, sorted(e.name for e in top if e.pr.listing_version != pr.listing_version))
 
 
