@@ -230,6 +230,20 @@ def user_profile_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "zen" / "profiles"
 
 
+def layout_texts(package: str, name: str) -> list[tuple[str, str]]:
+    """(source label, JSON text) of the layout profiles named `name`: the user's (calibrated with
+    `zen profile ...`) first, then the one `package` ships in its `profiles/`. Shared by the CPython,
+    torch and TensorFlow profile loaders."""
+    out = []
+    user = user_profile_dir() / name
+    if user.is_file():
+        out.append((str(user), user.read_text()))
+    shipped = resources.files(package).joinpath("profiles", name)
+    if shipped.is_file():
+        out.append((f"zen:{name}", shipped.read_text()))
+    return out
+
+
 def profile_filename(minor: str, machine: str = "x86_64") -> str:
     """File name of a profile: `minor` is "3.13" (shipped, with variants) or an exact release "3.13.0"."""
     return f"cpython-{minor}-{machine}.json"

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 
-from zen.cpython.profile import Struct, user_profile_dir
+from zen.cpython.profile import Struct, layout_texts
 from zen.errors import ProfileError
 from zen.frontends.keras.layout import TensorLayout
 
@@ -79,15 +78,7 @@ def tf_profile_filename(minor: str, machine: str = "x86_64") -> str:
 @lru_cache(maxsize=8)
 def load_tf_profile(minor: str, full_version: str | None = None) -> TFProfile:
     """The layout profile for TensorFlow `minor` ("2.21"), or a ProfileError (exit 4) saying how to make one."""
-    name = tf_profile_filename(minor)
-    user = user_profile_dir() / name
-    texts = []
-    if user.is_file():
-        texts.append((str(user), user.read_text()))
-    shipped = resources.files("zen.frontends.keras").joinpath("profiles", name)
-    if shipped.is_file():
-        texts.append((f"zen:{name}", shipped.read_text()))
-    for source, text in texts:
+    for source, text in layout_texts("zen.frontends.keras", tf_profile_filename(minor)):
         try:
             return parse_tf_profile(json.loads(text), source)
         except ValueError as exc:
