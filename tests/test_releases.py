@@ -60,9 +60,10 @@ def test_user_profiles_exact_release_first(tmp_path, monkeypatch):
         exact = load_profile("3.12", "3.12.7")
         assert exact.source == str(tmp_path / "cpython-3.12.7-x86_64.json") and "release 3.12.7 itself" in exact.why
         assert load_profile("3.12", "3.12.1").source == "zen:cpython-3.12-x86_64.json"  # shipped beats another release
-        old = {**mine, "python": {**mine["python"], "version": "3.9.18", "minor": "3.9"}}
-        (tmp_path / "cpython-3.9.18-x86_64.json").write_text(json.dumps(old))
-        other = load_profile("3.9", "3.9.17")
-        assert other.source.endswith("cpython-3.9.18-x86_64.json") and "calibrated on 3.9.18" in other.why
+        # a minor version zen ships no profile for (3.7): a user's profile of another release serves
+        old = {**mine, "python": {**mine["python"], "version": "3.7.16", "minor": "3.7"}}
+        (tmp_path / "cpython-3.7.16-x86_64.json").write_text(json.dumps(old))
+        other = load_profile("3.7", "3.7.17")
+        assert other.source.endswith("cpython-3.7.16-x86_64.json") and "calibrated on 3.7.16" in other.why
     finally:
         load_profile.cache_clear()

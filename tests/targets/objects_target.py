@@ -329,6 +329,9 @@ def main(outdir: str) -> None:
         ),
         "concrete": (conc, "inline-values", {}),
     }
+    if sys.version_info < (3, 11):  # noqa: UP036 - run by 3.10 too; no managed dicts: every __dict__ sits at tp_dictoffset, made on first use
+        instances = {k: (o, None if st is None or attrs == {} else "dict-offset" if st != "none" else st, attrs)
+                     for k, (o, st, attrs) in instances.items()}  # fmt: skip
     KEEP.append(instances)
     truth["instances"] = {}
     for k, (obj, storage, attrs) in instances.items():
@@ -529,12 +532,14 @@ def code_fields(code) -> dict:
                 "co_flags",
                 "co_nlocals",
                 "co_name",
-                "co_qualname",
+                "co_qualname",  # 3.11+
                 "co_filename",
             )  # fmt: skip
+            if hasattr(code, k)
         },
-        "co_linetable": code.co_linetable.hex(),
-        "co_exceptiontable": code.co_exceptiontable.hex(),
+        # 3.10 has co_linetable, 3.8/3.9 co_lnotab; no exception table before 3.11
+        "co_linetable": (code.co_linetable if hasattr(code, "co_linetable") else code.co_lnotab).hex(),
+        **({"co_exceptiontable": code.co_exceptiontable.hex()} if hasattr(code, "co_exceptiontable") else {}),
     }
 
 

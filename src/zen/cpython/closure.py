@@ -156,7 +156,7 @@ class Closure:
             self.result.codes_of.setdefault(faddr, []).append(code_addr)
             own = parent is None
             cur: int | None = None
-            for ins in decode(ci.code, ci.names, ci.localsplusnames, [], self._ops):
+            for ins in decode(ci.code, ci.names, ci.localsplusnames, [], self._ops, ci.free_base):
                 name = ins.name
                 if name == "LOAD_GLOBAL":
                     cur = globals_ns.get(ins.argval) or builtins_ns.get(ins.argval)

@@ -90,3 +90,49 @@ def _const(ip: Interpreter, addr: int, memo: dict, depth: int) -> Any:
             return ip.str(addr)
         return ip.value(addr, 1)
     raise ObjectError(addr, f"unexpected constant of kind {kind} in a code object")
+
+
+def code_spec(ip: Interpreter, addr: int, _depth: int = 0) -> dict:
+    """A code object of the image as plain JSON data, for an interpreter of the image's own version
+    to build (`codebuild_child.py`): zen's interpreter cannot build another version's code objects,
+    that version's can, and then compares them with the originals exactly (issue 17)."""
+    if _depth > MAX_CONST_DEPTH:
+        raise ObjectError(addr, "code objects nested too deeply")
+    ci = read_code(ip, addr)
+    return {
+        "code": {
+            "argcount": ci.argcount, "posonlyargcount": ci.posonlyargcount, "kwonlyargcount": ci.kwonlyargcount,
+            "nlocals": ci.nlocals, "stacksize": ci.stacksize, "flags": ci.flags, "codestring": ci.code.hex(),
+            "consts": [_const_spec(ip, a, _depth + 1) for a in ci.consts], "names": list(ci.names),
+            "varnames": list(ci.varnames), "filename": ci.filename, "name": ci.name, "qualname": ci.qualname,
+            "firstlineno": ci.firstlineno, "linetable": ci.linetable.hex(), "exceptiontable": ci.exceptiontable.hex(),
+            "freevars": list(ci.freevars), "cellvars": list(ci.cellvars),
+        }
+    }  # fmt: skip
+
+
+def _const_spec(ip: Interpreter, addr: int, depth: int) -> dict:
+    kind = ip.kind(addr)
+    if kind == "code":
+        return code_spec(ip, addr, depth)
+    if kind in ("tuple", "frozenset"):
+        from zen.cpython.readers.containers import read_set, read_tuple
+
+        items = read_tuple(ip, addr) if kind == "tuple" else read_set(ip, addr)
+        return {kind: [_const_spec(ip, a, depth + 1) for a in items]}
+    if kind not in _SCALARS:
+        raise ObjectError(addr, f"unexpected constant of kind {kind} in a code object")
+    if ip.wk.kind_by_type.get(ip.type_of(addr)) != kind:
+        raise ObjectError(addr, f"constant of a {kind} subclass cannot be rebuilt exactly")
+    if kind == "str":
+        return {"str": ip.str(addr)}
+    v = ip.value(addr, 1)
+    if kind in ("none", "ellipsis"):
+        return {kind: None}
+    if kind in ("int", "float"):
+        return {kind: repr(v)}  # exact: an int of any size, a float's shortest round-trip repr
+    if kind == "complex":
+        return {kind: [repr(v.real), repr(v.imag)]}
+    if kind == "bytes":
+        return {kind: v.hex()}
+    return {kind: v}  # bool

@@ -6,6 +6,7 @@ report can say how it was found. In order of preference:
 * dynamic symbols of the mapped libpython or python executable (from the image, else its file):
   `Py_Version` (3.11+) gives the exact version, `_PyRuntime` and `PyType_Type` their addresses;
 * the `.PyRuntime` ELF section (3.10+) from the file's section headers;
+* before 3.11 (no `Py_Version`): the `sys.version` banner in the module's data;
 * the `xdebugpy` cookie that starts `_PyRuntime` in 3.13+, followed by PY_VERSION_HEX;
 * the self-referential `type` object (its ob_type points to itself) in the module's data;
 * the module's file name (`libpython3.11.so`) as a last resort for the minor version.
@@ -105,6 +106,41 @@ def _find_cookie(space: AddressSpace, syms: ModuleSymbols | None) -> tuple[int, 
     return None
 
 
+# "3.10.13 (main, May  9 2026, 07:34:36) [GCC 12.2.0]"; 3.9 and older: ") \n[GCC ..."
+_BANNER_RE = re.compile(rb"(\d)\.(\d{1,2})\.(\d{1,3})(?:(a|b|rc)(\d{1,2}))?\+? \([^()\x00]{1,80}\) ?\n?\[[^\x00]{1,80}")
+_LEVEL_CODES = {b"a": 0xA, b"b": 0xB, b"rc": 0xC, None: 0xF}
+MAX_BANNER_SCAN = 64 << 20  # bytes of the module's data searched for the version banner
+
+
+def _banner_version(space: AddressSpace, path: str | None) -> tuple[int, int] | None:
+    """(address, hexversion) of the `sys.version` banner Py_GetVersion() formats at start-up
+    ("3.10.13 (main, May  9 2026, 07:34:36) [GCC 12.2.0]") into a static buffer of the python
+    module: before 3.11 there is no `Py_Version` symbol. Only the module's own writable mappings
+    and the anonymous one after them (its .bss) are searched: strings elsewhere prove nothing."""
+    if path is None:
+        return None
+    regions = space.regions
+    own = []
+    for i, r in enumerate(regions):
+        if r.writable and (r.path == path or (i and regions[i - 1].path == path and not r.file_backed)):
+            own.append(r)
+    budget = MAX_BANNER_SCAN
+    for r in own:
+        for c in space.chunks:
+            if c.end <= r.start or c.start >= r.end or budget <= 0:
+                continue
+            lo, hi = max(c.start, r.start), min(c.end, r.end)
+            data = c.read(lo - c.start, hi - lo)
+            budget -= len(data)
+            m = _BANNER_RE.search(data)
+            if m:
+                major, minor, micro = int(m.group(1)), int(m.group(2)), int(m.group(3))
+                level, serial = _LEVEL_CODES.get(m.group(4), 0xF), int(m.group(5) or 0)
+                if major == 3 and micro < 256:
+                    return lo + m.start(), (major << 24) | (minor << 16) | (micro << 8) | (level << 4) | serial
+    return None
+
+
 def find_self_typed(space: AddressSpace, path: str | None) -> list[int]:
     """Addresses A with *(A+8) == A: candidates for the `type` type object (ob_type is itself)."""
     out: list[int] = []
@@ -175,6 +211,12 @@ def discover(space: AddressSpace, file_root: str | None = None) -> InterpreterIn
             if info.runtime is None:
                 info.runtime = addr
                 info.how["runtime"] = "_Py_DebugOffsets cookie 'xdebugpy' starts _PyRuntime"
+    if info.hexversion is None:
+        banner = _banner_version(space, info.module_path)
+        named = next((m for m in (_minor_from_name(p) for p in mods) if m), None)
+        if banner is not None and (named is None or version_from_hex(banner[1]).startswith(named + ".")):
+            info.hexversion = banner[1]
+            info.how["version"] = f"sys.version banner in the data of {info.module_path.rsplit('/', 1)[-1]} at {banner[0]:#x}"
     if info.hexversion is not None:
         info.version = version_from_hex(info.hexversion)
         info.minor = ".".join(info.version.split(".")[:2])

@@ -279,11 +279,14 @@ class Heap:
     def gc_generations(self) -> list[list[int]]:
         """Objects on each GC generation list (young to old, then the permanent generation)."""
         ip = self.ip
-        interp = self.interpreter_state()
         G = ip.P.gc_generation
-        base = interp + ip.P.interp.gc_generations
+        if ip.P.runtime.has("gc_generations"):  # 3.8: one GC state in _PyRuntime
+            owner, S = ip.info.runtime, ip.P.runtime
+        else:
+            owner, S = self.interpreter_state(), ip.P.interp
+        base = owner + S.gc_generations
         heads = [base + i * G.size for i in range(ip.P.c("GC_NUM_GENERATIONS"))]
-        heads.append(interp + ip.P.interp.gc_permanent)
+        heads.append(owner + S.gc_permanent)
         hsize = ip.P.gc_head.size
         return [self._walk(h, hsize) for h in heads]
 
@@ -385,7 +388,8 @@ class Heap:
             try:
                 ci = read_code(ip, code)
                 entry.update(qualname=ci.qualname, filename=ci.filename, firstlineno=ci.firstlineno)
-                entry["function"] = ip.ptr(frame + F.f_func)
+                if F.has("f_func"):  # 3.11+: the frame knows its function (3.10 frames do not)
+                    entry["function"] = ip.ptr(frame + F.f_func)
             except ZenError as exc:
                 entry["error"] = str(exc)
             out.append(entry)

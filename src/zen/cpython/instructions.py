@@ -66,9 +66,11 @@ def _table(ops: OpcodeTable) -> list[tuple[str, int, int, int, bool]]:
 
 
 def decode(
-    code: bytes, names: tuple[str, ...], localsplus: tuple[str, ...], consts: list[str], ops: OpcodeTable
+    code: bytes, names: tuple[str, ...], localsplus: tuple[str, ...], consts: list[str], ops: OpcodeTable, free_base: int = 0
 ) -> list[Instruction]:
     """Instructions of de-specialised `code`; `consts` are display strings for co_consts.
+    `free_base` is `CodeInfo.free_base`: before 3.11 cell/free arguments count from the first
+    cell variable, which `localsplus` lists after the plain locals.
 
     Table-driven (one lookup per opcode): every code object of a model is decoded at least twice
     per recovery (closure, listing), some 200,000 instructions for a transformers model."""
@@ -81,6 +83,7 @@ def decode(
     have_arg = ops.have_argument
     extended = ops.extended_arg
     after_caches = ops.jump_base == "after_caches"
+    unit = ops.jump_unit
     nnames, nlocals, nconsts = len(names), len(localsplus), len(consts)
     while i < n and len(out) < MAX_INSTRUCTIONS:
         op, raw = code[i], code[i + 1]
@@ -105,7 +108,7 @@ def decode(
             ins = Instruction(i, op, name, arg, "const", consts[arg] if arg < nconsts else f"<const {arg}>")
         elif how == _JREL:
             base = i + 2 + (2 * ncache if after_caches else 0)
-            ins = Instruction(i, op, name, arg, "jump", base - 2 * arg if backward else base + 2 * arg)
+            ins = Instruction(i, op, name, arg, "jump", base - unit * arg if backward else base + unit * arg)
         elif how == _OTHER:
             ins = Instruction(i, op, name, arg, "other", arg)
         elif how == _PAIR:
@@ -113,14 +116,15 @@ def decode(
             pair = (localsplus[a] if a < nlocals else f"<local {a}>", localsplus[b] if b < nlocals else f"<local {b}>")
             ins = Instruction(i, op, name, arg, "local_pair", pair)
         elif how == _FREE:
-            ins = Instruction(i, op, name, arg, "free", localsplus[arg] if arg < nlocals else f"<free {arg}>")
+            j = arg + free_base
+            ins = Instruction(i, op, name, arg, "free", localsplus[j] if j < nlocals else f"<free {arg}>")
         elif how == _COMPARE:
             idx = arg >> ops.compare_arg_shift
             ins = Instruction(i, op, name, arg, "compare", ops.cmp_op[idx] if idx < len(ops.cmp_op) else f"<cmp {arg}>")
         elif how == _BINOP:
             ins = Instruction(i, op, name, arg, "binop", ops.binary_ops[arg] if arg < len(ops.binary_ops) else f"<op {arg}>")
         else:  # _JABS
-            ins = Instruction(i, op, name, arg, "jump", 2 * arg)
+            ins = Instruction(i, op, name, arg, "jump", unit * arg)
         append(ins)
         i += 2 + 2 * ncache
     return out
@@ -163,7 +167,7 @@ def _resolve(op, name, arg, offset, ncache, names, localsplus, consts, ops: Opco
         return "binop", ops.binary_ops[arg] if arg < len(ops.binary_ops) else f"<op {arg}>"
     if op in ops.hasjrel:
         base = offset + 2 + (2 * ncache if after_caches else 0)
-        return "jump", base - 2 * arg if op in ops.backward_jumps else base + 2 * arg
+        return "jump", base - ops.jump_unit * arg if op in ops.backward_jumps else base + ops.jump_unit * arg
     if op in ops.hasjabs:
-        return "jump", 2 * arg
+        return "jump", ops.jump_unit * arg
     return "other", arg

@@ -106,6 +106,7 @@ class OpcodeTable:
     cmp_op: list[str] = field(default_factory=list)
     binary_ops: list[str] = field(default_factory=list)
     jump_base: str = "next"
+    jump_unit: int = 2  # bytes per unit of a jump argument (3.8/3.9: 1, jumps counted in bytes)
     backward_jumps: frozenset[int] = frozenset()
     stack_effects: dict[int, list[int]] = field(default_factory=dict)
     enter_executor: int | None = None  # 3.13+: an instruction handed to the tier-2 optimiser
@@ -132,6 +133,7 @@ class OpcodeTable:
             cmp_op=list(d.get("cmp_op", [])),
             binary_ops=list(d.get("binary_ops", [])),
             jump_base=d.get("jump_base", "next"),
+            jump_unit=int(d.get("jump_unit", 2)),
             backward_jumps=frozenset(d.get("backward_jumps", [])),
             stack_effects={int(k): [int(x) for x in v] for k, v in d.get("stack_effects", {}).items()},
             enter_executor=d.get("enter_executor"),
@@ -291,11 +293,11 @@ def load_profile(minor: str, full_version: str | None = None) -> Profile:
         resolved, why = resolve_release(data, release or minor)
         return parse_profile(resolved, source, why)
     shown = full_version or minor
-    if minor.count(".") == 1 and minor.split(".")[0] == "3" and minor.split(".")[1].isdigit() and int(minor.split(".")[1]) < 11:
+    if minor.count(".") == 1 and minor.split(".")[0] == "3" and minor.split(".")[1].isdigit() and int(minor.split(".")[1]) < 8:
         raise ProfileError(
-            f"CPython {shown} is not supported: zen reads images of CPython 3.11 to 3.14",
-            "frames, code objects and dict keys changed in 3.11 and zen has no readers for the older layouts; "
-            "the README's version table lists what is supported",
+            f"CPython {shown} is not supported: zen reads images of CPython 3.8 to 3.14",
+            "zen has no layout profile for CPython 3.7 and older (code objects without positional-only "
+            "arguments, other frame and thread-state layouts); the README's version table lists what is supported",
         )
     raise ProfileError(
         f"no layout profile for CPython {minor} (the image runs Python {shown})",

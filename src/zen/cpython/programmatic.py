@@ -15,6 +15,7 @@ import numpy as np
 from zen.cpython.closure import Closure, ClosureResult
 from zen.cpython.instructions import decode
 from zen.cpython.listing import LISTING_VERSION, listing_sha256, normalise
+from zen.cpython.listing_legacy import as_311, prologue
 from zen.cpython.readers.code import CodeInfo, read_code_brief
 from zen.cpython.runtime import Runtime
 from zen.errors import ZenError
@@ -49,7 +50,13 @@ def listing_of(rt: Runtime, ci: CodeInfo, consts: list[str] | None = None) -> li
     """The normalised listing; `consts`: the constants' displays when the caller has them."""
     if consts is None:
         consts = [const_display(rt, a) for a in ci.consts]
-    return normalise(decode(ci.code, ci.names, ci.localsplusnames, consts, rt.ip.P.opcodes))
+    instructions = decode(ci.code, ci.names, ci.localsplusnames, consts, rt.ip.P.opcodes, ci.free_base)
+    if rt.ip.P.code.has("co_code"):  # before 3.11: first into the shape 3.11 compiles the source to
+        c = rt.ip.P.constants
+        gen = bool(ci.flags & (c.get("CO_GENERATOR", 0) | c.get("CO_COROUTINE", 0) | c.get("CO_ASYNC_GENERATOR", 0)))
+        first = instructions[0].name if instructions else ""
+        instructions = as_311(prologue(ci.cellvars, ci.varnames, ci.freevars, gen, first) + instructions)
+    return normalise(instructions)
 
 
 def _signature(rt: Runtime, ci: CodeInfo, f) -> Signature:
@@ -265,6 +272,8 @@ def _code_rows(rt: Runtime, module_of_code: dict[int, str]) -> list[list | None]
 
     ip = rt.ip
     C, c = ip.P.code, ip.P.constants
+    if C.has("co_code"):  # before 3.11: bytecode in a bytes object, nothing to gather in bulk
+        return [_legacy_code_row(rt, a, module_of_code) for a in rt.code_addrs]
     types = C.fields()
     ca = bulk.as_array(rt.code_addrs)
     good = bulk.plain_headers(ip, ca, ip.wk.types["code"])
@@ -307,6 +316,14 @@ def _code_rows(rt: Runtime, module_of_code: dict[int, str]) -> list[list | None]
                     continue
         rows.append([f"{addr:#x}", module_of_code.get(addr, "?"), qualname, line, hashlib.sha256(code).hexdigest()[:32]])
     return rows
+
+
+def _legacy_code_row(rt: Runtime, addr: int, module_of_code: dict[int, str]) -> list | None:
+    try:
+        qualname, _filename, line, code = read_code_brief(rt.ip, addr)
+    except ZenError:
+        return None
+    return [f"{addr:#x}", module_of_code.get(addr, "?"), qualname, line, hashlib.sha256(code).hexdigest()[:32]]
 
 
 def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True) -> ProgrammaticRepresentation:

@@ -53,10 +53,35 @@ class Runtime:
     def code(self, addr: int) -> CodeInfo | None:
         if addr not in self._codes:
             try:
-                self._codes[addr] = read_code(self.ip, addr)
+                ci = self._codes[addr] = read_code(self.ip, addr)
+                if not self.ip.P.code.has("co_qualname"):
+                    ci.qualname = self._legacy_qualnames().get(addr, ci.qualname)
             except ZenError:
                 self._codes[addr] = None
         return self._codes[addr]
+
+    def _legacy_qualnames(self) -> dict[int, str]:
+        """Before 3.11 a code object has no qualified name; it is found where the 3.10 compiler put
+        it: the `__qualname__` of a function running the code, else the string the parent code
+        loads before MAKE_FUNCTION (nested functions, lambdas, comprehensions), else the one a
+        class body stores as `__qualname__`."""
+        names = self.__dict__.get("_qualnames")
+        if names is None:
+            names = self.__dict__["_qualnames"] = {}
+            for f in self.function_addrs:
+                fi = self.function(f)
+                if fi is not None and fi.code not in names:
+                    names[fi.code] = fi.qualname
+            from zen.cpython.listing_legacy import qualnames_in
+
+            for a in self.code_addrs:
+                try:
+                    ci = read_code(self.ip, a)
+                    for code, qual in qualnames_in(self.ip, ci).items():
+                        names.setdefault(code, qual)
+                except ZenError:
+                    continue
+        return names
 
     def namespace(self, dict_addr: int) -> dict[str, int]:
         """A dict with str keys as {name: value address} (empty when unreadable)."""

@@ -120,6 +120,7 @@ def measure_arguments(ops: dict) -> dict:
         todo += [k for k in c.co_consts if hasattr(k, "co_code")]
     shifts: dict[str, set] = {}
     jump_base = set()
+    units = set()  # bytes per unit of a jump argument: 2 (3.10+: instructions) or 1 (bytes)
     cmp_shift = set()
     for fn, ins in ((c, i) for c in codes for i in dis.get_instructions(c)):
         if ins.arg is None:
@@ -135,8 +136,12 @@ def measure_arguments(ops: dict) -> dict:
             caches = ops["cache_entries"].get(str(ins.opcode), 0)
             back = -1 if "BACKWARD" in ins.opname else 1
             for base, extra in (("next", 0), ("after_caches", caches)):
-                if ins.offset + 2 + 2 * extra + back * 2 * ins.arg == ins.argval:
-                    jump_base.add(base)
+                for unit in (2, 1):
+                    if ins.offset + 2 + 2 * extra + back * unit * ins.arg == ins.argval:
+                        jump_base.add(base)
+                        units.add(unit)
+        if ins.opcode in getattr(opcode, "hasjabs", ()):
+            units.update(u for u in (2, 1) if u * ins.arg == ins.argval)
     name_shift = {}
     for name, cands in shifts.items():
         pick = min(cands) if cands else None
@@ -149,7 +154,11 @@ def measure_arguments(ops: dict) -> dict:
         else:
             raise CalibrationFailed(f"jump offset base ambiguous: {jump_base}")
     nb_ops = [sym for _name, sym in getattr(dis, "_nb_ops", [])]
+    if len(units) != 1:
+        raise CalibrationFailed(f"jump argument unit ambiguous: {sorted(units)}")
+    unit = units.pop()
     return {
+        **({"jump_unit": unit} if unit != 2 else {}),  # 3.8/3.9 count jumps in bytes
         "name_arg_shift": name_shift,
         "compare_arg_shift": min(cmp_shift) if cmp_shift else 0,
         "cmp_op": list(opcode.cmp_op),

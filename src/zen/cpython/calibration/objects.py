@@ -43,6 +43,11 @@ class ObjectsMixin:
         self.check(kind == 2, "instance dict keys have the split kind")
         self.constants["DICT_KEYS_SPLIT"] = 2
         self.provenance["constants.DICT_KEYS_SPLIT"] = "measured"
+        self.instances_common()
+
+    def instances_common(self) -> None:
+        """GC header and `__slots__` members: the same in every supported version."""
+        m = self.m
         # GC header just before the object (after the managed-dict pre-header).
         lst = []
         gc_next, gc_prev = m.words(id(lst) - 16, 2)
@@ -242,7 +247,7 @@ class ObjectsMixin:
         self.size("function", size)
         pairs = {
             "func_globals": fn.__globals__,
-            "func_builtins": fn.__builtins__,
+            "func_builtins": getattr(fn, "__builtins__", None),  # 3.10+
             "func_name": fn.__name__,
             "func_qualname": fn.__qualname__,
             "func_code": fn.__code__,
@@ -255,6 +260,8 @@ class ObjectsMixin:
             "func_annotations": fn.__annotations__,
         }
         for field, val in pairs.items():
+            if field == "func_builtins" and not hasattr(fn, "__builtins__"):
+                continue
             hits = m.find_word(id(fn), size, id(val), start=16)
             if field == "func_name":
                 hits = (
@@ -400,6 +407,9 @@ class ObjectsMixin:
         kb = m.raw(kp + self.off("bytes", "ob_sval"), len(lp_names(c1)))
         self.check(kb[lp_names(c1).index("cellA")] == 0x40 and kb[lp_names(c1).index("l1")] == 0x20, "CO_FAST_* kinds on sample")
         self._warmup(size)
+        self.code_flags()
+
+    def code_flags(self) -> None:
         for flag in (
             "CO_OPTIMIZED",
             "CO_NEWLOCALS",

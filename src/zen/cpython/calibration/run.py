@@ -10,7 +10,7 @@ checking it lies in a readable mapping of this process (/proc/self/maps), so a w
 cannot crash the calibration.
 
 This package must stay runnable on its own with only the standard library, under any CPython from
-3.11 on, because it is executed by *other* interpreters than the one zen runs on:
+3.8 on, because it is executed by *other* interpreters than the one zen runs on:
 
     python3.X -I -c 'import sys; sys.path.insert(0, SRC); from zen.cpython.calibration.run import main; main()' -o FILE
 
@@ -32,6 +32,7 @@ import sys
 
 from zen.cpython.calibration.base import FORMAT, CalibrationFailed, CalibratorBase
 from zen.cpython.calibration.bytecode import BytecodeMixin
+from zen.cpython.calibration.legacy import LegacyMixin
 from zen.cpython.calibration.monitoring import MonitoringMixin
 from zen.cpython.calibration.objects import ObjectsMixin
 from zen.cpython.calibration.state import StateMixin
@@ -83,19 +84,23 @@ class Calibrator(ValuesMixin, ObjectsMixin, StateMixin, MonitoringMixin, Bytecod
         }
 
 
+class LegacyCalibrator(LegacyMixin, Calibrator):
+    """CPython 3.8-3.10: dicts, instances, code objects and frames of the pre-3.11 layouts."""
+
+
 def calibrate() -> dict:
     if sys.implementation.name != "cpython":
         raise CalibrationFailed(f"only CPython can be calibrated, not {sys.implementation.name}")
-    if sys.version_info < (3, 11):  # noqa: UP036 - run by other interpreters than zen's own
+    if sys.version_info < (3, 8):  # noqa: UP036 - run by other interpreters than zen's own
         raise CalibrationFailed(
-            f"CPython {sys.version_info[0]}.{sys.version_info[1]} predates the layouts zen reads (3.11 and later: "
-            "frames, code objects and dict keys changed in 3.11)"
+            f"CPython {sys.version_info[0]}.{sys.version_info[1]} predates the layouts zen reads (3.8 and later: "
+            "positional-only arguments in code objects, the GC header zen walks)"
         )
     if struct.calcsize("P") != 8 or sys.byteorder != "little":
         raise CalibrationFailed("only 64-bit little-endian interpreters are supported")
     if not sys.platform.startswith("linux"):
         raise CalibrationFailed("calibration reads /proc/self/maps and needs Linux")
-    return Calibrator().run()
+    return (Calibrator if sys.version_info >= (3, 11) else LegacyCalibrator)().run()
 
 
 def main(argv: list[str] | None = None) -> int:

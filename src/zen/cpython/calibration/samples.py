@@ -35,8 +35,9 @@ def _sample_code():
     codes = {c.co_name: c for c in mod.co_consts if hasattr(c, "co_code")}
     outer = codes["outer"]
     inner = next(c for c in outer.co_consts if hasattr(c, "co_code") and c.co_name == "c2")
-    c1 = codes["c1"].replace(co_firstlineno=4321, co_stacksize=77, co_qualname="calib.q1")
-    c2 = inner.replace(co_firstlineno=8765, co_stacksize=55, co_qualname="calib.q2")
+    has_qualname = hasattr(inner, "co_qualname")  # 3.11+
+    c1 = codes["c1"].replace(co_firstlineno=4321, co_stacksize=77, **({"co_qualname": "calib.q1"} if has_qualname else {}))
+    c2 = inner.replace(co_firstlineno=8765, co_stacksize=55, **({"co_qualname": "calib.q2"} if has_qualname else {}))
     return c1, c2
 
 

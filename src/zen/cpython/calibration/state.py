@@ -17,11 +17,15 @@ class StateMixin:
         m = self.m
         api = ctypes.pythonapi
         runtime = ctypes.addressof(ctypes.c_char.in_dll(api, "_PyRuntime"))
-        api.PyInterpreterState_Get.restype = ctypes.c_void_p
+        get_interp = getattr(api, "PyInterpreterState_Get", None) or api._PyInterpreterState_Get  # 3.8: private
+        get_interp.restype = ctypes.c_void_p
         api.PyThreadState_Get.restype = ctypes.c_void_p
-        interp = api.PyInterpreterState_Get()
+        interp = get_interp()
         tstate = api.PyThreadState_Get()
-        hits = m.find_word(runtime, 4096, interp)
+        rspan = 4096  # 3.10's _PyRuntime can end its mapping sooner
+        while rspan > 256 and not m.readable(runtime, rspan):
+            rspan -= 256
+        hits = m.find_word(runtime, rspan, interp)
         if not hits:
             raise CalibrationFailed("interpreter pointer not found in _PyRuntime")
         self.field("runtime", "interpreters_head", hits[0], "ptr", "measured (first pointer to the main interpreter)")
@@ -35,9 +39,14 @@ class StateMixin:
         if not th:
             raise CalibrationFailed("interp.threads_head: the current thread state is not in the interpreter state")
         self.field("interp", "threads_head", th[0], "ptr", "measured (first pointer to the only thread state)")
-        self.field("interp", "runtime", one("interp.runtime", m.find_word(interp, min(span, 64 * 1024), runtime)), "ptr")
-        self.field("interp", "modules", one("interp.modules", m.find_word(interp, span, id(sys.modules))), "ptr")
-        self.field("interp", "sysdict", one("interp.sysdict", m.find_word(interp, span, id(sys.__dict__))), "ptr")
+        rt_hits = m.find_word(interp, min(span, 64 * 1024), runtime)
+        if rt_hits or sys.version_info >= (3, 9):  # 3.8's interpreter state has no runtime pointer
+            self.field("interp", "runtime", one("interp.runtime", rt_hits), "ptr")
+        # The state struct is under 64 KiB in every version; 3.10 allocates it on the heap, where
+        # other objects holding the same pointers follow it.
+        near = min(span, 64 * 1024)
+        self.field("interp", "modules", one("interp.modules", m.find_word(interp, near, id(sys.modules))), "ptr")
+        self.field("interp", "sysdict", one("interp.sysdict", m.find_word(interp, near, id(sys.__dict__))), "ptr")
         bh = m.find_word(interp, span, id(builtins.__dict__))
         self.field("interp", "builtins", bh[0], "ptr", "measured (first pointer to builtins.__dict__)")
         # GC generations: a new tracked object is the tail of generation 0, so its gc_next is the
@@ -46,15 +55,21 @@ class StateMixin:
         probe = []
         # Objects made after `probe` follow it in the list; the head is the first node that lies
         # inside the interpreter state.
+        # 3.8 keeps the GC state in _PyRuntime, later versions in the interpreter state.
         gen0 = m.word(id(probe) - 16)
+        owner = None
         for _ in range(10000):
-            if interp <= gen0 < interp + span or not m.readable(gen0, 16):
+            if interp <= gen0 < interp + span:
+                owner = ("interp", interp)
+            elif runtime <= gen0 < runtime + rspan:
+                owner = ("runtime", runtime)
+            if owner or not m.readable(gen0, 16):
                 break
             gen0 = m.word(gen0)
         thresholds = gc.get_threshold()
         gens = []
-        if interp <= gen0 < interp + span:
-            base = gen0 - interp
+        if owner is not None:
+            base = gen0 - owner[1]
             stride = None
             for cand in (24, 32, 40, 48):
                 if struct.unpack("<i", m.raw(gen0 + cand + 16, 4))[0] == thresholds[1]:
@@ -63,7 +78,7 @@ class StateMixin:
             self.check(struct.unpack("<i", m.raw(gen0 + 16, 4))[0] == thresholds[0], "gc gen0 threshold follows its head")
             if stride is None:
                 raise CalibrationFailed("gc generation stride not found")
-            self.field("interp", "gc_generations", base, "bytes")
+            self.field(owner[0], "gc_generations", base, "bytes")
             self.size("gc_generation", stride)
             self.field("gc_generation", "head", 0, "bytes")
             self.field("gc_generation", "threshold", 16, "i32")
@@ -76,16 +91,19 @@ class StateMixin:
                 frozen_probe = []
                 gc.freeze()
                 try:
+                    # The permanent head follows the generations array (within a few words in
+                    # every version); a heap-allocated state (3.10) has GC objects nearby too.
+                    lo, hi = gen0 + stride * len(thresholds), gen0 + stride * len(thresholds) + 256
                     perm = m.word(id(frozen_probe) - 16)
                     for _ in range(10_000_000):
-                        if interp <= perm < interp + span or not m.readable(perm, 16):
+                        if lo <= perm < hi or not m.readable(perm, 16):
                             break
                         perm = m.word(perm)
                 finally:
                     gc.unfreeze()
-                if not interp <= perm < interp + span:
+                if not lo <= perm < hi:
                     raise CalibrationFailed("permanent GC generation not found")
-                self.field("interp", "gc_permanent", perm - interp, "bytes")
+                self.field(owner[0], "gc_permanent", perm - owner[1], "bytes")
         del probe
         # thread state
         self.field("tstate", "interp", one("tstate.interp", m.find_word(tstate, 128, interp)), "ptr")

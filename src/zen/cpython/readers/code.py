@@ -64,6 +64,9 @@ class CodeInfo:
     varnames: tuple[str, ...] = field(default=())
     cellvars: tuple[str, ...] = field(default=())
     freevars: tuple[str, ...] = field(default=())
+    # index in `localsplusnames` of cell/free argument 0: 0 from 3.11 (one merged table), the
+    # number of varnames before (cell and free variables numbered on their own)
+    free_base: int = 0
 
 
 def read_code(ip: Interpreter, addr: int) -> CodeInfo:
@@ -71,6 +74,10 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
     if kind != "code":
         raise ObjectError(addr, f"expected a code object, found {kind}")
     C = ip.P.code
+    if C.has("co_code"):
+        from zen.cpython.readers.legacy_code import read_legacy_code
+
+        return read_legacy_code(ip, addr)
     from zen.cpython.readers.containers import read_tuple
     from zen.cpython.readers.text import read_bytes
 
@@ -129,6 +136,9 @@ def read_code_brief(ip: Interpreter, addr: int) -> tuple[str, str, int, bytes]:
     if kind != "code":
         raise ObjectError(addr, f"expected a code object, found {kind}")
     C = ip.P.code
+    if C.has("co_code"):  # before 3.11: no qualname, co_code is a bytes object and never rewritten
+        ci = read_code(ip, addr)
+        return ci.qualname, ci.filename, ci.firstlineno, ci.code
     units = ip.space.i64(addr + ip.P.varobject.ob_size)
     if not 0 < units <= ip.limits.max_code_units:
         raise ObjectError(addr, f"implausible code size of {units} units (limit max_code_units={ip.limits.max_code_units})")

@@ -2,9 +2,11 @@
 
 A dict's keys object holds a hash index (1, 2, 4 or 8 bytes per slot) followed by the entries in
 insertion order: (hash, key, value) for general tables, (key, value) for str-keyed and split
-ones. Split tables (instance dicts sharing their class's keys) keep the values in a separate
-array whose prefix records insertion order; that same values array is what a never-materialised
-instance `__dict__` is made of, so `read_split_values` serves both.
+ones (before 3.11: (hash, key, value) everywhere, and a slot count instead of its log2). Split
+tables (instance dicts sharing their class's keys) keep the values in a separate array whose
+prefix records insertion order (before 3.11: the keys' entry order is the order); that same
+values array is what a never-materialised instance `__dict__` is made of (3.11+), so
+`read_split_values` serves both.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class DictKeys:
         except MemoryReadError:
             raise ObjectError(owner, "dict keys object not in the image") from None
         self.addr = addr
+        if K.has("dk_size"):
+            self._legacy(ip, head, owner)
+            return
         self.log2_size = head[K.dk_log2_size]
         log2_index_bytes = head[K.dk_log2_index_bytes]
         self.kind = head[K.dk_kind]
@@ -59,6 +64,27 @@ class DictKeys:
         self.values = words[:, E.me_value // 8].tolist()
         self.hashes = words[:, E.me_hash // 8].tolist() if general else None
 
+    def _legacy(self, ip: Interpreter, head: bytes, owner: int) -> None:
+        """Before 3.11: a slot count (`dk_size`), and (hash, key, value) entries in every table."""
+        K = ip.P.dictkeys
+        size = struct.unpack_from("<q", head, K.dk_size)[0]
+        self.nentries = struct.unpack_from("<q", head, K.dk_nentries)[0]
+        # Empty dicts share a static keys object of size 1; real tables have >= 8 slots.
+        if not ((8 <= size <= 1 << 40 and not size & (size - 1)) or (size == 1 and self.nentries == 0)):
+            raise ObjectError(owner, f"implausible dict size {size}")
+        if not 0 <= self.nentries <= min((size << 1) // 3 + 1, ip.limits.max_items):
+            raise ObjectError(owner, f"implausible dict entry count {self.nentries}")
+        self.log2_size = size.bit_length() - 1
+        self.kind = -1  # no kind byte: split tables are told by their values array
+        width = 1 if size <= 0xFF else 2 if size <= 0xFFFF else 4 if size <= 0xFFFFFFFF else 8
+        E = ip.P.dictentry_general
+        at = self.addr + K.dk_indices + size * width
+        raw = ip.read_within(at, self.nentries * E.size, owner, "dict entries")
+        words = np.frombuffer(raw, dtype="<u8").reshape(self.nentries, E.size // 8)
+        self.keys = words[:, E.me_key // 8].tolist()
+        self.values = words[:, E.me_value // 8].tolist()
+        self.hashes = words[:, E.me_hash // 8].tolist()
+
 
 def read_split_values(ip: Interpreter, values: int, keys: DictKeys, owner: int) -> list[tuple[int, int]]:
     """(key, value) pairs of a split table, in insertion order, from its values array.
@@ -69,7 +95,10 @@ def read_split_values(ip: Interpreter, values: int, keys: DictKeys, owner: int) 
     """
     layout = ip.P.constants.get("DICT_VALUES_ORDER")
     n = keys.nentries
-    if layout == 1:
+    if layout == 0:  # before 3.11: the values follow the shared keys' entry order
+        order: bytes | range = range(n)
+        array = values
+    elif layout == 1:
         try:
             prefix_size = ip.space.read(values - 1, 1)[0]
             count = ip.space.read(values - 2, 1)[0]

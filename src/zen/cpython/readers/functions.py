@@ -63,7 +63,7 @@ def read_function(ip: Interpreter, addr: int) -> FunctionInfo:
         module=mod_name,
         code=_w(raw, F.func_code),
         globals=_w(raw, F.func_globals),
-        builtins=_w(raw, F.func_builtins),
+        builtins=_w(raw, F.func_builtins) if F.has("func_builtins") else 0,  # 3.10+
         defaults=_w(raw, F.func_defaults),
         kwdefaults=_w(raw, F.func_kwdefaults),
         closure=_w(raw, F.func_closure),

@@ -47,7 +47,7 @@ def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
     t = read_type(ip, tp)
     info = InstanceInfo(addr, tp, t.full_name)
     c = ip.P.constants
-    if t.flags & c["TPFLAGS_MANAGED_DICT"]:
+    if t.flags & c.get("TPFLAGS_MANAGED_DICT", 0):  # 3.11+
         dict_ptr, values = _managed(ip, addr, t.flags, t.basicsize)
         if dict_ptr:
             info.dict_addr = dict_ptr

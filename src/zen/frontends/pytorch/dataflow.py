@@ -73,6 +73,7 @@ class _Walker:
         self.params = params
         self.ops = ops
         self.method_flag = ops.name_arg_shift.get("LOAD_ATTR", 0) == 1  # 3.12+: low bit = method load
+        self.global_null = ops.name_arg_shift.get("LOAD_GLOBAL", 0) == 1  # 3.11+: low bit = push NULL
         self.edges: set[tuple[tuple, tuple]] = set()
 
     @staticmethod
@@ -107,7 +108,7 @@ class _Walker:
             elif op in _STORES:
                 local[arg] = pop()
             elif op == "LOAD_GLOBAL":
-                if ins.arg is not None and ins.arg & 1:
+                if self.global_null and ins.arg is not None and ins.arg & 1:
                     stack.append(("null",))
                 stack.append(("data", EMPTY))
             elif op in ("LOAD_ATTR", "LOAD_METHOD"):
@@ -120,17 +121,22 @@ class _Walker:
                     stack.append(("data", self.prod(obj)))
             elif op == "PUSH_NULL":
                 stack.append(("null",))
-            elif op in ("CALL", "CALL_KW"):
+            elif op in ("CALL", "CALL_KW", "CALL_METHOD"):  # CALL_METHOD: 3.8-3.10, after LOAD_METHOD
                 if op == "CALL_KW":
                     pop()  # the tuple of keyword names
                 args = [pop() for _ in range(self._count(ins.arg, stack))]
                 a, b = pop(), pop()
                 callee = a if a[0] != "null" else b
                 self._call(callee, args, stack)
+            elif op in ("CALL_FUNCTION", "CALL_FUNCTION_KW"):  # 3.8-3.10: one callable below the arguments
+                if op == "CALL_FUNCTION_KW":
+                    pop()  # the tuple of keyword names
+                args = [pop() for _ in range(self._count(ins.arg, stack))]
+                self._call(pop(), args, stack)
             elif op == "CALL_FUNCTION_EX":
                 # 3.14 has no argument and always a kwargs slot (the dict or NULL); before, bit 0 says
                 vals = [pop() for _ in range(3 if ins.arg is None or ins.arg & 1 else 2)]
-                null = pop()
+                null = pop() if self.global_null else ("data", EMPTY)  # no NULL slot before 3.11
                 callee = vals[-1] if vals[-1][0] != "null" else null
                 self._call(callee, vals[:-1], stack)
             elif op == "GET_ITER":
@@ -199,7 +205,7 @@ def _decoded(ip: Interpreter, code_addr: int) -> tuple[list[Instruction], tuple[
     ci = read_code(ip, code_addr)
     consts = [""] * len(ci.consts)  # constants play no part in the walk
     params = ci.varnames[: ci.argcount + ci.kwonlyargcount]
-    return decode(ci.code, ci.names, ci.localsplusnames, consts, ip.P.opcodes), params
+    return decode(ci.code, ci.names, ci.localsplusnames, consts, ip.P.opcodes, ci.free_base), params
 
 
 def _node(path: str, tok: tuple, chain_children: dict[str, list[str]], first: bool) -> list[str]:
