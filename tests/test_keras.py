@@ -1,11 +1,13 @@
-"""The Keras / TensorFlow front end against ground truth from real Keras processes (issue 18, slice 1).
+"""The Keras / TensorFlow front end against ground truth from real Keras processes (issue 18).
 
 A target process (tests/targets/keras_target.py, run in the TF environment of tools/tf-venv.sh) builds a Sequential
 CNN trained one step with Adam, a functional model with branches and a shared layer, and a subclassed transformer
 block with variables of many dtypes; it records every variable's Keras path, dtype, shape and sha256. The process is
 imaged once per session; `zen recover` must give every variable bit for bit, in `model.variables` order, keyed by
-path, with layers, configuration, functional graph and optimizer slots. zen itself never imports TensorFlow: the
-tests skip, saying why, when the TF environment is absent.
+path, with layers, configuration, functional graph and optimizer slots; keras.applications.MobileNetV2 (random
+weights) is one of the models. `zen reuse` packages are run by `zen verify --python TF` and must give the outputs the
+deployed process wrote, bit for bit; a second process serves a customised fork of Block, attributed to its base.
+zen itself never imports TensorFlow: the tests skip, saying why, when the TF environment is absent.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import recovered, start_target, zen
 
-MODELS = ("cnn", "branches", "block")
+MODELS = ("cnn", "branches", "block", "mobilenet", "nested")
 
 
 def tf_python() -> str | None:
@@ -147,7 +151,8 @@ def test_roots_default_choice_and_code(keras_image, workdir):
     assert "model:" in res.stdout
     ur = json.loads((case / "ur.json").read_text())
     assert [n["path"] for n in ur["nodes"]] == [m["path"] for m in mr["modules"]]
-    pr = json.loads((case / "pr.json").read_text())
+    block_case = recovered(image, t, "block", workdir)[0]
+    pr = json.loads((block_case / "pr.json").read_text())
     assert any(c["qualname"] == "Block.call" for c in pr["codes"])  # the subclassed model's own call
 
 
@@ -186,3 +191,159 @@ def test_calibration_matches_shipped_profile(tmp_path, tfpy):
     for k in ("structs", "constants", "dtypes"):
         assert got[k] == shipped[k], k
     assert got["self_checks"] >= 200
+
+
+# -- keras.applications, reuse, attribution ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ("cnn", "branches", "mobilenet", "nested"))
+def test_graph_matches_keras(keras_image, workdir, name):
+    """The root's functional graph: exactly the edges Keras's own nodes give (parent_nodes), every layer called."""
+    image, t = keras_image
+    _, mr, _, _ = recovered(image, t, name, workdir)
+    gt = t.truth["models"][name]
+    assert len(mr["modules"]) == len(gt["layers"]) and len(mr["tensors"]) == len(gt["variables"])
+    root = mr["graph"]["functional"][""]
+    assert {(a, b) for a, b, _ in root["edges"]} == {tuple(e) for e in gt["edges"]}
+    assert {n["op"] for n in root["nodes"]} == {x for e in gt["edges"] for x in e}
+    if name == "mobilenet":
+        assert (len(gt["layers"]), len(gt["variables"])) == (157, 262)
+    if name == "nested":  # the nested Sequential and functional model have graphs of their own
+        assert {"inner", "sub"} <= set(mr["graph"]["functional"])
+
+
+def _verify(pkg: Path, tfpy: str, inputs: Path, expect: Path, check: bool = True):
+    res = zen("verify", pkg, "--python", tfpy, "--inputs", inputs, "--expect", expect, "--json", check=check)
+    return json.loads(res.stdout) if res.returncode == 0 else res
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_reuse_outputs_bit_identical(keras_image, workdir, tfpy, name):
+    """zen reuse rebuilds the model from its recovered configuration; zen verify runs it in the TF environment on
+    the deployed inputs and compares with the outputs the deployed process wrote, byte for byte."""
+    image, t = keras_image
+    case, mr, _, _ = recovered(image, t, name, workdir)
+    pkg = workdir / f"keras_reuse_{name}"
+    zen("reuse", case, "-o", pkg)
+    info = json.loads((pkg / "reuse.json").read_text())
+    assert info["framework"] == "keras" and (pkg / "patch.json").is_file() == (name == "block")
+    got = _verify(pkg, tfpy, t.outdir / f"{name}-inputs.safetensors", t.outdir / f"{name}-outputs.safetensors")
+    assert got["ok"] and [r["equal"] for r in got["results"]] == [True], got["results"]
+    rep = got["report"]
+    assert (rep["assigned"], rep["variables"], rep["matched_by"]) == (len(mr["tensors"]), len(mr["tensors"]), "path")
+    if name == "nested":  # no recorded constructor arguments: rebuilt from its configuration attributes
+        assert any(n.startswith("sub.s1: constructed from its configuration") for n in rep["notes"]), rep["notes"]
+    if name == "block":  # the subclassed model's classes come from the recovered code, not from an import
+        assert rep["patch"]["synthesised"] == ["zen_rebuilt.__main__"] and rep["patch"]["created"] >= 4
+    assert json.loads((pkg / "verify.json").read_text())["results"][0]["equal"] is True
+
+
+def test_reuse_package_loads_in_tf(keras_image, workdir, tfpy):
+    """`import PKG; PKG.load()` in the TF environment gives a keras.Model whose predict() works."""
+    image, t = keras_image
+    for name in ("cnn", "block"):
+        pkg = workdir / f"keras_reuse_{name}"
+        if not (pkg / "reuse.json").is_file():
+            zen("reuse", recovered(image, t, name, workdir)[0], "-o", pkg)
+    script = (
+        "import json, sys, keras, numpy as np\n"
+        "sys.path[:0] = [sys.argv[1]]\n"
+        "from zen.reuse.keras_runtime import read_safetensors\n"
+        "out = {}\n"
+        "for name in ('cnn', 'block'):\n"
+        "    m = __import__(f'keras_reuse_{name}').load()\n"
+        "    x = read_safetensors(f'{sys.argv[2]}/{name}-inputs.safetensors')['x']\n"
+        "    y = read_safetensors(f'{sys.argv[2]}/{name}-outputs.safetensors')['x']\n"
+        "    p = m.predict(x, verbose=0)\n"
+        "    out[name] = [isinstance(m, keras.Model), list(p.shape) == list(y.shape), bool(np.allclose(p, y, atol=1e-5))]\n"
+        "print('RESULT', json.dumps(out))\n"
+    )  # fmt: skip
+    src = Path(__file__).resolve().parent.parent / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    res = subprocess.run([tfpy, "-c", script, str(workdir), str(t.outdir)], capture_output=True, text=True, env=env,
+                         timeout=300, check=False)  # fmt: skip
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, res.stderr[-2000:]
+    assert json.loads(line[7:]) == {"cnn": [True, True, True], "block": [True, True, True]}
+
+
+def test_verify_without_tensorflow_is_clear(keras_image, workdir):
+    image, t = keras_image
+    pkg = workdir / "keras_reuse_notf"
+    zen("reuse", recovered(image, t, "cnn", workdir)[0], "-o", pkg)
+    args = ("--inputs", t.outdir / "cnn-inputs.safetensors")
+    res = zen("verify", pkg, "--python", sys.executable, *args, check=False)  # zen's own python: no TensorFlow
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "Keras is not importable" in " ".join(res.stderr.split())
+    res = zen("verify", pkg, "--python", "/nonexistent/python3", *args, check=False)
+    assert res.returncode != 0 and "no Python interpreter" in " ".join(res.stderr.split())
+    res = zen("reuse", recovered(image, t, "cnn", workdir)[0], "-o", workdir / "keras_reuse_base", "--base", "x", check=False)
+    assert res.returncode != 0 and "--base applies to PyTorch" in " ".join(res.stderr.split())
+
+
+@pytest.fixture(scope="session")
+def fork_image(workdir, tfpy):
+    img, t = _imaged(workdir, tfpy, "fork")
+    yield img, t
+    img.unlink(missing_ok=True)
+
+
+def _library_with_foreign_twin(workdir: Path, base_case: Path) -> Path:
+    """A library holding the Keras Block as `keras-block`, and the very same fingerprint marked as a PyTorch
+    model (`block-as-pytorch`): identical code and MR, so only the framework check can keep it from winning."""
+    from zen.library.store import Library
+    from zen.represent import case
+
+    lib = workdir / "keras-attr.sqlite"
+    lib.unlink(missing_ok=True)
+    zen("library", "add", base_case, "--name", "keras-block", "--library", lib)
+    mr, pr, ur = case.load_mr(base_case), case.load_pr(base_case), case.load_ur(base_case)
+    mr.framework = "pytorch"
+    with Library(lib) as db:
+        db.add("block-as-pytorch", mr, pr, ur)
+    return lib
+
+
+def test_fork_attributed_to_its_base(keras_image, fork_image, workdir, tfpy):
+    image, t = keras_image
+    base_case = recovered(image, t, "block", workdir)[0]
+    fimage, ft = fork_image
+    fork_case, fmr, _, _ = recovered(fimage, ft, "fork", workdir)
+    assert fmr["root"]["cls"] == "__main__.ForkBlock" and any(m["path"] == "proj" for m in fmr["modules"])
+    lib = _library_with_foreign_twin(workdir, base_case)
+    got = json.loads(zen("attribute", fork_case, "--library", lib, "--json").stdout)
+    assert got["attributed"] == "keras-block", got
+    names = [c["name"] for c in got["candidates"]]
+    foreign = got["candidates"][names.index("block-as-pytorch")]
+    assert foreign["method"] == "other framework" and "not attributed to a pytorch base" in foreign["note"]
+    assert names[-1] == "block-as-pytorch" and foreign["ur"] == got["candidates"][0]["ur"]  # same score, refused
+    text = " ".join(zen("attribute", fork_case, "--library", lib).stdout.split())
+    assert "attributed to keras-block" in text and "Not attributable" in text and "block-as-pytorch" in text
+    # the fork's own changed call is rebuilt from its recovered code: outputs bit-identical too
+    pkg = workdir / "keras_reuse_fork"
+    zen("reuse", fork_case, "-o", pkg)
+    got = _verify(pkg, tfpy, ft.outdir / "fork-inputs.safetensors", ft.outdir / "fork-outputs.safetensors")
+    assert got["ok"] and got["results"][0]["equal"] is True
+
+
+def test_cross_framework_attribution_refused(keras_image, workdir):
+    """A model of one framework never attributes to a base of the other, in the fast and the reference path."""
+    from zen.attribute.algorithm import attribute
+    from zen.library.store import Library
+    from zen.represent import case
+
+    image, t = keras_image
+    base_case = recovered(image, t, "block", workdir)[0]
+    lib = _library_with_foreign_twin(workdir, base_case)
+    mr, pr = case.load_mr(base_case), case.load_pr(base_case)
+    mr.framework = "pytorch"  # the same model as a PyTorch query: only block-as-pytorch may be attributed
+    with Library(lib) as db:
+        for reference in (False, True):
+            res = attribute(mr, pr, db, reference=reference)
+            assert res.attributed == "block-as-pytorch"
+            assert [(c.name, c.method) for c in res.candidates][-1] == ("keras-block", "other framework")
+        db.remove("block-as-pytorch")
+        for reference in (False, True):
+            res = attribute(mr, pr, db, reference=reference)
+            assert res.attributed is None and "no pytorch base model" in res.message
+            assert [c.method for c in res.candidates] == ["other framework"]

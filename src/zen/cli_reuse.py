@@ -111,12 +111,21 @@ def reuse(
     ),  # fmt: skip
     library: Path | None = LIB_OPT,
 ) -> None:
-    """Write an importable package that rebuilds the recovered model: `import PKG; PKG.load()`."""
+    """Write an importable package that rebuilds the recovered model: `import PKG; PKG.load()`.
+
+    PyTorch: the model's code is patched into a base (--base) or synthesised from the recovered code; load()
+    returns the nn.Module. Keras (a case whose mr.json says "keras"): load(), run with TensorFlow, constructs the
+    model from the recorded layer classes, constructor arguments and functional graph (a subclassed model's own
+    classes from the recovered code), assigns every recovered variable by path and returns a keras.Model
+    (`model.predict(x)` works); check it with `zen verify PKG --python TF_PYTHON --inputs X --expect Y`."""
     from zen.represent import case
     from zen.reuse.package import make_patch, write_package
 
     # the package is built from every case file (weights, code, MR): all must be what zen wrote
     case.require_intact(case_dir, case.load_manifest(case_dir), case.ALL_FILES)
+    if case.load_mr(case_dir).framework == "keras":
+        _reuse_keras(case_dir, output, base)
+        return
     entry = _base(library, base)[0] if base else None
     data, d = make_patch(case_dir, entry)
     pkg = write_package(case_dir, output, data, d.summary() if d else None)
@@ -131,6 +140,51 @@ def reuse(
     if len(problems) > 20:
         err.print(f"[yellow]... and {len(problems) - 20} more (reuse.json lists them all)[/yellow]")
     err.print(f"[yellow]warning:[/yellow] {EXECUTES}")
+
+
+def _reuse_keras(case_dir: Path, output: Path, base: str | None) -> None:
+    from zen.reuse.keras_package import write_keras_package
+
+    if base:
+        raise ZenError("--base applies to PyTorch cases", "omit --base: a Keras case is rebuilt from its MR and code")
+    pkg, info = write_keras_package(case_dir, output)
+    own = f"; classes of {', '.join(info['user_modules'])} synthesised from recovered code" if info["user_modules"] else ""
+    out.print(f"wrote {escape(str(pkg))}: Keras model rebuilt from its configuration{escape(own)}")
+    out.print(f"use (TensorFlow environment, zen on PYTHONPATH): import {pkg.name}; model = {pkg.name}.load()")
+    for p in info["problems"][:20]:
+        err.print(f"[yellow]not rebuildable:[/yellow] {escape(str(p))}", soft_wrap=True)
+    if info["executes_recovered_code"]:
+        err.print(f"[yellow]warning:[/yellow] {EXECUTES}")
+
+
+def _verify_keras(package: Path, python: str | None, inputs: Path | None, expect: Path | None, save: Path | None,
+                  as_json: bool) -> None:  # fmt: skip
+    import sys
+
+    from zen.reuse.keras_package import run_verify
+
+    if inputs is None and not (Path(package) / "inputs.safetensors").is_file():
+        raise ZenError("no input tensors to run", "pass --inputs FILE.safetensors")
+    inputs = inputs if inputs is not None else Path(package) / "inputs.safetensors"
+    result = run_verify(package, python or sys.executable, inputs, expect, save)
+    rows, report = result["results"], result["report"]
+    failed = [r for r in rows if "error" in r or r.get("equal") is False]
+    _record(package, inputs, expect, rows, report)
+    if as_json:
+        out.print_json(json.dumps({"results": rows, "report": report, "ok": not failed}))
+    else:
+        t = Table("input", "output", "dtype", "bit-identical", "note")
+        for r in rows:
+            eq = {True: "[green]yes[/green]", False: "[red]NO[/red]", None: "-"}[r.get("equal")]
+            note = r.get("error") or (f"max |diff| {r['max_abs_diff']:.3g}" if "max_abs_diff" in r else "")
+            t.add_row(r["input"], str(r.get("shape", "")), r.get("dtype", ""), eq, escape(note))
+        out.print(t)
+        out.print(f"{report['assigned']} of {report['variables']} variables assigned (by {report['matched_by']})")
+        for n in report["notes"][:20] + report["missing"][:20]:
+            err.print(f"[dim]note: {escape(n)}[/dim]")
+    if failed:
+        err.print(f"[red]{len(failed)} of {len(rows)} inputs failed or differ[/red]")
+        raise typer.Exit(1)
 
 
 def _record(package: Path, inputs: Path, expect: Path | None, rows: list, report: dict) -> None:
@@ -159,8 +213,19 @@ def verify(
     save: Path | None = typer.Option(None, "-o", "--save", help="Write the outputs here (safetensors)."),
     threads: int = typer.Option(1, "--threads", help="torch threads (1 makes CPU results reproducible)."),
     as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+    python: str | None = typer.Option(
+        None,
+        "--python",
+        help="Keras packages: the TensorFlow environment's python "
+        "(the model runs in a child process there; default: this interpreter).",
+    ),
 ) -> None:
     """Run the rebuilt model on each input tensor and compare with expected outputs (bit-exact)."""
+    from zen.reuse.keras_package import is_keras_package
+
+    if is_keras_package(package):
+        _verify_keras(package, python, inputs, expect, save, as_json)
+        return
     try:
         import torch
     except ImportError:

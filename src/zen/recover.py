@@ -24,8 +24,9 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.errors import ObjectError, ZenError
+from zen.frontends.common import NoModelFound, references
 from zen.frontends.keras.tensors import TFDataMissing
-from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex, NoModelFound, references
+from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
 from zen.frontends.pytorch.tensors import TensorDataMissing, TensorReader

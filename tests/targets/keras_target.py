@@ -1,6 +1,6 @@
 """A deployed Keras system for the Keras front-end tests: builds models, runs them, writes its own truth, waits.
 
-    python keras_target.py OUTDIR [models|nomodel|fakeversion]
+    python keras_target.py OUTDIR [models|nomodel|fakeversion|fork]
 
 Runs in the TF environment (tools/tf-venv.sh), never zen's. `models` builds a Sequential CNN (trained one step with
 Adam, so BatchNormalization statistics move and the optimizer has slots), a functional model with branches and a
@@ -8,6 +8,12 @@ shared layer, and a subclassed transformer block with a layer holding variables 
 each model's id, its layers and configuration, and every variable (Keras path, dtype, shape, sha256 of its bytes) in
 `model.variables` order, plus the optimizer's variables. `nomodel` imports TF and keeps tensors and variables but
 no layer; `fakeversion` is `models` with `tensorflow.__version__` set to a release zen has no profile for.
+`models` also builds keras.applications.MobileNetV2 (random weights, no download) and a functional model nesting
+a Sequential and another functional model (one of whose layers got an initializer object, so Keras kept no
+constructor arguments for it). `fork` builds only a customised
+Block (a subclass whose `call` adds a residual and a scaled head, with one extra layer): the fork attributed to its
+base. Every model's input and the output `model(x)` gave are written to NAME-inputs.safetensors and
+NAME-outputs.safetensors (key "x"), the ground truth for reuse.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -28,6 +35,23 @@ from keras import layers  # noqa: E402
 keras.utils.set_random_seed(7)
 CONFIG = ("filters", "kernel_size", "strides", "padding", "units", "epsilon", "momentum", "input_dim", "output_dim",
           "axis", "rate", "use_bias")  # fmt: skip
+
+
+ST = {"float32": "F32", "float64": "F64", "int64": "I64", "int32": "I32"}
+
+
+def save_safetensors(path: str, arrays: dict) -> None:
+    """A safetensors file written with numpy alone (the format: u64 header length, JSON header, raw data)."""
+    header, blobs, off = {}, [], 0
+    for key, a in sorted(arrays.items()):
+        a = np.ascontiguousarray(a)
+        header[key] = {"dtype": ST[str(a.dtype)], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        blobs.append(a.tobytes())
+        off += a.nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def var_truth(v) -> dict:
@@ -87,6 +111,30 @@ class Block(keras.Model):
         return self.head(h)
 
 
+class ForkBlock(Block):
+    """A customised fork of Block: an extra projection layer and a changed call (residual, scaled head)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.proj = layers.Dense(16, activation="tanh", name="proj")
+
+    def call(self, ids):
+        h = self.emb(ids)
+        h = self.norm1(h + self.mha(h, h))
+        f = h
+        for d in self.ff:
+            f = d(f)
+        h = self.tables(self.norm2(h + f)) + self.proj(h)
+        return self.head(h) * 0.5
+
+
+def build_fork() -> dict:
+    fork = ForkBlock(name="fork")
+    ids = np.random.default_rng(4).integers(0, 50, size=(2, 7))
+    fork(ids)
+    return {"fork": (fork, ids)}
+
+
 def build_models() -> dict:
     seq = keras.Sequential([
         keras.Input((12, 12, 3)), layers.Conv2D(8, 3, strides=1, padding="same", name="conv1"),
@@ -110,7 +158,19 @@ def build_models() -> dict:
     block = Block(name="block")
     ids = np.random.default_rng(2).integers(0, 50, size=(2, 7))
     block(ids)
-    return {"cnn": (seq, x[:1]), "branches": (func, np.ones((2, 10), "float32")), "block": (block, ids)}
+    inner = keras.Sequential([layers.Dense(6, activation="relu", name="i1"), layers.Dense(6, name="i2")], name="inner")
+    nin = keras.Input((5,), name="nin")
+    h = inner(nin)
+    sub_in = keras.Input((6,), name="sub_in")
+    sub = keras.Model(sub_in, layers.Dense(4, activation="sigmoid", kernel_initializer=keras.initializers.HeNormal(seed=1),
+                                             name="s1")(sub_in), name="sub")
+    nested = keras.Model(nin, layers.Dense(2, name="nout")(layers.Concatenate(name="ncat")([sub(h), h])), name="nested")
+
+    mobile = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
+    xm = np.random.default_rng(5).normal(size=(2, 32, 32, 3)).astype("float32")
+    return {"cnn": (seq, x[:1]), "branches": (func, np.random.default_rng(6).normal(size=(2, 10)).astype("float32")),
+            "block": (block, ids), "mobilenet": (mobile, xm),
+            "nested": (nested, np.random.default_rng(8).normal(size=(3, 5)).astype("float32"))}  # fmt: skip
 
 
 def main() -> None:
@@ -122,13 +182,19 @@ def main() -> None:
                 keras.Variable(np.zeros((3,), "float32"), name="loose")]  # fmt: skip
         truth["models"] = {}
     else:
-        models = build_models()
+        models = build_fork() if mode == "fork" else build_models()
         truth["models"] = {}
         for name, (m, x) in models.items():
             y = m(x)
+            save_safetensors(os.path.join(outdir, f"{name}-inputs.safetensors"), {"x": np.asarray(x)})
+            save_safetensors(os.path.join(outdir, f"{name}-outputs.safetensors"), {"x": np.asarray(y)})
             entry = {"id": id(m), "class": f"{type(m).__module__}.{type(m).__qualname__}", "layers": layer_truth(m),
                      "variables": [var_truth(v) for v in m.variables],
                      "output_sha256": hashlib.sha256(np.asarray(y).tobytes()).hexdigest()}  # fmt: skip
+            graph = getattr(m, "_functional", None) or m  # a Sequential's graph is its functional twin
+            if hasattr(graph, "_nodes_by_depth"):
+                entry["edges"] = sorted({(p.operation.name, n.operation.name) for nodes in graph._nodes_by_depth.values()
+                                         for n in nodes for p in n.parent_nodes})  # fmt: skip
             opt = getattr(m, "optimizer", None)
             entry["optimizer"] = [var_truth(v) for v in opt.variables] if opt is not None and opt.built else []
             truth["models"][name] = entry

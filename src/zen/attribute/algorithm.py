@@ -16,6 +16,10 @@
 3. The candidate with the highest URSS is the attribution. If no library model shares any code,
    attribution is refused ("no base model in the library shares code with this model") and MR-only
    scores are reported for every library model.
+4. Frameworks: a base recovered by another front end (MR `framework`: "pytorch" or "keras") is never
+   the attribution. Such candidates are still scored, listed last with method "other framework" and
+   a note saying why; if only they share code, attribution is refused with that reason. (Both
+   frameworks' processes run the same stdlib and often numpy code, so shared code alone says nothing.)
 
 Speed (issue 16). Every candidate gets an MR score, so per-candidate cost sets the scaling: the
 library stores each entry's query-independent invariants (zen.attribute.invariants: layer and
@@ -43,6 +47,8 @@ PR_WEIGHTS = {"cos": 0.8, "cls": 0.2}
 UR_WEIGHTS = {"mr": 0.25, "pr": 0.75}
 FULL_COMPARE = 10
 NO_SHARED_CODE = "no base model in the library shares code with this model"
+OTHER_FRAMEWORK = "other framework"
+FOREIGN_COMPARE = 3  # bases of another framework compared in full (shown with their scores, never attributed)
 
 
 @dataclass
@@ -55,6 +61,7 @@ class Candidate:
     optimal_cos: float | None = None
     shared: int = 0
     match: MatchResult | None = None
+    note: str = ""  # why a candidate cannot be the attribution (another framework)
 
     @property
     def pr(self) -> float:
@@ -71,6 +78,8 @@ class Candidate:
             "arch": r(self.mr.arch), "ts": r(self.mr.ts), "op": r(self.mr.op), "graph": r(self.mr.graph),
             "cos": r(self.cos), "cls": r(self.cls), "shared_code_objects": self.shared,
         }  # fmt: skip
+        if self.note:
+            d["note"] = self.note
         if self.match is not None:
             fuzzy = [p for p in self.match.pairs if not p.exact]
             d.update(
@@ -144,12 +153,29 @@ class _Stored:
             self._decoded = self.library.get(self.row.name)
         return self._decoded
 
+    def framework(self) -> str:
+        """The entry's front end: stored in its summary (older entries: read from its MR)."""
+        return self.row.summary.get("framework") or self._entry().mr.framework
+
     def views(self) -> list[CodeView]:
         stored = self.library.views_blob(self.row.name)
         if stored is not None and stored[0] == INVARIANTS_VERSION:
             return unpack_views(stored[1], self.library.code_bodies)
         e = self._entry()
         return views(e.pr, primary_modules(e.mr))
+
+
+def _foreign(cand: Candidate, framework: str, own: str) -> Candidate:
+    how = f"; scored by {cand.method}" if cand.method else ""
+    cand.method = OTHER_FRAMEWORK
+    cand.note = f"a {own} model is not attributed to a {framework} base (recovered by another front end{how})"
+    return cand
+
+
+def _only_foreign(cands: list[Candidate], size: int, own: str) -> Attribution:
+    cands.sort(key=lambda c: (-c.ur, c.name))
+    msg = f"no {own} base model in the library shares code with this model (only bases of other frameworks do)"
+    return Attribution(None, cands, msg, f"{msg}; their similarities are listed, marked {OTHER_FRAMEWORK!r}.", size)
 
 
 def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool = True,
@@ -164,23 +190,31 @@ def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, 
     if not shared:
         rows = [_Stored(library, r) for r in library.mr_invariants()]
         cands = [Candidate(s.row.name, mr_score(query, s.mr, memo), "mr-only") for s in rows]
-        cands.sort(key=lambda c: (-c.ur, c.name))
+        cands = [c if s.framework() == mr.framework else _foreign(c, s.framework(), mr.framework) for c, s in zip(cands, rows)]
+        cands.sort(key=lambda c: (c.method == OTHER_FRAMEWORK, -c.ur, c.name))
         return Attribution(None, cands, NO_SHARED_CODE, f"{NO_SHARED_CODE}; MR-only similarities are listed.", size)
     stored = {r.name: _Stored(library, r) for r in library.mr_invariants(shared)}
     sizes = {n: max(1, s.row.summary.get("code_objects", 1)) for n, s in stored.items()}
     mrs = {n: mr_score(query, stored[n].mr, memo) for n in shared}
-    ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
+    fw = {n: stored[n].framework() for n in shared}
     delta = views(pr, primary_modules(mr))
     cache = IbssCache()
-    cands: list[Candidate] = []
-    for name in sorted(ranked[:FULL_COMPARE]):
-        s = stored[name]
-        cands.append(_compare(name, mrs[name], delta, s.views(), optimal, shared[name], cache=cache))
-    for name in sorted(ranked[FULL_COMPARE:]):
-        est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
-        cands.append(Candidate(name, mrs[name], "index estimate", est, est, None, shared[name]))
+
+    def score(names: list[str], budget: int) -> tuple[list[str], list[Candidate]]:
+        ranked = sorted(names, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
+        cands = [_compare(n, mrs[n], delta, stored[n].views(), optimal, shared[n], cache=cache) for n in sorted(ranked[:budget])]
+        for name in sorted(ranked[budget:]):
+            est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
+            cands.append(Candidate(name, mrs[name], "index estimate", est, est, None, shared[name]))
+        return ranked, cands
+
+    ranked, cands = score([n for n in shared if fw[n] == mr.framework], FULL_COMPARE)
+    other = score([n for n in shared if fw[n] != mr.framework], FOREIGN_COMPARE)[1]
+    foreign = [_foreign(c, fw[c.name], mr.framework) for c in other]
+    if not cands:
+        return _only_foreign(foreign, size, mr.framework)
     stale = sorted(n for n in ranked[:FULL_COMPARE] if stored[n].listing_version != pr.listing_version)
-    return _finish(cands, size, mr, pr, stale)
+    return _finish(cands + foreign, size, mr, pr, stale)
 
 
 def _attribute_reference(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool) -> Attribution:
@@ -188,29 +222,44 @@ def _attribute_reference(mr: ModelMR, pr: ProgrammaticRepresentation, library: L
     size = len(library)
     shared = library.sharing("listing", {c.listing_sha256 for c in pr.codes})
     if not shared:
-        cands = [Candidate(e.name, mr_similarity(mr, e.mr), "mr-only") for e in library.entries()]
-        cands.sort(key=lambda c: (-c.ur, c.name))
+        cands = [Candidate(e.name, mr_similarity(mr, e.mr), "mr-only") if e.mr.framework == mr.framework else
+                 _foreign(Candidate(e.name, mr_similarity(mr, e.mr), ""), e.mr.framework, mr.framework)
+                 for e in library.entries()]  # fmt: skip
+        cands.sort(key=lambda c: (c.method == OTHER_FRAMEWORK, -c.ur, c.name))
         return Attribution(None, cands, NO_SHARED_CODE, f"{NO_SHARED_CODE}; MR-only similarities are listed.", size)
     sizes = {e["name"]: max(1, e["summary"].get("code_objects", 1)) for e in library.list()}
     entries = {e.name: e for e in library.entries(sorted(shared))}
     mrs = {n: mr_similarity(mr, e.mr) for n, e in entries.items()}
-    ranked = sorted(shared, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
     delta = views(pr, primary_modules(mr))
-    cands: list[Candidate] = []
-    top = [entries[n] for n in sorted(ranked[:FULL_COMPARE])]
-    for entry in top:
-        cands.append(compare(mr, entry, delta, optimal=optimal, shared=shared[entry.name], reference=True))
-    for name in sorted(ranked[FULL_COMPARE:]):
-        est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
-        cands.append(Candidate(name, mrs[name], "index estimate", est, est, None, shared[name]))
-    return _finish(cands, size, mr, pr, sorted(e.name for e in top if e.pr.listing_version != pr.listing_version))
+
+    def score(names: list[str], budget: int) -> tuple[list, list[Candidate]]:
+        ranked = sorted(names, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
+        top = [entries[n] for n in sorted(ranked[:budget])]
+        cands = [compare(mr, e, delta, optimal=optimal, shared=shared[e.name], reference=True) for e in top]
+        for name in sorted(ranked[budget:]):
+            est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
+            cands.append(Candidate(name, mrs[name], "index estimate", est, est, None, shared[name]))
+        return top, cands
+
+    fw = {n: e.mr.framework for n, e in entries.items()}
+    top, cands = score([n for n in shared if fw[n] == mr.framework], FULL_COMPARE)
+    other = score([n for n in shared if fw[n] != mr.framework], FOREIGN_COMPARE)[1]
+    foreign = [_foreign(c, fw[c.name], mr.framework) for c in other]
+    if not cands:
+        return _only_foreign(foreign, size, mr.framework)
+    return _finish(cands + foreign, size, mr, pr, sorted(e.name for e in top if e.pr.listing_version != pr.listing_version))
 
 
 def _finish(cands: list[Candidate], size: int, mr: ModelMR, pr: ProgrammaticRepresentation, stale: list[str]) -> Attribution:
-    cands.sort(key=lambda c: (c.method != "algorithm-1", -c.ur, c.name))
+    cands.sort(key=lambda c: (c.method == OTHER_FRAMEWORK, c.method != "algorithm-1", -c.ur, c.name))
     best = cands[0]
     att = Attribution(best.name, cands, "", "", size, {"primary": sorted(primary_modules(mr))})
     att.explanation = explain(att, pr)
+    refused = [c for c in cands if c.method == OTHER_FRAMEWORK]
+    if refused:
+        att.details["other_framework"] = [c.name for c in refused]
+        att.explanation += (f" Not attributable, being bases of another framework than this {mr.framework} model: "
+                            + ", ".join(f"{c.name} (UR {c.ur:.2f})" for c in refused) + ".")  # fmt: skip
     if stale:
         att.details["stale_listings"] = stale
         att.explanation += (
@@ -242,7 +291,7 @@ def explain(att: Attribution, pr: ProgrammaticRepresentation) -> str:
         f"Its architecture matches with graph similarity {best.mr.graph:.2f}, layer types {best.mr.arch:.2f}, "
         f"tensors {best.mr.ts:.2f} and operators {best.mr.op:.2f}.",
     ]  # fmt: skip
-    others = [c for c in att.candidates if c is not best]
+    others = [c for c in att.candidates if c is not best and c.method != OTHER_FRAMEWORK]
     if others:
         nxt = others[0]
         parts.append(f"The next candidate, {nxt.name}, scores UR {nxt.ur:.2f} (MR {nxt.mr.mrss:.2f}, PR {nxt.pr:.2f}"

@@ -247,7 +247,7 @@ class Library:
         pr_json["system_codes"] = []  # the system-wide table is evidence, not fingerprint: not stored
         summary = {"modules": len(mr.modules), "tensors": len(mr.tensors), "code_objects": len(pr.codes),
                    "classes": len(pr.classes), "layer_types": len(mr.layer_types),
-                   "parameter_elements": mr.summary.get("parameter_elements")}  # fmt: skip
+                   "parameter_elements": mr.summary.get("parameter_elements"), "framework": mr.framework}  # fmt: skip
         created = created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         from zen.attribute.invariants import invariants
 

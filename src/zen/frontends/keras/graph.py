@@ -16,6 +16,7 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import read_dict
 from zen.cpython.readers.instances import read_instance
 from zen.errors import ZenError
+from zen.frontends.keras.construct import node_records
 from zen.frontends.keras.layers import LayerIndex, _items
 
 METHOD = "keras functional nodes (_nodes_by_depth, arguments' _keras_history)"
@@ -78,6 +79,10 @@ def functional_graphs(ip: Interpreter, index: LayerIndex, root: int) -> dict[str
             continue
         graphs[path] = {"operations": [label[o] for o in ops],
                         "edges": sorted([label[a], label[b], i] for a, b, i in edges)}  # fmt: skip
+        try:  # the call sites, for reuse: each node's arguments in the deployed order
+            graphs[path].update(node_records(ip, model, lambda op: paths.get(op) or f"op:{_name(ip, op)}"))
+        except (ZenError, ValueError) as exc:
+            skipped[path] = f"call arguments not read: {exc}"
         dataflow.update((label[a], label[b]) for a, b, _ in edges)
     if not graphs:
         return {}

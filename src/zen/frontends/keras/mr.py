@@ -17,6 +17,7 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.functions import read_function
 from zen.cpython.readers.instances import read_instance
 from zen.errors import ZenError
+from zen.frontends.keras.construct import construction
 from zen.frontends.keras.layers import LayerIndex, LayerNode, _items
 from zen.frontends.keras.tensors import TFTensorMeta, TFTensorReader
 from zen.represent.mr import ModelMR, ModuleRecord, RootRecord, TensorRecord
@@ -207,6 +208,7 @@ def build_mr(ip: Interpreter, index: LayerIndex, vars_: VariableReader, root: Ro
             training=None, hyperparameters=layer_config(ip, node, problems, path), parameters=list(pkeys),
             buffers=list(bkeys), children=[n for n, _ in node.children], parameter_keys=pkeys, buffer_keys=bkeys,
             child_paths={n: paths.get(c) for n, c in node.children},
+            state={"keras": construction(ip, node, problems, path)},
         ))  # fmt: skip
     extra = optimizer_slots(ip, index, vars_, raddr, used, problems)
     storages: dict[str, list[str]] = {}

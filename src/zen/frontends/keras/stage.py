@@ -13,12 +13,12 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.errors import ObjectError, ZenError
+from zen.frontends.common import NoModelFound, references
 from zen.frontends.keras.graph import functional_graphs
 from zen.frontends.keras.layers import LAYER_BASE, TF_VARIABLE_BASE, VARIABLE_BASE, LayerIndex
 from zen.frontends.keras.mr import KerasSlot, VariableReader, build_mr, root_record, summarize
 from zen.frontends.keras.profile import TFProfile, load_tf_profile
 from zen.frontends.keras.tensors import TFTensorReader
-from zen.frontends.pytorch.modules import NoModelFound, references
 from zen.represent.mr import ModelMR, RootRecord
 
 TF_MODULES = ("tensorflow", "keras")

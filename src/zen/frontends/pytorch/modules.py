@@ -18,14 +18,11 @@ from zen.cpython.readers.dicts import read_dict
 from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.types import TypeInfo
 from zen.errors import ZenError
+from zen.frontends.common import NoModelFound, references  # noqa: F401 - their home before the Keras front end
 
 MODULE_BASE = "torch.nn.modules.module.Module"
 TENSOR_BASE = "torch._C.TensorBase"
 MAX_TREE = 1_000_000
-
-
-class NoModelFound(ZenError):
-    exit_code = 6
 
 
 @dataclass
@@ -126,28 +123,3 @@ class ModuleIndex:
 
     def depth(self, root: int) -> int:
         return max((p.count(".") + 1 if p else 0) for p, _ in self.walk(root))
-
-
-def references(ip: Interpreter, heap: Heap, targets: set[int]) -> dict[int, list[str]]:
-    """Where each target is referenced by name: `__main__` globals and locals of live frames."""
-    refs: dict[int, list[str]] = {t: [] for t in targets}
-    try:
-        mods = heap.sys_modules()
-        main = mods.get("__main__")
-        if main:
-            from zen.cpython.readers.modules import read_module
-
-            for k, v in read_dict(ip, read_module(ip, main).dict):
-                if v in refs and ip.kind(k) == "str":
-                    refs[v].append(f"__main__.{ip.str(k)}")
-    except ZenError:
-        pass
-    try:
-        for th in heap.threads():
-            for fr in th.frames:
-                for name, v in heap.frame_locals(fr).items():
-                    if v in refs:
-                        refs[v].append(f"frame {fr.get('qualname', '?')}: {name}")
-    except ZenError:
-        pass
-    return refs
