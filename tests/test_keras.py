@@ -7,6 +7,8 @@ imaged once per session; `zen recover` must give every variable bit for bit, in 
 path, with layers, configuration, functional graph and optimizer slots; keras.applications.MobileNetV2 (random
 weights) is one of the models. `zen reuse` packages are run by `zen verify --python TF` and must give the outputs the
 deployed process wrote, bit for bit; a second process serves a customised fork of Block, attributed to its base.
+The data flow of the subclassed models' and layers' `call`, recovered from bytecode, must equal what the target
+traced in an eager run of it.
 zen itself never imports TensorFlow: the tests skip, saying why, when the TF environment is absent.
 """
 
@@ -324,6 +326,31 @@ def test_fork_attributed_to_its_base(keras_image, fork_image, workdir, tfpy):
     zen("reuse", fork_case, "-o", pkg)
     got = _verify(pkg, tfpy, ft.outdir / "fork-inputs.safetensors", ft.outdir / "fork-outputs.safetensors")
     assert got["ok"] and got["results"][0]["equal"] is True
+
+
+def _in_scope(node: str, scope: str) -> bool:
+    """Whether a data-flow node belongs to one layer's own `call`: its inputs/output or its direct sublayers."""
+    if node.startswith(f"{scope or '<root>'}:"):
+        return True
+    rest = node[len(scope) + 1 :] if scope and node.startswith(f"{scope}.") else (node if not scope else "")
+    return bool(rest) and "." not in rest and ":" not in rest
+
+
+def test_subclassed_dataflow_from_call(keras_image, fork_image, workdir):
+    """Data flow of the subclassed Block, its fork and the subclassed layer inside, recovered from `call` bytecode,
+    equals what the target traced in an eager run (which sublayer's output feeds which call); the fork's changed
+    `call` gives a different edge set, and Keras's own composite layers (MultiHeadAttention) are walked too."""
+    got = {}
+    for (image, t), name in ((keras_image, "block"), (fork_image, "fork")):
+        _, mr, _, _ = recovered(image, t, name, workdir)
+        truth, graph = t.truth["models"][name]["dataflow"], mr["graph"]
+        assert truth["scopes"] == ["", "tables"] and len(truth["edges"]) >= 12
+        assert not graph["dataflow_skipped"] and "call bytecode" in graph["dataflow_method"]
+        got[name] = {(a, b) for a, b in graph["dataflow"] if any(_in_scope(a, s) and _in_scope(b, s) for s in truth["scopes"])}
+        assert got[name] == {tuple(e) for e in truth["edges"]}, name
+        edges = {tuple(e) for e in graph["dataflow"]}
+        assert {("mha:in:query", "mha.query"), ("mha:in:value", "mha.value"), ("mha.query", "mha.attention_output")} <= edges
+    assert {("norm1", "proj"), ("proj", "head")} <= got["fork"] - got["block"] and not got["block"] - got["fork"]
 
 
 def test_cross_framework_attribution_refused(keras_image, workdir):

@@ -13,12 +13,15 @@ a Sequential and another functional model (one of whose layers got an initialize
 constructor arguments for it). `fork` builds only a customised
 Block (a subclass whose `call` adds a residual and a scaled head, with one extra layer): the fork attributed to its
 base. Every model's input and the output `model(x)` gave are written to NAME-inputs.safetensors and
-NAME-outputs.safetensors (key "x"), the ground truth for reuse.
+NAME-outputs.safetensors (key "x"), the ground truth for reuse. For models holding layers whose class is defined
+here (Block, ForkBlock, DTypes), truth.json's `dataflow` lists which sublayer's output feeds which call (and the
+call's output), traced in an eager run of each such layer's `call`: the ground truth for data flow from bytecode.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import struct
@@ -128,6 +131,87 @@ class ForkBlock(Block):
         return self.head(h) * 0.5
 
 
+def _paths(layer, path: str = "") -> list[tuple[str, object]]:
+    """(MR path, layer) for a layer and its sublayers: names joined by "." below the root, as zen's paths are."""
+    out = [(path, layer)]
+    for c in layer._layers:
+        out += _paths(c, f"{path}.{c.name}" if path else c.name)
+    return out
+
+
+def _tensors(value) -> list:
+    return [t for t in tf.nest.flatten(value) if tf.is_tensor(t)]
+
+
+def _call_dataflow(layer, path: str, args: tuple) -> set[tuple[str, str]]:
+    """Which of `layer`'s direct sublayers' outputs (and its own inputs) feed which sublayer call and its output, in an
+    eager run of its `call`: every sublayer's output is made a fresh, watched tensor computed from gradient-stopped
+    inputs, so a gradient from a call's arguments to an earlier output exists exactly when that output reaches the
+    arguments without passing through another sublayer (integer inputs, which have no gradient, by identity)."""
+    kids = {id(c): f"{path}.{c.name}" if path else c.name for c in layer._layers}
+    base = path or "<root>"
+    params = [p for p in inspect.signature(type(layer).call).parameters][1:]
+    edges: set[tuple[str, str]] = set()
+    sources: list[tuple[str, object]] = []
+    orig = keras.layers.Layer.__call__
+
+    def feeds(tape, consumer: str, value) -> None:
+        flat = _tensors(value)
+        floats = [t for t in flat if t.dtype.is_floating]
+        with tape.stop_recording():
+            for name, src in sources:
+                direct = any(t is src for t in flat)
+                if direct or (floats and src.dtype.is_floating and tape.gradient(floats, src) is not None):
+                    edges.add((name, consumer))
+
+    with tf.GradientTape(persistent=True) as tape:
+        inputs = [tf.convert_to_tensor(a) if not tf.is_tensor(a) else a for a in args]
+        for p, a in zip(params, inputs):
+            if a.dtype.is_floating:
+                tape.watch(a)
+            sources.append((f"{base}:in:{p}", a))
+
+        def wrapped(self, *a, **kw):
+            if id(self) not in kids:
+                return orig(self, *a, **kw)
+            feeds(tape, kids[id(self)], (a, kw))
+            a, kw = tf.nest.map_structure(lambda t: tf.stop_gradient(t) if tf.is_tensor(t) else t, (a, kw))
+            y = tf.identity(orig(self, *a, **kw))
+            tape.watch(y)
+            sources.append((kids[id(self)], y))
+            return y
+
+        keras.layers.Layer.__call__ = wrapped
+        try:
+            out = type(layer).call(layer, *inputs)
+        finally:
+            keras.layers.Layer.__call__ = orig
+        feeds(tape, f"{base}:out", out)
+    return edges
+
+
+def dataflow_truth(model, x) -> dict:
+    """Data-flow ground truth of every layer of `model` whose class is defined here (subclassed models and layers):
+    each is traced on the arguments it got in a normal call of the model."""
+    scopes = [(p, la) for p, la in _paths(model) if type(la).__module__ == __name__]
+    got: dict[int, tuple] = {}
+    orig = keras.layers.Layer.__call__
+
+    def record(self, *a, **kw):
+        got.setdefault(id(self), a)
+        return orig(self, *a, **kw)
+
+    keras.layers.Layer.__call__ = record
+    try:
+        model(x)
+    finally:
+        keras.layers.Layer.__call__ = orig
+    edges: set[tuple[str, str]] = set()
+    for path, la in scopes:
+        edges |= _call_dataflow(la, path, got[id(la)])
+    return {"scopes": [p for p, _ in scopes], "edges": sorted(edges)}
+
+
 def build_fork() -> dict:
     fork = ForkBlock(name="fork")
     ids = np.random.default_rng(4).integers(0, 50, size=(2, 7))
@@ -195,6 +279,8 @@ def main() -> None:
             if hasattr(graph, "_nodes_by_depth"):
                 entry["edges"] = sorted({(p.operation.name, n.operation.name) for nodes in graph._nodes_by_depth.values()
                                          for n in nodes for p in n.parent_nodes})  # fmt: skip
+            if any(type(la).__module__ == __name__ for _, la in _paths(m)):
+                entry["dataflow"] = dataflow_truth(m, x)
             opt = getattr(m, "optimizer", None)
             entry["optimizer"] = [var_truth(v) for v in opt.variables] if opt is not None and opt.built else []
             truth["models"][name] = entry

@@ -14,6 +14,7 @@ from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.errors import ObjectError, ZenError
 from zen.frontends.common import NoModelFound, references
+from zen.frontends.keras.dataflow import call_dataflow, merge
 from zen.frontends.keras.graph import functional_graphs
 from zen.frontends.keras.layers import LAYER_BASE, TF_VARIABLE_BASE, VARIABLE_BASE, LayerIndex
 from zen.frontends.keras.mr import KerasSlot, VariableReader, build_mr, root_record, summarize
@@ -103,6 +104,10 @@ def keras_model(ip: Interpreter, heap: Heap, choice: str | None, description: st
         mr.graph.update(functional_graphs(ip, index, int(chosen.address, 16)))
     except ZenError as exc:
         mr.problems.append(f"functional graph not recovered: {exc}")
+    try:
+        merge(mr.graph, call_dataflow(ip, index, int(chosen.address, 16)))
+    except ZenError as exc:
+        mr.problems.append(f"data-flow edges of call not recovered: {exc}")
     mr.summary = summarize(mr)
     sections = {"torch": {"version": None}, "tensorflow": {"version": tf_v}, "keras": {"version": keras_v}}
     return KerasModel(mr, slots, extra, reader, index, found, chosen, how, sections, prof)

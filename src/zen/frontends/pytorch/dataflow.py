@@ -1,37 +1,20 @@
-"""Call-level data-flow edges of a model, recovered from its `forward` bytecode (never run).
+"""Call-level data-flow edges of a PyTorch model, recovered from each module's `forward` bytecode (never run).
 
-For every module we take the `forward` found in its class's MRO, decode its code object from the
-image with the image's own opcode tables (so any supported Python version) and walk it once, in
-order, with a small abstract stack. Values are the sets of "producers" they derive from: the
-module's inputs, or the outputs of its children. Calling `self.<child>(...)` adds an edge from
-every producer of the arguments to that child; calling an element of a container (`for layer in
-self.layers: x = layer(x)`, or `nn.Sequential`, which iterates over itself) chains the
-container's children in registration order; returning a value adds edges to the module's output.
-
-What this is and is not: a static, path-insensitive approximation (each instruction once, jumps
-ignored, unknown operations merge their operands), so it shows which children consume which
-others' outputs, including residual connections; it does not model loops' repetitions, control
-flow, or calls into helper functions that call children. Edges are per module:
+The walk itself is framework-neutral (`zen.frontends.dataflow`); this module says what it means for torch: the
+method is `forward`, a module's children are its `_modules` (attribute name = child name = path component), and
+every child is also a container of its own children (`nn.Sequential` / `nn.ModuleList` iterated or indexed), as is
+the module itself (`nn.Sequential.forward` iterates over `self`). Edges are per module:
 `PATH:in:ARG -> child`, `child -> child`, `child -> PATH:out`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from zen.cpython.instructions import Instruction, decode, pair_parts
 from zen.cpython.interp import Interpreter
-from zen.cpython.profile import OpcodeTable
-from zen.cpython.readers.code import read_code
-from zen.cpython.readers.dicts import dict_get
-from zen.cpython.readers.functions import read_function
-from zen.cpython.readers.types import read_type
 from zen.errors import ZenError
+from zen.frontends.dataflow import Code, layer_edges, method_code
 from zen.frontends.pytorch.modules import ModuleIndex
-
-EMPTY: frozenset = frozenset()
-MAX_INSTRUCTIONS = 20_000
 
 METHOD = (
     "static, path-insensitive walk of each module's forward bytecode: edges from the producers of call "
@@ -39,203 +22,17 @@ METHOD = (
 )
 
 
-def _find_forward(ip: Interpreter, type_addr: int) -> int | None:
-    """Address of the `forward` function defined closest in the class's MRO (None if none)."""
-    t = read_type(ip, type_addr)
-    for cls in t.mro_addrs:
-        ct = read_type(ip, cls)
-        if not ct.dict_addr:
-            continue
-        f = dict_get(ip, ct.dict_addr, "forward")
-        if f is not None:
-            return f if ip.kind(f) == "function" else None
-    return None
-
-
-_LOADS = frozenset(("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE"))
-_STORES = frozenset(("STORE_FAST", "STORE_DEREF"))
-MAX_COUNT = 256  # operands one instruction may pop or push here: image opargs are untrusted
-_SKIP = frozenset(("PRECALL", "KW_NAMES", "RESUME", "RESUME_CHECK", "NOP", "CACHE", "EXTENDED_ARG", "NOT_TAKEN", "TO_BOOL"))
-
-
-class _Walker:
-    """Abstract interpretation of one code object's instructions; records edges between tokens.
-
-    Instructions come from zen's own decoder driven by the image's profile, and the stack effect
-    of anything not modelled from the profile's table, so a 3.13 image is walked by zen on 3.11
-    exactly as a 3.11 image is. Version differences handled: 3.13's two-local superinstructions,
-    3.12's method flag in LOAD_ATTR (3.11: LOAD_METHOD), 3.13's CALL_KW (names on the stack),
-    3.14's BINARY_OP [] subscripts and LOAD_SMALL_INT, 3.12's RETURN_CONST.
-    """
-
-    def __init__(self, instructions: list[Instruction], params: tuple[str, ...], ops: OpcodeTable) -> None:
-        self.instructions = instructions
-        self.params = params
-        self.ops = ops
-        self.method_flag = ops.name_arg_shift.get("LOAD_ATTR", 0) == 1  # 3.12+: low bit = method load
-        self.global_null = ops.name_arg_shift.get("LOAD_GLOBAL", 0) == 1  # 3.11+: low bit = push NULL
-        self.edges: set[tuple[tuple, tuple]] = set()
-
-    @staticmethod
-    def prod(v: tuple) -> frozenset:
-        if v[0] == "data":
-            return v[1]
-        if v[0] == "child":
-            return frozenset({("child", v[1])})
-        return EMPTY
-
-    def run(self, children: list[str]) -> set:
-        local: dict[str, tuple] = {}
-        for i, n in enumerate(self.params):
-            local[n] = ("self",) if i == 0 else ("data", frozenset({("in", n)}))
-        stack: list[tuple] = []
-
-        def pop() -> tuple:
-            return stack.pop() if stack else ("data", EMPTY)
-
-        for n_ins, ins in enumerate(self.instructions):
-            if n_ins > MAX_INSTRUCTIONS:
-                break
-            op, arg = ins.name, ins.argval
-            if ins.kind == "local_pair":
-                for part, name in zip(pair_parts(op) or (), arg):
-                    if part in _STORES:
-                        local[name] = pop()
-                    else:
-                        stack.append(local.get(name, ("data", EMPTY)))
-            elif op in _LOADS:
-                stack.append(local.get(arg, ("data", EMPTY)))
-            elif op in _STORES:
-                local[arg] = pop()
-            elif op == "LOAD_GLOBAL":
-                if self.global_null and ins.arg is not None and ins.arg & 1:
-                    stack.append(("null",))
-                stack.append(("data", EMPTY))
-            elif op in ("LOAD_ATTR", "LOAD_METHOD"):
-                obj = pop()
-                if op == "LOAD_METHOD" or (self.method_flag and (ins.arg or 0) & 1):
-                    stack.append(("null",))
-                if obj[0] == "self" and arg in children:
-                    stack.append(("child", arg))
-                else:
-                    stack.append(("data", self.prod(obj)))
-            elif op == "PUSH_NULL":
-                stack.append(("null",))
-            elif op in ("CALL", "CALL_KW", "CALL_METHOD"):  # CALL_METHOD: 3.8-3.10, after LOAD_METHOD
-                if op == "CALL_KW":
-                    pop()  # the tuple of keyword names
-                args = [pop() for _ in range(self._count(ins.arg, stack))]
-                a, b = pop(), pop()
-                callee = a if a[0] != "null" else b
-                self._call(callee, args, stack)
-            elif op in ("CALL_FUNCTION", "CALL_FUNCTION_KW"):  # 3.8-3.10: one callable below the arguments
-                if op == "CALL_FUNCTION_KW":
-                    pop()  # the tuple of keyword names
-                args = [pop() for _ in range(self._count(ins.arg, stack))]
-                self._call(pop(), args, stack)
-            elif op == "CALL_FUNCTION_EX":
-                # 3.14 has no argument and always a kwargs slot (the dict or NULL); before, bit 0 says
-                vals = [pop() for _ in range(3 if ins.arg is None or ins.arg & 1 else 2)]
-                null = pop() if self.global_null else ("data", EMPTY)  # no NULL slot before 3.11
-                callee = vals[-1] if vals[-1][0] != "null" else null
-                self._call(callee, vals[:-1], stack)
-            elif op == "GET_ITER":
-                v = pop()
-                stack.append(
-                    ("iter", "self") if v[0] == "self" else ("iter", v[1]) if v[0] == "child" else ("data", self.prod(v))
-                )
-            elif op == "FOR_ITER":
-                it = stack[-1] if stack else ("data", EMPTY)
-                stack.append(("elem", it[1]) if it[0] == "iter" else ("data", self.prod(it)))
-            elif op == "BINARY_SUBSCR" or (op == "BINARY_OP" and arg == "[]"):
-                idx, container = pop(), pop()
-                stack.append(
-                    ("elem", container[1]) if container[0] == "child" else ("data", self.prod(container) | self.prod(idx))
-                )
-            elif op in ("UNPACK_SEQUENCE", "UNPACK_EX"):
-                v = pop()
-                arg = ins.arg or 0
-                n = arg if op == "UNPACK_SEQUENCE" else (arg & 0xFF) + (arg >> 8) + 1  # before, starred, after
-                stack.extend([("data", self.prod(v))] * min(n, MAX_COUNT))
-            elif op == "RETURN_VALUE":
-                for p in self.prod(pop()):
-                    self.edges.add((p, ("out",)))
-            elif op in _SKIP or op.startswith("JUMP"):
-                continue
-            elif op == "COPY":
-                stack.append(stack[-(ins.arg or 1)] if len(stack) >= (ins.arg or 1) else ("data", EMPTY))
-            elif op == "SWAP":
-                i = ins.arg or 2
-                if len(stack) >= i:
-                    stack[-1], stack[-i] = stack[-i], stack[-1]
-            else:
-                self._generic(ins, stack, pop)
-        return self.edges
-
-    def _call(self, callee: tuple, args: list[tuple], stack: list[tuple]) -> None:
-        prods = frozenset().union(*(self.prod(a) for a in args)) if args else EMPTY
-        if callee[0] == "child":
-            tok = ("child", callee[1])
-            self.edges.update((p, tok) for p in prods)
-            stack.append(("data", frozenset({tok})))
-        elif callee[0] == "elem":
-            tok = ("chain", callee[1])
-            self.edges.update((p, tok) for p in prods)
-            stack.append(("data", frozenset({tok})))
-        else:
-            stack.append(("data", prods | self.prod(callee)))
-
-    @staticmethod
-    def _count(arg: int | None, stack: list[tuple]) -> int:
-        """How many operands an instruction takes, bounded by what the stack can hold."""
-        return min(arg or 0, len(stack) + 1, MAX_COUNT)
-
-    def _generic(self, ins: Instruction, stack: list[tuple], pop: Callable[[], tuple]) -> None:
-        net = max(-MAX_COUNT, min(MAX_COUNT, self.ops.stack_effect(ins.op, ins.arg)))
-        if net < 0:
-            merged = frozenset().union(*(self.prod(pop()) for _ in range(-net)))
-            top = pop()
-            stack.append(("data", self.prod(top) | merged))
-        else:
-            stack.extend([("data", self.prod(stack[-1]) if stack else EMPTY)] * net)
-
-
-def _decoded(ip: Interpreter, code_addr: int) -> tuple[list[Instruction], tuple[str, ...]]:
-    """(instructions, parameter names) of a code object in the image, in the image's version."""
-    ci = read_code(ip, code_addr)
-    consts = [""] * len(ci.consts)  # constants play no part in the walk
-    params = ci.varnames[: ci.argcount + ci.kwonlyargcount]
-    return decode(ci.code, ci.names, ci.localsplusnames, consts, ip.P.opcodes, ci.free_base), params
-
-
-def _node(path: str, tok: tuple, chain_children: dict[str, list[str]], first: bool) -> list[str]:
-    base = path or "<root>"
-    if tok[0] == "in":
-        return [f"{base}:in:{tok[1]}"]
-    if tok[0] == "out":
-        return [f"{base}:out"]
-    if tok[0] == "child":
-        return [f"{path}.{tok[1]}" if path else tok[1]]
-    kids = chain_children.get(tok[1], [])
-    if not kids:
-        return []
-    return [kids[0]] if first else [kids[-1]]
-
-
 def dataflow_edges(ip: Interpreter, index: ModuleIndex, mr) -> dict[str, Any]:
     """Graph additions for the MR: {"dataflow": [[src, dst], ...], "dataflow_method", "dataflow_skipped"}."""
     edges: set[tuple[str, str]] = set()
     skipped: dict[str, str] = {}
-    cache: dict[int, Any] = {}
+    cache: dict[int, Code | None] = {}
     by_path = {m.path: m for m in mr.modules}
     for path, node in index.walk(int(mr.root.address, 16)):
         if path not in by_path:
             continue
         try:
-            if node.type.addr not in cache:
-                f = _find_forward(ip, node.type.addr)
-                cache[node.type.addr] = _decoded(ip, read_function(ip, f).code) if f else None
-            code = cache[node.type.addr]
+            code = method_code(ip, node.type.addr, "forward", cache)
         except ZenError as exc:
             skipped[path] = str(exc)
             continue
@@ -243,17 +40,10 @@ def dataflow_edges(ip: Interpreter, index: ModuleIndex, mr) -> dict[str, Any]:
             skipped[path] = "no forward"
             continue
         names = [n for n, c in node.children if c]
-        local = _Walker(code[0], code[1], ip.P.opcodes).run(names)
-        chain = {"self": [f"{path}.{n}" if path else n for n in names]}
+        children = {n: f"{path}.{n}" if path else n for n in names}
+        containers = {"self": list(children.values())}
         for n, c in node.children:
             if c and c in index.nodes:
-                sub = f"{path}.{n}" if path else n
-                chain[n] = [f"{sub}.{k}" for k, kc in index.nodes[c].children if kc]
-        for src, dst in local:
-            for s in _node(path, src, chain, first=False):
-                for d in _node(path, dst, chain, first=True):
-                    edges.add((s, d))
-        for tok in {t for e in local for t in e if t[0] == "chain"}:
-            kids = chain.get(tok[1], [])
-            edges.update(zip(kids, kids[1:]))
+                containers[n] = [f"{children[n]}.{k}" for k, kc in index.nodes[c].children if kc]
+        edges |= layer_edges(code, ip.P.opcodes, path, children, containers)
     return {"dataflow": sorted([list(e) for e in edges]), "dataflow_method": METHOD, "dataflow_skipped": skipped}
