@@ -4,7 +4,10 @@ The object readers and code objects are checked against ground truth in tests/te
 (sources "py3.13", "py3.14"); here: the shipped profiles are what calibration measures under
 those interpreters, the image's own `_Py_DebugOffsets` table is read, cross-checked and wins over
 a wrong profile, a corrupt table is ignored, statically linked builds are found, and the same
-source compiled by 3.11, 3.13 and 3.14 gives close normalised listings.
+source compiled by 3.11, 3.13 and 3.14 gives close normalised listings. With the opt-in torch venvs
+(tools/torch-venv.sh: torch 2.4.1 on 3.8/3.9, 2.13.0 on 3.10/3.13/3.14): the torch layout measured
+there is the shipped profile, and family processes under those Pythons are recovered bit-exactly
+and attributed as under 3.11.
 """
 
 from __future__ import annotations
@@ -205,26 +208,52 @@ def _line(listings: dict, qualname: str) -> int:
 
 
 def torch_python(minor: str) -> str | None:
-    """A CPython `minor` with torch 2.13.0 (tools/torch-venv.sh; opt-in: ~4.5 GB of CUDA wheels)."""
+    """A CPython `minor` with its pinned torch (tools/torch-venv.sh; opt-in: 2.5-4.5 GB of CUDA wheels)."""
     venv = python_cache() / f"{minor}-torch"
     exe = venv / "bin" / "python"
     return str(exe) if exe.is_file() and (venv / ".zen-torch-ok").is_file() else None
 
 
-@pytest.mark.parametrize("minor", ["3.10", *FOREIGN])
+def torch_pin(minor: str) -> str:
+    """The torch tools/torch-venv.sh installs for `minor`: 2.4.1 where 2.13.0 has no wheel (3.8, 3.9)."""
+    return "2.4.1" if minor in ("3.8", "3.9") else "2.13.0"
+
+
+@pytest.mark.parametrize("minor", ["3.8", "3.9", "3.10", *FOREIGN])
+def test_torch_calibration_reproduces_shipped_profile(minor, tmp_path):
+    """`zen profile torch` under another Python's torch measures the layout zen ships for that torch minor
+    (2.4 from 3.8/3.9, 2.13 elsewhere): the torch layout does not depend on the Python version or on
+    the CUDA build (the shipped 2.13 profile was measured on the CPU build under 3.11)."""
+    exe = torch_python(minor)
+    if exe is None:
+        pytest.skip(f"no CPython {minor} with torch {torch_pin(minor)} (tools/torch-venv.sh {minor})")
+    out = tmp_path / "torch.json"
+    zen("profile", "torch", "--python", exe, "-o", out)
+    measured = json.loads(out.read_text())
+    torch_minor = ".".join(torch_pin(minor).split(".")[:2])
+    assert measured["torch"]["minor"] == torch_minor and measured["torch"]["python"].startswith(minor + ".")
+    shipped_file = resources.files("zen.frontends.pytorch") / "profiles" / f"torch-{torch_minor}-x86_64.json"
+    shipped = json.loads(shipped_file.read_text())
+    for key in ("structs", "constants", "dtypes", "device_types"):
+        assert measured[key] == shipped[key], key
+
+
+@pytest.mark.parametrize("minor", ["3.8", "3.9", "3.10", *FOREIGN])
 @pytest.mark.parametrize("family,models", [("convnet", ("convnet_se", "convnet_wide")), ("gptmini", ("gptmini_lora",))])
 def test_family_from_foreign_image_attributes_like_311(family_images, base_library, workdir, family, models, minor):
-    """The same family process under 3.13 or 3.14: the model-specific code equal to what the 3.13 process
-    says it is, the same data-flow graph, each fork attributed to the same base as from the 3.11
-    image, and the score drop the version change causes, printed. (GPTMini's __init__ holds a list
-    comprehension: a nested code object in 3.11, inlined from 3.12.)"""
+    """The same family process under 3.8, 3.9, 3.10, 3.13 or 3.14 (torch 2.4.1 on 3.8/3.9, whose layout
+    profile differs from 2.13's): every tensor bit-exact against the state_dict that process saved, the
+    model-specific code equal to what the process says it is, the same data-flow graph, each fork
+    attributed to the same base as from the 3.11 image, and the score drop the version change causes,
+    printed. (GPTMini's __init__ holds a list comprehension: a nested code object in 3.11, inlined
+    from 3.12.)"""
+    import torch
+    from safetensors.torch import load_file
     from test_code_recovery import compare
 
     exe = torch_python(minor)
     if exe is None:
-        venv = python_cache() / f"{minor}-torch"
-        where = f"tools/torch-venv.sh {minor}" if minor in FOREIGN else f"a venv with torch 2.13.0 in {venv}"
-        pytest.skip(f"no CPython {minor} with torch 2.13.0 ({where})")
+        pytest.skip(f"no CPython {minor} with torch {torch_pin(minor)} (tools/torch-venv.sh {minor})")
     tag = minor.replace(".", "")
     t = start_target("family_target.py", workdir / f"{family}-{tag}-target", family, "--src", str(workdir / "families-src"),
                      python=exe)  # fmt: skip
@@ -241,6 +270,10 @@ def test_family_from_foreign_image_attributes_like_311(family_images, base_libra
             assert manifest["python"]["version"].startswith(minor + ".")
             assert minor not in FOREIGN or manifest["python"]["debug_offsets"]["checked"] >= 39  # 3.13+: the image's table
             assert manifest["status"] == "complete", manifest["problems"]
+            state = torch.load(t.outdir / f"{name}.state.pt", weights_only=True)  # saved by that process
+            weights = load_file(case13 / "weights.safetensors")
+            assert sorted(weights) == sorted(state) and len(state) > 5
+            assert all(weights[k].dtype == v.dtype and torch.equal(weights[k], v) for k, v in state.items())
             compare(case13, t, name)  # functions, classes, code objects, dependencies: ground truth of that process
             assert not (case13 / "code.marshal").exists()  # its code objects cannot be rebuilt by zen's 3.11
             # data flow from the forward bytecode, decoded with that version's opcode tables: same graph as from 3.11

@@ -12,7 +12,24 @@ import gc
 import sys
 import types
 
-EXCLUDED = frozenset({"torch", "numpy", "builtins", "__future__"}) | frozenset(sys.stdlib_module_names)
+
+def _stdlib_names() -> frozenset:
+    """sys.stdlib_module_names (3.10+); before 3.10, the top-level names in the stdlib directory."""
+    if hasattr(sys, "stdlib_module_names"):
+        return frozenset(sys.stdlib_module_names)
+    import os
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    names = set(sys.builtin_module_names)
+    for d in (stdlib, os.path.join(stdlib, "lib-dynload")):
+        for entry in os.listdir(d):
+            if entry != "site-packages":
+                names.add(entry.split(".", 1)[0])
+    return frozenset(names)
+
+
+EXCLUDED = frozenset({"torch", "numpy", "builtins", "__future__"}) | _stdlib_names()
 CHAIN = ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_ATTR", "LOAD_METHOD")
 
 
@@ -41,6 +58,15 @@ def lookup_attr(obj, name):
             if name in d:
                 return d[name]
     return None
+
+
+def _builtins_of(f) -> dict:
+    """f.__builtins__ (3.10+); before, what the function's globals name as __builtins__, as the
+    interpreter itself resolves it (a module in __main__, its dict elsewhere)."""
+    if hasattr(f, "__builtins__"):
+        return f.__builtins__
+    b = f.__globals__.get("__builtins__", {})
+    return vars(b) if isinstance(b, types.ModuleType) else b
 
 
 class Truth:
@@ -118,7 +144,7 @@ class Truth:
                     if ins.opname == "EXTENDED_ARG":
                         continue
                     if ins.opname == "LOAD_GLOBAL":
-                        g, b = f.__globals__, f.__builtins__
+                        g, b = f.__globals__, _builtins_of(f)
                         cur = g[ins.argval] if ins.argval in g else b.get(ins.argval)
                     elif ins.opname == "LOAD_DEREF":
                         cur = cells.get(ins.argval) if own else None
