@@ -15,9 +15,11 @@ import pytest
 
 from zen.cpython import bulk
 from zen.cpython.heap import Heap
+from zen.cpython.instructions import decode, with_consts
 from zen.cpython.interp import Interpreter
-from zen.cpython.programmatic import system_table
+from zen.cpython.programmatic import const_display, system_table
 from zen.cpython.readers.code import read_code_brief
+from zen.cpython.readers.dicts import read_dict
 from zen.cpython.runtime import Runtime
 from zen.errors import ZenError
 from zen.memory import open_space
@@ -129,3 +131,70 @@ def test_class_holders_equal_per_class_reads(opened):
             expected.setdefault(f, []).append((taddr, name, b))
     assert got == {f: expected.get(f, []) for f in fns}
     assert sum(1 for v in got.values() if v) > 1000
+
+
+def test_bulk_dict_items_equal_read_dict(opened):
+    """Class, module and function namespaces read in bulk are exactly what `read_dict` reads; what
+    the vectorised checks refuse (split tables, non-dicts, garbage) is left to the reader."""
+    ip = fresh(opened)
+    rt = Runtime(ip)
+    F = ip.P.function
+    addrs = [t.dict_addr for t in map(rt.type, rt.type_addrs) if t is not None and t.dict_addr]
+    addrs += [ip.space.u64(m + ip.P.module.md_dict) for m in rt.modules.values()]
+    for fa in rt.function_addrs[:3000]:
+        addrs += [ip.space.u64(fa + F.func_globals), ip.space.u64(fa + F.func_kwdefaults), ip.space.u64(fa + F.func_dict)]
+    addrs += [a + 8 for a in addrs[:50]] + [a + 1 for a in addrs[:50]] + rt.code_addrs[:50] + [0, 8, 1 << 46, (1 << 64) - 8]
+    ref = fresh(opened)
+
+    def one(a):
+        try:
+            return read_dict(ref, a)
+        except ZenError:
+            return None
+
+    got = bulk.dict_items(ip, addrs)
+    assert len(got) == len(addrs)
+    assert all(g is None or g == one(a) for a, g in zip(addrs, got))
+    assert all(g is None for g in got[-4:])
+    assert sum(g is not None for g in got) > 0.9 * len(set(rt.type_addrs))  # the fast path was exercised
+
+
+def test_shared_decoding_equals_decoding_with_constants(opened):
+    """The closure's decoding (no constants) plus the constants' displays is the listing's decoding."""
+    ip = fresh(opened)
+    rt = Runtime(ip)
+    checked = 0
+    for ca in rt.code_addrs[:: max(1, len(rt.code_addrs) // 1500)]:
+        ci = rt.code(ca)
+        if ci is None:
+            continue
+        consts = [const_display(rt, a) for a in ci.consts]
+        assert with_consts(rt.instructions(ci), consts) == decode(
+            ci.code, ci.names, ci.localsplusnames, consts, ip.P.opcodes, ci.free_base
+        )
+        assert rt.instructions(ci) is rt.instructions(ci)  # decoded once
+        checked += any(i.kind == "const" for i in rt.instructions(ci))
+    assert checked > 500
+
+
+def test_gc_paused_restores_the_collector():
+    """The code stage pauses cyclic GC; it is back on afterwards, also after an error, and a caller
+    that had it off keeps it off."""
+    import gc
+
+    from zen.cpython.programmatic import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ZenError), gc_paused():
+        raise ZenError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -151,3 +151,70 @@ def kinds(ip: Interpreter, addrs: Sequence[int]) -> list[str | None]:
         except ZenError:
             out[i] = None
     return out
+
+
+def dict_items(ip: Interpreter, addrs: Sequence[int]) -> list[list[tuple[int, int]] | None]:
+    """`read_dict(ip, a)` for each address of an exact dict with a combined table (class and module
+    namespaces); None for any other dict and wherever a check fails (callers use the reader there).
+
+    The headers and keys objects of all dicts are gathered at once, then every entry of every
+    dict in one more gather: what is left per dict is slicing its list of pairs."""
+    out: list[list[tuple[int, int]] | None] = [None] * len(addrs)
+    D, K, c = ip.P.dict, ip.P.dictkeys, ip.P.constants
+    if not len(addrs) or K.has("dk_size"):  # before 3.11 (slot counts, no kinds): left to the reader
+        return out
+    da = as_array(addrs)
+    good = plain_headers(ip, da, ip.wk.types["dict"]) & within_chunk(ip, da, D.ma_values + 8)
+    used, ok1 = gather_field(ip, da, D.ma_used, "i64")
+    keys, ok2 = gather_field(ip, da, D.ma_keys, "ptr")
+    values, ok3 = gather_field(ip, da, D.ma_values, "ptr")
+    good &= ok1 & ok2 & ok3 & (used >= 0) & (used <= ip.limits.max_items) & (values == 0)
+    ka = keys.astype(np.uint64)
+    good &= within_chunk(ip, ka, K.dk_indices)
+    log2 = gather_field(ip, ka, K.dk_log2_size, "u8")[0]
+    log2_ix = gather_field(ip, ka, K.dk_log2_index_bytes, "u8")[0]
+    kind = gather_field(ip, ka, K.dk_kind, "u8")[0]
+    nent = gather_field(ip, ka, K.dk_nentries, "i64")[0]
+    good &= (log2 >= 3) & (log2 <= 40) & (log2_ix <= 60)  # (the shared empty keys: left to the reader)
+    size = np.left_shift(np.int64(1), np.clip(log2, 0, 40))
+    index_bytes = np.left_shift(np.int64(1), np.clip(log2_ix, 0, 60))
+    width = np.where(size <= 0xFF, 1, np.where(size <= 0xFFFF, 2, np.where(size <= 0xFFFFFFFF, 4, 8)))
+    good &= (index_bytes == size * width) & (nent >= 0) & (nent <= np.minimum((size << 1) // 3 + 1, ip.limits.max_items))
+    general = kind == c["DICT_KEYS_GENERAL"]
+    good &= general | (kind == c["DICT_KEYS_UNICODE"])
+    Eg, Eu = ip.P.dictentry_general, ip.P.dictentry_unicode
+    esize = np.where(general, Eg.size, Eu.size)
+    at = ka + np.uint64(K.dk_indices) + index_bytes.astype(np.uint64)
+    good &= within_chunk(ip, at, np.where(good, nent * esize, 0))  # `read_within` of the entries
+    # every entry of every dict in one gather: the (key, value) words of entry j of dict i
+    sel = np.flatnonzero(good)
+    if not sel.size:
+        return out
+    counts = nent[sel]
+    first = np.concatenate(([0], np.cumsum(counts)))
+    j = np.arange(first[-1], dtype=np.int64) - np.repeat(first[:-1], counts)
+    base = np.repeat(at[sel], counts) + (j * np.repeat(esize[sel], counts)).astype(np.uint64)
+    k, ok_k = gather_u64(ip.space, base + np.repeat(np.where(general[sel], Eg.me_key, Eu.me_key), counts).astype(np.uint64))
+    v, ok_v = gather_u64(ip.space, base + np.repeat(np.where(general[sel], Eg.me_value, Eu.me_value), counts).astype(np.uint64))
+    if not (ok_k.all() and ok_v.all()):  # (not inside one chunk after all): the reader decides
+        return out
+    live = (k != 0) & (v != 0)
+    cum = np.concatenate(([0], np.cumsum(live, dtype=np.int64)))
+    nlive = cum[first[1:]] - cum[first[:-1]]
+    pairs = list(zip(k[live].tolist(), v[live].tolist()))
+    ends = cum[first[1:]].tolist()
+    for i, hi, n, u in zip(sel.tolist(), ends, nlive.tolist(), used[sel].tolist()):
+        if n == u:  # else the reader refuses the dict (and says why)
+            out[i] = pairs[hi - n : hi]
+    return out
+
+
+def within_chunk(ip: Interpreter, addrs: np.ndarray, size: int | np.ndarray) -> np.ndarray:
+    """Mask: [addr, addr+size) lies inside one captured chunk (so `space.read` of it succeeds)."""
+    space = ip.space
+    if not len(addrs) or not space.chunks:
+        return np.zeros(len(addrs), dtype=bool)
+    starts, ends, _ids, _offs, _bufs = space.chunk_table()
+    which = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
+    w = np.maximum(which, 0)
+    return (which >= 0) & (addrs < ends[w]) & (ends[w] - addrs >= np.asarray(size).astype(np.uint64))

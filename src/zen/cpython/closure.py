@@ -30,7 +30,6 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-from zen.cpython.instructions import decode
 from zen.cpython.runtime import Runtime
 from zen.errors import ZenError
 
@@ -84,7 +83,6 @@ class Closure:
         self.result = ClosureResult()
         self._work: list[tuple[str, int]] = []
         self._seen: set[tuple[str, int]] = set()
-        self._ops = rt.ip.P.opcodes
         self._current: tuple[str, int] | None = None  # the node whose references are being recorded
 
     def add_class(self, taddr: int) -> None:
@@ -156,7 +154,7 @@ class Closure:
             self.result.codes_of.setdefault(faddr, []).append(code_addr)
             own = parent is None
             cur: int | None = None
-            for ins in decode(ci.code, ci.names, ci.localsplusnames, [], self._ops, ci.free_base):
+            for ins in rt.instructions(ci):
                 name = ins.name
                 if name == "LOAD_GLOBAL":
                     cur = globals_ns.get(ins.argval) or builtins_ns.get(ins.argval)

@@ -72,8 +72,9 @@ def decode(
     `free_base` is `CodeInfo.free_base`: before 3.11 cell/free arguments count from the first
     cell variable, which `localsplus` lists after the plain locals.
 
-    Table-driven (one lookup per opcode): every code object of a model is decoded at least twice
-    per recovery (closure, listing), some 200,000 instructions for a transformers model."""
+    Table-driven (one lookup per opcode): a transformers model's code is some 200,000
+    instructions, decoded once per recovery (`Runtime.instructions`; the listing adds the
+    constants' displays with `with_consts`)."""
     out: list[Instruction] = []
     append = out.append
     table = _table(ops)
@@ -128,6 +129,17 @@ def decode(
         append(ins)
         i += 2 + 2 * ncache
     return out
+
+
+def with_consts(instructions: list[Instruction], consts: list[str]) -> list[Instruction]:
+    """`instructions` decoded without constants (`consts=[]`) as `decode` would have given them
+    with `consts`: only a constant's display differs, so one decoding serves every caller."""
+    n = len(consts)
+    return [
+        Instruction(i.offset, i.op, i.name, i.arg, "const", consts[i.arg] if i.arg < n else f"<const {i.arg}>")
+        if i.kind == "const" else i
+        for i in instructions
+    ]  # fmt: skip
 
 
 _PAIR_PARTS = ("LOAD_FAST_BORROW", "LOAD_FAST", "STORE_FAST")

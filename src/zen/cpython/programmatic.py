@@ -8,12 +8,15 @@ normalised listing, and the calls the interpreter had counted before specialisin
 
 from __future__ import annotations
 
+import gc
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
 from zen.cpython.closure import Closure, ClosureResult
-from zen.cpython.instructions import decode
+from zen.cpython.instructions import with_consts
 from zen.cpython.listing import LISTING_VERSION, listing_sha256, normalise
 from zen.cpython.listing_legacy import as_311, prologue
 from zen.cpython.readers.code import CodeInfo, read_code_brief
@@ -50,7 +53,7 @@ def listing_of(rt: Runtime, ci: CodeInfo, consts: list[str] | None = None) -> li
     """The normalised listing; `consts`: the constants' displays when the caller has them."""
     if consts is None:
         consts = [const_display(rt, a) for a in ci.consts]
-    instructions = decode(ci.code, ci.names, ci.localsplusnames, consts, rt.ip.P.opcodes, ci.free_base)
+    instructions = with_consts(rt.instructions(ci), consts)
     if rt.ip.P.code.has("co_code"):  # before 3.11: first into the shape 3.11 compiles the source to
         c = rt.ip.P.constants
         gen = bool(ci.flags & (c.get("CO_GENERATOR", 0) | c.get("CO_COROUTINE", 0) | c.get("CO_ASYNC_GENERATOR", 0)))
@@ -326,7 +329,30 @@ def _legacy_code_row(rt: Runtime, addr: int, module_of_code: dict[int, str]) -> 
     return [f"{addr:#x}", module_of_code.get(addr, "?"), qualname, line, hashlib.sha256(code).hexdigest()[:32]]
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the code stage builds its records.
+
+    The closure and the PR allocate millions of small, acyclic, long-lived objects (instructions,
+    records, cached namespaces, encoded values): CPython's collector would traverse the growing
+    heap again and again (~10% of the stage's CPU) to free almost nothing. What the stage leaves
+    for it is collected as usual once it is back on (one pass over the objects made meanwhile)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True) -> ProgrammaticRepresentation:
+    with gc_paused():
+        return _build_pr(rt, result, context, system)
+
+
+def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool) -> ProgrammaticRepresentation:
     fns_of_code: dict[int, list[int]] = {}
     for f, c in sorted(result.code_of_function.items()):
         fns_of_code.setdefault(c, []).append(f)  # decorators make many functions share one code object
@@ -411,6 +437,11 @@ def build_ur(
 
 def module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, dict]:
     """For each model module: the globals its model code loads (LOAD_GLOBAL), encoded for rebuilding."""
+    with gc_paused():
+        return _module_globals(rt, pr)
+
+
+def _module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, dict]:
     from zen.cpython.snapshot import Encoder
 
     encoders: dict[str, Encoder] = {}  # one per module: shared objects are references within a module only
@@ -437,4 +468,5 @@ def model_closure(rt: Runtime, class_addrs: list[int]) -> ClosureResult:
     cl = Closure(rt)
     for t in class_addrs:
         cl.add_class(t)
-    return cl.run()
+    with gc_paused():
+        return cl.run()

@@ -10,6 +10,7 @@ function's owner.
 from __future__ import annotations
 
 from zen.cpython.heap import Heap
+from zen.cpython.instructions import Instruction, decode
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.code import CodeInfo, read_code
 from zen.cpython.readers.dicts import dict_str_items
@@ -37,6 +38,7 @@ class Runtime:
             self.modules = {}
         self._functions: dict[int, FunctionInfo | None] = {}
         self._codes: dict[int, CodeInfo | None] = {}
+        self._decoded: dict[int, tuple[CodeInfo, list[Instruction]]] = {}
         self._namespaces: dict[int, dict[str, int]] = {}
         self._owners: dict[int, list[tuple[int, str, str]]] | None = None
         self._module_dicts: dict[int, int] = {}
@@ -59,6 +61,16 @@ class Runtime:
             except ZenError:
                 self._codes[addr] = None
         return self._codes[addr]
+
+    def instructions(self, ci: CodeInfo) -> list[Instruction]:
+        """`ci`'s instructions decoded without constants' displays, once per code object: the
+        closure walks them and the listing adds the displays (`instructions.with_consts`)."""
+        hit = self._decoded.get(ci.addr)
+        if hit is not None and hit[0] is ci:
+            return hit[1]
+        out = decode(ci.code, ci.names, ci.localsplusnames, [], self.ip.P.opcodes, ci.free_base)
+        self._decoded[ci.addr] = (ci, out)
+        return out
 
     def _legacy_qualnames(self) -> dict[int, str]:
         """Before 3.11 a code object has no qualified name; it is found where the 3.10 compiler put
@@ -190,12 +202,15 @@ class Runtime:
         from zen.cpython.readers.dicts import read_dict
 
         items: dict[int, list[tuple[int, int]]] = {}
-        for d in dict.fromkeys(dict_addrs):
-            if d and d not in self._namespaces:
-                try:
-                    items[d] = read_dict(self.ip, d)
-                except ZenError:
-                    self._namespaces[d] = {}
+        todo = [d for d in dict.fromkeys(dict_addrs) if d and d not in self._namespaces]
+        for d, got in zip(todo, bulk.dict_items(self.ip, todo)):
+            if got is not None:
+                items[d] = got
+                continue
+            try:
+                items[d] = read_dict(self.ip, d)
+            except ZenError:
+                self._namespaces[d] = {}
         keys = list({k for pairs in items.values() for k, _ in pairs})
         key_kind = dict(zip(keys, bulk.kinds(self.ip, keys)))
         names = bulk.strs(self.ip, [k for k in keys if key_kind[k] == "str"])
