@@ -137,6 +137,14 @@ def make_closure():
     return inner
 
 
+def swapping(x, y, z):
+    """Tuple assignments: ROT_TWO / ROT_THREE before 3.11, stores in reverse order from 3.11."""
+    cos, sin = x * 2, y + 1
+    a, b, c = z, x, y
+    x, y = y, x
+    return cos, sin, a, b, c, x, y
+
+
 def make_empty_cell():
     def uses_later():
         return later  # noqa: F821 - cell is empty until assigned below

@@ -11,7 +11,8 @@ takes from the code object, and compare with None by IS_OP where 3.11 jumps on N
 JUMP_IF_NOT_EXC_MATCH) and 3.9 builds annotations as a dict. The opcode *names* decide (they
 belong to the profile's opcode table, and none of them exists from 3.11 on), and the caller applies
 this only to code of a profile without 3.11's code layout, so 3.11+ listings pass through unchanged.
-What stays different: 3.8's BEGIN_FINALLY/END_FINALLY/WITH_CLEANUP_* blocks, the cleanup blocks
+Tuple assignments lose their ROT_TWO/ROT_THREE and store in reverse order, as 3.11 swaps them
+statically. What stays different: 3.8's BEGIN_FINALLY/END_FINALLY/WITH_CLEANUP_* blocks, the cleanup blocks
 3.11 adds at the end of handlers, and return paths the compilers lay out differently.
 """
 
@@ -64,6 +65,11 @@ def as_311(instructions: list[Instruction]) -> list[Instruction]:
                 out.append(Instruction(-off - 1, -1, "POP_TOP", None, "none", None))
                 k += 2
                 continue
+        rots = _static_swap(instructions, k - 1)
+        if rots:  # `a, b = x, y`: 3.11 drops the swap and stores in the other order
+            out += reversed(instructions[k - 1 + rots : k - 1 + rots + rots + 1])
+            k += rots + rots
+            continue
         if name in BINARY:
             out.append(Instruction(off, -1, "BINARY_OP", ins.arg, "binop", BINARY[name]))
         elif name in _CALLS:
@@ -128,6 +134,25 @@ _NONE_JUMPS = {
     ("POP_JUMP_IF_FALSE", True): "POP_JUMP_IF_NONE",  # `x is not None` false: x is None
     ("POP_JUMP_IF_TRUE", True): "POP_JUMP_IF_NOT_NONE",
 }
+
+
+def _static_swap(instructions: list[Instruction], k: int) -> int:
+    """Number of rotation instructions at `k` (ROT_TWO: 1; ROT_THREE, ROT_TWO: 2) when they only
+    reorder the values of the 2 or 3 stores that follow: STORE_FAST of distinct names or POP_TOP,
+    the instructions 3.11's compiler swaps statically (it emits the stores in reverse order and
+    no swap). 0 when the pattern is not there."""
+    names = [i.name for i in instructions[k : k + 5]]
+    if names[:1] == ["ROT_TWO"]:
+        rots = 1
+    elif names[:2] == ["ROT_THREE", "ROT_TWO"]:
+        rots = 2
+    else:
+        return 0
+    stores = instructions[k + rots : k + rots + rots + 1]
+    if len(stores) != rots + 1 or any(s.name not in ("STORE_FAST", "POP_TOP") or s.offset < 0 for s in stores):
+        return 0
+    targets = [s.argval for s in stores if s.name == "STORE_FAST"]
+    return rots if len(set(targets)) == len(targets) else 0
 
 
 def _annotations_map(instructions: list[Instruction], k: int, n: int, out: list[Instruction]) -> bool:
