@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zen import __version__, cli_library, cli_reuse, cli_symbols, cli_system
+from zen import __version__, cli_decompile, cli_library, cli_reuse, cli_symbols, cli_system
 from zen.console import consoles
 from zen.errors import ZenError
 
@@ -39,6 +39,7 @@ app.command("verify")(cli_reuse.verify)
 app.command("report")(cli_reuse.report)
 app.command("ps")(cli_system.ps)
 app.command("symbols")(cli_symbols.symbols)
+app.command("decompile")(cli_decompile.decompile)
 
 out, err = consoles()
 

@@ -1,0 +1,93 @@
+"""`zen decompile`: a TVM-compiled model library back to an importable PyTorch package.
+
+Parsing is static and runs here; probing the kernels and comparing the rebuilt model with the
+executable run the library's code, so they run in child processes (zen.compiled.probe/check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from zen.console import consoles
+from zen.errors import ZenError
+
+out, err = consoles()
+EXIT_PARTIAL = 5
+
+
+def compare(library: Path, package: Path, timeout: float = 600.0) -> dict:
+    """Max abs difference between the executable's and the rebuilt model's outputs (child process)."""
+    from zen.compiled.probing import tvm_python
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        proc = subprocess.run([tvm_python(), "-m", "zen.compiled.check", str(library), str(package)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"comparison did not finish in {timeout:.0f} s"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"comparison failed: {tail}"}
+
+
+def decompile(
+    library: Path = typer.Argument(..., help="A model library (.so) written by TVM's export_library (relax VM)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Directory for the package, graph.json and manifest.json."),
+    probe: bool = typer.Option(True, "--probe/--static", help="Probe kernels with TVM in a child process (needed to "
+                               "rebuild); --static only parses the library."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Compare the rebuilt model with the executable."),
+    names: bool = typer.Option(True, "--names/--behaviour-only", help="Use kernel names as hints; --behaviour-only "
+                               "ignores them (as for hashed names): single-operator kernels are recognised by behaviour."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Decompile a TVM-built model library into a PyTorch package (`import DIR; DIR.load()`).
+
+    Probing and --check EXECUTE the library's kernels (in a child process): run them in an isolated environment.
+    """
+    from zen.compiled.decompile import decompile as run
+
+    if output.exists() and not output.is_dir():
+        raise ZenError(f"{output} exists and is not a directory", "choose another -o DIR")
+    manifest = run(library, output, do_probe=probe, use_names=names)
+    if manifest["rebuilt"] and check:
+        manifest["equivalence"] = compare(library, output)
+        (output / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
+    if as_json:
+        out.print_json(json.dumps(manifest, default=str))
+    else:
+        ex, g = manifest["executable"], manifest["graph"]
+        out.print(f"[bold]{escape(str(library))}[/bold]: relax VM {ex['vm_version']}, {g['kernel_calls']} kernel calls "
+                  f"({g['distinct_kernels']} kernels), {ex['weight_tensors']} weight tensors"
+                  + (", stripped" if ex["stripped"] else ""))
+        ops = ", ".join(f"{k}×{v}" for k, v in manifest["operators"].items())
+        if ops:
+            out.print(f"operators: {escape(ops)}")
+        det = manifest.get("detached_parameters") or []
+        if det:
+            err.print(f"[yellow]note: {len(det)} weights are inputs of the executable, not in it: "
+                      f"{escape(', '.join(d['name'] for d in det))}; load(params=FILE) supplies them[/yellow]")
+        if manifest["rebuilt"]:
+            out.print(f"package written: {escape(str(output))} (import it and call load())")
+            if not output.name.isidentifier():
+                err.print(f"[yellow]note: {escape(output.name)} is not a Python identifier: rename the directory to "
+                          "import it as a package[/yellow]")
+        eq = manifest.get("equivalence")
+        if eq:
+            if "error" in eq:
+                err.print(f"[yellow]problem: {escape(eq['error'])}[/yellow]")
+            else:
+                out.print(f"rebuilt vs executable: max abs difference {eq['max_abs_diff']:.3g} "
+                          f"(outputs up to {eq['max_abs_output']:.3g}, {eq['trials']} random inputs)")
+    for p in manifest["problems"]:
+        err.print(f"[yellow]problem: {escape(p)}[/yellow]")
+    if (probe and not manifest["rebuilt"]) or "error" in (manifest.get("equivalence") or {}):
+        raise typer.Exit(EXIT_PARTIAL)

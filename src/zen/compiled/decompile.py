@@ -1,0 +1,96 @@
+"""`zen decompile`: TVM model library -> graph -> probed operators -> PyTorch package + case files.
+
+Static steps run in zen's process (no TVM import); probing runs in a child. What is written:
+
+    DIR/__init__.py, model.py, weights.safetensors   the importable package (load() -> nn.Module)
+    DIR/graph.json      the kernel-call graph with shapes and the operators found in each kernel
+    DIR/bytecode.txt    the VM bytecode listing
+    DIR/manifest.json   evidence (path, size, sha256), TVM format version, counts, timings, problems
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from zen import __version__
+from zen.compiled.codegen import write_package
+from zen.compiled.errors import ExecutableError
+from zen.compiled.load import load_graph
+from zen.compiled.probing import probe, tvm_available, tvm_python
+
+FORMAT = 1
+
+
+def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: bool = True) -> dict:
+    """Decompile `library` into `out`; returns the manifest. Raises ExecutableError on bad input."""
+    library = Path(library)
+    t0 = time.monotonic()
+    lib, ex, graph = load_graph(library)
+    t_static = time.monotonic() - t0
+    sha = hashlib.sha256(lib.data).hexdigest()
+    kernels = [n for n in graph.nodes if not n.builtin]
+    manifest = {
+        "format": FORMAT, "tool": f"zen {__version__}",
+        "evidence": {"path": str(library), "size": len(lib.data), "sha256": sha},
+        "executable": {"vm_version": ex.version, "magic": hex(ex.magic), "blob_found_by": lib.found_by,
+                       "stripped": lib.stripped, "functions": [f.name for f in ex.functions if f.kind != "packed"],
+                       "kernel_symbols": len(lib.kernels), "constants": len(ex.constants),
+                       "weight_tensors": len(graph.tensor_constants()), "instructions": len(ex.instructions)},
+        "graph": {"kernel_calls": len(kernels), "distinct_kernels": len(graph.kernels()),
+                  "inputs": [{"name": graph.values[i].input_name, "shape": graph.values[i].shape,
+                              "dtype": graph.values[i].dtype} for i in graph.inputs]},
+        "problems": list(graph.notes), "timings": {"static_s": round(t_static, 3)},
+    }
+    from zen.compiled.codegen import detached_inputs
+
+    manifest["detached_parameters"] = [
+        {"name": graph.values[v].input_name, "shape": graph.values[v].shape, "dtype": graph.values[v].dtype,
+         **({"shape_guessed": True} if graph.values[v].shape_guessed else {})} for v in detached_inputs(graph)]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bytecode.txt").write_text(ex.listing() + "\n")
+    results: dict[int, dict] = {}
+    if do_probe:
+        if not tvm_available():
+            manifest["problems"].append(f"TVM is not importable by {tvm_python()}: operators were not probed, no model rebuilt")
+        else:
+            t1 = time.monotonic()
+            results = probe(graph, library, use_names=use_names)
+            manifest["kernel_names_used"] = use_names
+            manifest["timings"]["probe_s"] = round(time.monotonic() - t1, 3)
+    for n in kernels:
+        if n.id in results:
+            r = results[n.id]
+            n.attrs = {"status": r.get("status"), "ops": [{"op": s["op"], **s["attrs"]} for s in r.get("steps", [])],
+                       "error": r.get("error"), "reason": r.get("reason")}
+    unresolved = [n.kernel for n in kernels if results and results.get(n.id, {}).get("status") != "ok"]
+    if unresolved:
+        manifest["problems"].append("kernels not reproduced by any candidate: " + ", ".join(sorted(set(unresolved))))
+    (out / "graph.json").write_text(json.dumps(graph.to_json(), indent=1, default=str) + "\n")
+    manifest["operators"] = _op_counts(kernels)
+    rebuilt = bool(results) and not unresolved
+    if rebuilt:
+        try:
+            write_package(out, graph, results, {"zen": __version__, "library": library.name, "sha256": sha})
+        except ExecutableError as exc:
+            manifest["problems"].append(str(exc))
+            rebuilt = False
+    manifest["rebuilt"] = rebuilt
+    manifest["timings"]["total_s"] = round(time.monotonic() - t0, 3)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
+    return manifest
+
+
+def _op_counts(kernels) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in kernels:
+        for s in n.attrs.get("ops", []):
+            name = s["fn"] if s["op"] == "act" else s["op"]
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+__all__ = ["decompile", "ExecutableError"]

@@ -1,0 +1,340 @@
+"""Dynamic probing, run as a child process: call each kernel of a TVM library on chosen inputs and
+find the PyTorch computation that reproduces it.
+
+    python -m zen.compiled.probe < request.json > result.json
+
+The static graph says which tensors a kernel reads and writes; its name (when intact) lists the
+relax ops fused into it. What neither stores (stride, padding, dilation, pooling window, reduced
+axes, the activation actually computed, normalisation epsilon) is recovered here by measurement:
+the kernel runs through the TVM runtime, candidate PyTorch expressions (zen.compiled.ops) run
+on the same inputs, and the first candidate that matches within float tolerance is kept. Epsilons
+are then re-measured on inputs made so small that epsilon dominates. This module imports TVM and
+torch and runs code from the library, which is why zen only ever runs it in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from zen.compiled import ops
+from zen.compiled.plans import plans
+from zen.compiled.probe_linear import probe_linear
+
+MAX_LEAVES = 4000
+SECONDS_PER_KERNEL = 60.0
+
+
+def _act_candidates(hint: list[str]) -> list[dict]:
+    named = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "gelu", "exp": "exp", "sqrt": "sqrt",
+             "rsqrt": "rsqrt", "negative": "negative", "clip": "relu6", "gelu": "gelu", "silu": "silu",
+             "logical_not": "logical_not"}
+    first = [named[h] for h in hint if h in named]
+    if "equal" in hint:  # a comparison with a constant baked into the kernel: with a negation after it, "not equal"
+        first = (["ne_neginf", "ne_zero", "isfinite"] if "logical_not" in hint else ["eq_neginf", "eq_zero"]) + first
+    if hint == ["sigmoid", "multiply"]:
+        first = ["silu"] + first
+    order = list(dict.fromkeys(first + [k for k in ops.ACTIVATIONS if k not in ("affine", "leaky_relu", "clamp")]))
+    return [{"fn": f} for f in order]
+
+
+class Kernel:
+    """One kernel call: its TVM function, probe inputs, and the reference outputs it computed."""
+
+    def __init__(self, tvm, func, spec: dict, consts: list, rng: np.random.Generator) -> None:
+        import torch
+
+        self.tvm, self.func, self.spec, self.torch = tvm, func, spec, torch
+        self.inputs = []
+        for inp in spec["inputs"]:
+            if inp["kind"] == "const":
+                self.inputs.append(np.array(consts[inp["const"]], order="C"))  # keeps 0-d scalars 0-d
+            else:
+                self.inputs.append(self._random(inp, rng))
+        self.outputs = self.run(self.inputs)
+
+    def _random(self, inp: dict, rng: np.random.Generator) -> np.ndarray:
+        dt = np.dtype(inp["dtype"] if inp["dtype"] != "bool" else "bool")
+        if dt.kind in "iu":
+            hi = max(int(inp.get("index_bound") or 2), 1)
+            return rng.integers(0, hi, size=inp["shape"]).astype(dt)
+        if dt.kind == "b":
+            return rng.random(inp["shape"]) < 0.5
+        return (rng.standard_normal(inp["shape"]) * 2).astype(dt)
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        tvm = self.tvm
+        args = [tvm.runtime.tensor(np.array(a, order="C")) for a in arrays]
+        outs = [tvm.runtime.tensor(np.zeros(o["shape"], dtype=o["dtype"])) for o in self.spec["outputs"]]
+        self.func(*args, *outs)
+        return [o.numpy() for o in outs]
+
+
+def _close(got, ref: np.ndarray) -> float:
+    """Max abs difference scaled by the reference's magnitude; inf for shape mismatches."""
+    g = got.detach().numpy() if hasattr(got, "detach") else np.asarray(got)
+    if g.shape != ref.shape:
+        return float("inf")
+    if ref.dtype.kind in "iub":
+        return 0.0 if np.array_equal(g.astype(ref.dtype), ref) else float("inf")
+    g = g.astype(np.float64)
+    r = ref.astype(np.float64)
+    if (np.isnan(r) != np.isnan(g)).any():
+        return float("inf")
+    same = (g == r) | np.isnan(r)  # equal infinities and NaN positions agree
+    d = np.where(same, 0.0, np.abs(np.where(same, 0.0, g - r)))
+    return float(d.max(initial=0.0) / (1.0 + np.abs(np.where(np.isfinite(r), r, 0.0)).max(initial=0.0)))
+
+
+def _name(operand) -> str:
+    """The variable an operand is bound to, in probing and in the generated code alike."""
+    return {"cur": "cur", "in": "a{}", "saved": "s{}"}[operand[0]].format(*operand[1:])
+
+
+def _eval(expr: str, env: dict):
+    return eval(expr, {"torch": env["torch"], "F": env["F"]}, env)  # noqa: S307 - zen's own op templates
+
+
+def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
+    torch = k.torch
+    import torch.nn.functional as F
+
+    ref = k.outputs[0]
+    out_shape = tuple(ref.shape)
+    tens = [torch.from_numpy(np.array(a)) for a in k.inputs]
+    env_base = {"torch": torch, "F": F}
+    for i, t in enumerate(tens):
+        env_base[f"a{i}"] = t
+    deadline = time.monotonic() + SECONDS_PER_KERNEL
+    leaves = 0
+    best: tuple[float, list] | None = None
+    special = _special_trial(k, tokens, torch, env_base)
+
+    def names(step: dict) -> list[str]:
+        return [_name(o) for o in step["operands"]]
+
+    def dfs(steps: list[dict], i: int, cur, chosen: list, saved: dict) -> list | None:
+        nonlocal leaves, best
+        if leaves >= MAX_LEAVES or time.monotonic() > deadline:
+            return None
+        if i == len(steps):
+            leaves += 1
+            err = _close(cur, ref)
+            if best is None or err < best[0]:
+                best = (err, list(chosen))
+            if err <= tol and special is not None:  # comparisons: also agree on -inf, 0 and masked rows
+                try:
+                    with torch.no_grad():
+                        err = _close(_run_steps(list(chosen), special[0]), special[1])
+                except (RuntimeError, ValueError, TypeError, IndexError, KeyError):
+                    err = float("inf")
+            return list(chosen) if err <= tol else None
+        step = steps[i]
+        op = step["op"]
+        later_keep = all(s["op"] in ops.SHAPE_PRESERVING for s in steps[i + 1:])
+        target = out_shape if later_keep else None
+        if op in ops.RESHAPES and all(s["op"] in ops.SHAPE_PRESERVING | ops.RESHAPES for s in steps[i + 1:]):
+            target = out_shape  # an elementwise op commutes with a reshape: reshape straight to the final shape
+        argn = names(step)
+        if "save" in step:
+            saved = dict(saved, **{f"s{step['save']}": cur})
+            cur = None
+        env = dict(env_base, cur=cur, **saved)
+        if cur is not None:
+            x_shape = tuple(cur.shape)
+        else:
+            x_shape = tuple(tens[step["operands"][0][1]].shape) if step["operands"] else out_shape
+        if op == "act":
+            cands = _act_candidates(step.get("hint", []))
+            if i == len(steps) - 1:
+                cands += _fitted(_eval(argn[0], env), ref, torch)
+        else:
+            operand_shapes = [tuple(env[n].shape) for n in argn[1:]]
+            cands = ops.candidates(op, x_shape, operand_shapes, target, str(ref.dtype))
+        for attrs in cands:
+            expr = ops.expression(op, attrs, argn)
+            try:
+                with torch.no_grad():
+                    val = _eval(expr, env)
+            except (RuntimeError, ValueError, TypeError, IndexError, KeyError):
+                continue
+            if later_keep and tuple(val.shape) != out_shape and op != "act":
+                continue
+            found = dfs(steps, i + 1, val, chosen + [(op, attrs, step["operands"], step.get("save"))], saved)
+            if found is not None:
+                return found
+        return None
+
+    if not k.inputs and ref.size and np.all(ref == ref.flat[0]):
+        v = ref.flat[0].item()
+        return {"status": "ok", "steps": [("full", {"shape": list(out_shape), "value": v}, [], None)], "error": 0.0}
+    for steps in plans(tokens, len(k.inputs)) or []:
+        found = dfs(steps, 0, None, [], {})
+        if found is not None:
+            return {"status": "ok", "steps": _refine(k, found, env_base, torch), "error": _score(k, found, env_base)}
+    linear = probe_linear(k)
+    if linear is not None:
+        outs = linear.get("per_output", [linear["steps"]])
+        linear["error"] = max(_score(k, steps, env_base, o) for o, steps in enumerate(outs))
+        if linear["error"] <= tol:
+            return linear
+    spent = " (search budget spent)" if leaves >= MAX_LEAVES else ""
+    return {"status": "unresolved", "error": best[0] if best else None,
+            "reason": "no candidate computation reproduced the kernel" + spent}
+
+
+COMPARISONS = {"equal", "not_equal", "less", "greater", "where", "logical_not"}
+
+
+def _special_trial(k: Kernel, tokens: list[str] | None, torch, env_base: dict) -> tuple[dict, np.ndarray] | None:
+    """For kernels that compare with constants baked into them: inputs holding -inf, 0 and whole rows of
+    -inf (a fully masked attention row), with the kernel's output on them. None for other kernels."""
+    if not tokens or not COMPARISONS & set(tokens):
+        return None
+    rng = np.random.default_rng(11)
+    arrays = []
+    for spec, a in zip(k.spec["inputs"], k.inputs):
+        a = np.array(a)
+        if spec["kind"] != "const" and a.dtype.kind == "f" and a.size:
+            r = rng.random(a.shape)
+            a[r < 0.2] = -np.inf
+            a[(r >= 0.2) & (r < 0.25)] = 0
+            if a.ndim >= 2:
+                a[(0,) * (a.ndim - 1)] = -np.inf  # one whole row along the last axis
+        arrays.append(a)
+    try:
+        ref = k.run(arrays)[0]
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    env = dict(env_base)
+    for i, a in enumerate(arrays):
+        env[f"a{i}"] = torch.from_numpy(a)
+    return env, ref
+
+
+def _fitted(u, ref: np.ndarray, torch) -> list[dict]:
+    """An affine map y = a*u + b and a leaky ReLU slope fitted to the measured output."""
+    try:
+        x = u.detach().numpy().astype(np.float64).ravel()
+        y = ref.astype(np.float64).ravel()
+    except (AttributeError, ValueError):
+        return []
+    if x.shape != y.shape or x.size < 2:
+        return []
+    res = []
+    a, b = np.polyfit(x, y, 1)
+    if abs(b) <= 1e-6 * (1 + np.abs(y).max()):
+        b = 0.0  # least-squares noise, not an offset
+    res.append({"fn": "affine", "scale": float(a), "shift": float(b)})
+    # a bound is only known where it acted: some inputs beyond it came out equal to it
+    lo = float(np.round(y.min(), 6)) if (x < y.min() - 1e-6).any() else None
+    hi = float(np.round(y.max(), 6)) if (x > y.max() + 1e-6).any() else None
+    if lo is not None or hi is not None:
+        res.append({"fn": "clamp", "lo": lo, "hi": hi})
+    neg = x < -1e-3
+    if neg.any():
+        res.append({"fn": "leaky_relu", "slope": float(np.median(y[neg] / x[neg]))})
+    return res
+
+
+def _run_steps(steps: list, env_base: dict):
+    torch = env_base["torch"]
+    cur = None
+    saved: dict = {}
+    for j, (op, attrs, operands, save) in enumerate(steps):
+        argn = [_name(o) for o in operands]
+        if save is not None:
+            saved[f"s{save}"] = cur
+        env = dict(env_base, cur=cur, **saved)
+        if op == "gather":  # index and shift tables become tensors, as codegen makes them buffers
+            attrs = dict(attrs)
+            if "index" in attrs:
+                env[f"gi{j}"] = torch.tensor(attrs["index"], dtype=torch.int64)
+                attrs["index_name"] = f"gi{j}"
+            if isinstance(attrs.get("shift"), list):
+                env[f"gs{j}"] = torch.tensor(attrs["shift"], dtype=torch.float32).reshape(attrs["shape"])
+                attrs["shift_name"] = f"gs{j}"
+        cur = _eval(ops.expression(op, attrs, argn), env)
+    return cur
+
+
+def _score(k: Kernel, steps: list, env_base: dict, output: int = 0) -> float:
+    with k.torch.no_grad():
+        return _close(_run_steps(steps, env_base), k.outputs[output])
+
+
+def _refine(k: Kernel, steps: list, env_base: dict, torch) -> list:
+    """Re-measure epsilons on inputs where epsilon dominates (tiny activations, zero variance)."""
+    eps_steps = [i for i, s in enumerate(steps) if "eps" in s[1]]
+    if not eps_steps:
+        return steps
+    arrays = [np.array(a) for a in k.inputs]
+    for s in steps:
+        if s[0] == "batch_norm":
+            for j in (3, 4):
+                o = s[2][j]
+                if o[0] == "in":
+                    arrays[o[1]] = np.zeros_like(arrays[o[1]])
+    for i, spec in enumerate(k.spec["inputs"]):
+        if spec["kind"] != "const" and arrays[i].dtype.kind == "f":
+            arrays[i] = arrays[i] * 1e-4
+    ref = k.run(arrays)[0]
+    env = dict(env_base)
+    for i, a in enumerate(arrays):
+        env[f"a{i}"] = torch.from_numpy(a)
+    for i in eps_steps:
+        scored = []
+        for e in ops.EPS:
+            trial = [(op, dict(a, eps=e) if j == i else a, o, sv) for j, (op, a, o, sv) in enumerate(steps)]
+            with torch.no_grad():
+                got = _run_steps(trial, env).numpy().astype(np.float64)
+            r = ref.astype(np.float64)
+            scored.append((float(np.abs(got - r).max() / (np.abs(r).max() + 1e-30)), e))
+        steps[i] = (steps[i][0], dict(steps[i][1], eps=min(scored)[1]), steps[i][2], steps[i][3])
+    return steps
+
+
+def _steps_json(steps: list) -> list[dict]:
+    return [{"op": op, "attrs": a, "operands": [list(o) for o in opd], **({"save": sv} if sv is not None else {})}
+            for op, a, opd, sv in steps]
+
+
+def main() -> int:
+    import tvm
+
+    from zen.compiled.load import load_executable
+
+    req = json.load(sys.stdin)
+    lib = tvm.runtime.load_module(req["library"])
+    consts = load_executable(req["library"])[1].constants
+    rng = np.random.default_rng(req.get("seed", 0))
+    results = []
+    for spec in req["kernels"]:
+        t0 = time.monotonic()
+        try:
+            func = lib.get_function(spec["kernel"], query_imports=True)
+        except (AttributeError, RuntimeError) as exc:
+            results.append({"node": spec["node"], "status": "unresolved", "reason": f"kernel not loadable: {exc}"})
+            continue
+        try:
+            k = Kernel(tvm, func, spec, consts, rng)
+            tokens = ops.split_kernel_name(spec["kernel"]) if req.get("use_names", True) else None
+            res = search(k, tokens)
+        except Exception as exc:  # a kernel that crashes on probe inputs must not stop the others
+            res = {"status": "unresolved", "reason": f"{type(exc).__name__}: {exc}"[:300]}
+        res["node"] = spec["node"]
+        res["seconds"] = round(time.monotonic() - t0, 3)
+        if "steps" in res:
+            res["steps"] = _steps_json(res["steps"])
+        if "per_output" in res:
+            res["per_output"] = [_steps_json(s) for s in res["per_output"]]
+        results.append(res)
+    json.dump({"results": results}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Parent side of probing: build the request from the static graph, run the child, read its answer.
+
+The child (`python -m zen.compiled.probe`) imports TVM and runs the library's kernels; zen's own
+process never does. Its interpreter defaults to the one running zen, and can be another Python
+environment that has TVM and torch (ZEN_TVM_PYTHON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from zen.compiled.errors import ExecutableError
+from zen.compiled.graph import Graph
+
+
+def tvm_python() -> str:
+    return os.environ.get("ZEN_TVM_PYTHON") or sys.executable
+
+
+def tvm_available(python: str | None = None) -> bool:
+    """Whether the probing interpreter can import tvm and torch (checked in a child, never here)."""
+    try:
+        proc = subprocess.run([python or tvm_python(), "-c", "import tvm, torch"], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def request(graph: Graph, library: Path, use_names: bool = True) -> dict:
+    """One probe entry per kernel call: its inputs (values get random data, constants the real weights)."""
+    kernels = []
+    for n in graph.nodes:
+        if n.builtin:
+            continue
+        inputs = []
+        bound = None
+        for kind, v in n.inputs:
+            if kind == "const" and isinstance(graph.constants[v], np.ndarray):
+                c = graph.constants[v]
+                inputs.append({"kind": "const", "const": v, "shape": list(c.shape), "dtype": str(c.dtype)})
+                if c.ndim == 2 and c.dtype.kind == "f" and bound is None:
+                    bound = c.shape[0]
+            elif kind == "value":
+                val = graph.values[v]
+                if val.shape is None:
+                    raise ExecutableError(f"kernel {n.kernel}: input v{v} has no static shape",
+                                          "models with dynamic shapes are not supported yet")
+                inputs.append({"kind": "value", "value": v, "shape": list(val.shape), "dtype": val.dtype})
+            else:
+                raise ExecutableError(f"kernel {n.kernel} takes a {kind} argument, which zen cannot probe yet")
+        for i in inputs:
+            i["index_bound"] = bound
+        outs = [{"shape": list(graph.values[o].shape or ()), "dtype": graph.values[o].dtype} for o in n.outputs]
+        kernels.append({"node": n.id, "kernel": n.kernel, "inputs": inputs, "outputs": outs})
+    return {"library": str(Path(library).resolve()), "kernels": kernels, "seed": 0, "use_names": use_names}
+
+
+def probe(graph: Graph, library: Path, timeout: float = 1800.0, use_names: bool = True) -> dict[int, dict]:
+    """Node id -> probe result (status, steps with operators and attributes, scaled error).
+    use_names=False ignores kernel names (as if hashed): operators are then told by behaviour alone."""
+    req = request(graph, library, use_names)
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        proc = subprocess.run([tvm_python(), "-m", "zen.compiled.probe"], input=json.dumps(req), capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise ExecutableError(f"probing the kernels did not finish in {timeout:.0f} s") from None
+    except OSError as exc:
+        raise ExecutableError(f"cannot start the probing interpreter {tvm_python()}: {exc}") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise ExecutableError(f"probing the kernels failed: {tail}",
+                              "TVM could not load or run the library (wrong architecture, missing runtime?)")
+    try:
+        return {r["node"]: r for r in json.loads(proc.stdout)["results"]}
+    except (ValueError, KeyError, TypeError):
+        raise ExecutableError("the probing child returned no readable result") from None
