@@ -53,9 +53,15 @@ def test_fallbacks_agree_with_symbols(light_image):
 
 
 def test_discovery_without_any_symbols(light_image, monkeypatch):
-    """Symbols hidden: version from the file name, `type` by self-reference, types by name."""
+    """Symbols hidden: the exact version from the `sys.version` banner (else the file name's minor),
+    `type` by self-reference, types by name."""
+    import platform
+
     space, target = light_image
     monkeypatch.setattr(discover_mod, "load_symbols", lambda *a, **k: None)
+    info = discover(space)
+    assert info.version == platform.python_version() and "sys.version banner" in info.how["version"]
+    monkeypatch.setattr(discover_mod, "_banner_version", lambda *a, **k: None)
     info = discover(space)
     assert info.minor == "3.11" and "file name" in info.how["version"]
     assert info.how["type_type"].startswith("self-referential")

@@ -168,23 +168,32 @@ def _verify_keras(package: Path, python: str | None, inputs: Path | None, expect
     inputs = inputs if inputs is not None else Path(package) / "inputs.safetensors"
     result = run_verify(package, python or sys.executable, inputs, expect, save)
     rows, report = result["results"], result["report"]
-    failed = [r for r in rows if "error" in r or r.get("equal") is False]
     _record(package, inputs, expect, rows, report)
-    if as_json:
-        out.print_json(json.dumps({"results": rows, "report": report, "ok": not failed}))
-    else:
-        t = Table("input", "output", "dtype", "bit-identical", "note")
-        for r in rows:
-            eq = {True: "[green]yes[/green]", False: "[red]NO[/red]", None: "-"}[r.get("equal")]
-            note = r.get("error") or (f"max |diff| {r['max_abs_diff']:.3g}" if "max_abs_diff" in r else "")
-            t.add_row(r["input"], str(r.get("shape", "")), r.get("dtype", ""), eq, escape(note))
-        out.print(t)
-        out.print(f"{report['assigned']} of {report['variables']} variables assigned (by {report['matched_by']})")
-        for n in report["notes"][:20] + report["missing"][:20]:
-            err.print(f"[dim]note: {escape(n)}[/dim]")
+    summary = f"{report['assigned']} of {report['variables']} variables assigned (by {report['matched_by']})"
+    failed = _show_results(rows, report, as_json, [summary], report["notes"][:20] + report["missing"][:20])
     if failed:
         err.print(f"[red]{len(failed)} of {len(rows)} inputs failed or differ[/red]")
         raise typer.Exit(1)
+
+
+def _show_results(rows: list, report: dict, as_json: bool, lines: list[str], notes: list[str]) -> list:
+    """Print verify's per-input results (a table, or JSON) for PyTorch and Keras packages alike;
+    returns the rows that failed or differ."""
+    failed = [r for r in rows if "error" in r or r.get("equal") is False]
+    if as_json:
+        out.print_json(json.dumps({"results": rows, "report": report, "ok": not failed}))
+        return failed
+    t = Table("input", "output", "dtype", "bit-identical", "note")
+    for r in rows:
+        eq = {True: "[green]yes[/green]", False: "[red]NO[/red]", None: "-"}[r.get("equal")]
+        note = r.get("error") or (f"max |diff| {r['max_abs_diff']:.3g}" if "max_abs_diff" in r else "")
+        t.add_row(r["input"], str(r.get("shape", "")), r.get("dtype", ""), eq, escape(note))
+    out.print(t)
+    for line in lines:
+        out.print(line)
+    for n in notes:
+        err.print(f"[dim]note: {escape(n)}[/dim]")
+    return failed
 
 
 def _record(package: Path, inputs: Path, expect: Path | None, rows: list, report: dict) -> None:
@@ -265,19 +274,8 @@ def verify(
         from safetensors.torch import save_file
 
         save_file(outputs, str(save))
-    failed = [r for r in rows if "error" in r or r.get("equal") is False]
     _record(package, inputs if inputs is not None else Path(package) / "inputs.safetensors", expect, rows, report)
-    if as_json:
-        out.print_json(json.dumps({"results": rows, "report": report, "ok": not failed}))
-    else:
-        t = Table("input", "output", "dtype", "bit-identical", "note")
-        for r in rows:
-            eq = {True: "[green]yes[/green]", False: "[red]NO[/red]", None: "-"}[r.get("equal")]
-            note = r.get("error") or (f"max |diff| {r['max_abs_diff']:.3g}" if "max_abs_diff" in r else "")
-            t.add_row(r["input"], str(r.get("shape", "")), r.get("dtype", ""), eq, escape(note))
-        out.print(t)
-        for w in report["patch"]["warnings"][:20]:
-            err.print(f"[dim]note: {escape(w)}[/dim]")
+    failed = _show_results(rows, report, as_json, [], report["patch"]["warnings"][:20])
     if failed:
         err.print(f"[red]{len(failed)} of {len(rows)} inputs failed or differ[/red]")
         raise typer.Exit(1)
