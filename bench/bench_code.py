@@ -7,12 +7,29 @@ memory is what matters here: transformers, accelerate, huggingface_hub... tens o
 functions), images it, and times each step of PR/UR recovery in-process: the runtime index
 (census of functions and code objects), the model-code closure, the PR build (listings of the
 model code), the system-wide code table, and the UR. Writes bench/results/code.md.
+
+    python bench/bench_code.py --image IMAGE [--runs 3] [--no-write]
+
+Times `zen recover`'s code stage on an existing image (e.g. the GPT-2 image of bench_scale.py) in
+CPU seconds (`time.process_time`: the machine is shared, wall time is not a measure), each run in a
+fresh process, the variants interleaved so that they share the machine's state:
+    reference  the code stage without this issue's fast paths: the GC on outside the closure and
+               PR build, every code object read again to rebuild it, no code objects shared
+               between the PR's encoder and code.marshal
+    fast       the code stage as shipped (GC off for the whole stage, cached code records)
+    fast+gc    as fast, with the GC off for the whole `recover` (measures what that would add)
+Every run's pr.json, ur.json and code.marshal must be byte-identical (case bytes do not depend on
+zen's own process state: `zen.cpython.canonical_marshal`). Writes bench/results/code_stage.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,7 +62,103 @@ sys.stdin.read()
 """
 
 
+# One run of `recover` in a fresh process: argv = variant, image, case directory. Prints JSON.
+STAGE_RUN = r"""
+import gc, json, resource, sys, time
+from pathlib import Path
+variant, image, out = sys.argv[1:4]
+if variant == "fast+gc":
+    gc.disable()
+import zen.recover as R
+import zen.cpython.codebuild as cb
+if variant == "reference":
+    R._write_code = R._write_code_files  # the GC pause of closure and PR build only
+    rebuild = cb.rebuild_code
+    def plain(ip, addr, _memo=None, _depth=0, read=None):
+        return rebuild(ip, addr, _memo, _depth)  # every code object read again
+    cb.rebuild_code = plain
+    cb.rebuilt_memo = lambda ip: {}
+stage = R._code_stage
+cpu = {}
+def timed(*a, **k):
+    t = time.process_time()
+    try:
+        return stage(*a, **k)
+    finally:
+        cpu["code"] = time.process_time() - t
+R._code_stage = timed
+t = time.process_time()
+R.recover(Path(image), None, Path(out))
+cpu["total"] = time.process_time() - t
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"code_cpu": cpu["code"], "total_cpu": cpu["total"], "peak_rss_mb": rss}))
+"""
+VARIANTS = ("reference", "fast", "fast+gc")
+COMPARED = ("code.marshal", "pr.json", "ur.json", "requirements.txt")
+
+
+def stage_bench(image: Path, runs: int, write: bool) -> int:
+    """CPU seconds of the code stage on `image`, per variant, interleaved runs; identical bytes."""
+    work = Path(tempfile.mkdtemp(prefix="zen-bench-stage-"))
+    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    digests: dict[str, set[str]] = {n: set() for n in COMPARED}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    load = [os.getloadavg()[0]]
+    try:
+        for i in range(runs):
+            for v in VARIANTS:
+                out = work / f"{v}-{i}"
+                res = subprocess.run([sys.executable, "-c", STAGE_RUN, v, str(image), str(out)], capture_output=True,
+                                     text=True, env=env, timeout=900)  # fmt: skip
+                if res.returncode != 0:
+                    raise SystemExit(f"recover ({v}) failed:\n{res.stderr[-3000:]}")
+                results[v].append(json.loads(res.stdout.strip().splitlines()[-1]))
+                for n in COMPARED:
+                    digests[n].add(hashlib.sha256((out / n).read_bytes()).hexdigest())
+                print(v, i, results[v][-1], flush=True)
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    load.append(os.getloadavg()[0])
+    identical = all(len(d) == 1 for d in digests.values())
+
+    def med(v: str, k: str) -> float:
+        return statistics.median(r[k] for r in results[v])
+
+    def each(v: str) -> str:
+        return ", ".join(f"{r['code_cpu']:.2f}" for r in results[v])
+
+    lines = [
+        "# Code stage of `zen recover`: CPU seconds (issue 16)",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}. "
+        f"Image: `{image.name}` ({image.stat().st_size / 2**30:.2f} GiB). {runs} runs per variant, each in a fresh "
+        f"process, variants interleaved; CPU time (`time.process_time`), median (all runs). Load average (1 min) "
+        f"{load[0]:.1f} before, {load[1]:.1f} after (other jobs on the machine inflate CPU times too).",
+        f"Command: `python bench/bench_code.py --image {image.name} --runs {runs}`",
+        "",
+        "| variant | code stage CPU s | recover CPU s | peak RSS MB |",
+        "|---|---:|---:|---:|",
+        *[f"| {v} | {med(v, 'code_cpu'):.2f} ({each(v)}) | {med(v, 'total_cpu'):.2f} | {med(v, 'peak_rss_mb'):.0f} |"
+          for v in VARIANTS],
+        "",
+        f"code.marshal, pr.json, ur.json, requirements.txt byte-identical across all {runs * len(VARIANTS)} runs: "
+        f"{'yes' if identical else 'NO'}.",
+    ]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if write:
+        (ROOT / "bench" / "results" / "code_stage.md").write_text(text)
+    return 0 if identical else 1
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--image", type=Path, help="time the code stage of `zen recover` on this image instead")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    if args.image:
+        return stage_bench(args.image, args.runs, not args.no_write)
     work = Path(tempfile.mkdtemp(prefix="zen-bench-code-"))
     script = work / "target.py"
     script.write_text(TARGET)

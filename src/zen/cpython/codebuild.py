@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from zen.cpython.readers.code import read_code
+from zen.cpython.readers.code import CodeInfo, read_code
 from zen.errors import ObjectError, VersionMismatch
 
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter
+
+CodeReader = Callable[[int], CodeInfo | None]
 
 MAX_CONST_DEPTH = 64
 _SCALARS = frozenset(("none", "ellipsis", "bool", "int", "float", "complex", "str", "bytes"))
@@ -29,8 +32,19 @@ def can_rebuild(ip: Interpreter) -> bool:
     return ip.P.minor == f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def rebuild_code(ip: Interpreter, addr: int, _memo: dict[int, types.CodeType] | None = None, _depth: int = 0) -> types.CodeType:
-    """A `types.CodeType` equal to the code object at `addr`."""
+def rebuilt_memo(ip: Interpreter) -> dict[int, types.CodeType]:
+    """The code objects rebuilt from this interpreter's image so far, by address: the PR's value
+    encoder (functions made inside functions) and code.marshal ask for some of the same ones.
+    Sharing them is safe for the case files: those are written by `canonical_marshal`, whose
+    bytes do not depend on how many references zen holds."""
+    return ip.census_memo.setdefault("rebuilt_code", {})  # type: ignore[return-value]
+
+
+def rebuild_code(ip: Interpreter, addr: int, _memo: dict[int, types.CodeType] | None = None, _depth: int = 0,
+                 read: CodeReader | None = None) -> types.CodeType:  # fmt: skip
+    """A `types.CodeType` equal to the code object at `addr`. `read` (address -> CodeInfo, or None
+    when unreadable) lets a caller that has read the code objects already (the runtime index)
+    give its cached records instead of reading each one again."""
     if not can_rebuild(ip):
         raise VersionMismatch(
             f"cannot rebuild Python {ip.P.minor} code objects in Python {sys.version_info.major}.{sys.version_info.minor}",
@@ -42,8 +56,14 @@ def rebuild_code(ip: Interpreter, addr: int, _memo: dict[int, types.CodeType] | 
         return hit
     if _depth > MAX_CONST_DEPTH:
         raise ObjectError(addr, "code objects nested too deeply")
-    ci = read_code(ip, addr)
-    consts = tuple(_const(ip, a, memo, _depth + 1) for a in ci.consts)
+    if read is None:
+        ci = read_code(ip, addr)
+    else:
+        got = read(addr)
+        if got is None:
+            raise ObjectError(addr, "code object not readable")
+        ci = got
+    consts = tuple(_const(ip, a, memo, _depth + 1, read) for a in ci.consts)
     try:
         code = types.CodeType(
             ci.argcount,
@@ -71,18 +91,18 @@ def rebuild_code(ip: Interpreter, addr: int, _memo: dict[int, types.CodeType] | 
     return code
 
 
-def _const(ip: Interpreter, addr: int, memo: dict, depth: int) -> Any:
+def _const(ip: Interpreter, addr: int, memo: dict, depth: int, read: CodeReader | None) -> Any:
     kind = ip.kind(addr)
     if kind == "code":
-        return rebuild_code(ip, addr, memo, depth)
+        return rebuild_code(ip, addr, memo, depth, read)
     if kind == "tuple":
         from zen.cpython.readers.containers import read_tuple
 
-        return tuple(_const(ip, a, memo, depth + 1) for a in read_tuple(ip, addr))
+        return tuple(_const(ip, a, memo, depth + 1, read) for a in read_tuple(ip, addr))
     if kind == "frozenset":
         from zen.cpython.readers.containers import read_set
 
-        return frozenset(_const(ip, a, memo, depth + 1) for a in read_set(ip, addr))
+        return frozenset(_const(ip, a, memo, depth + 1, read) for a in read_set(ip, addr))
     if kind in _SCALARS:
         if ip.wk.kind_by_type.get(ip.type_of(addr)) != kind:
             raise ObjectError(addr, f"constant of a {kind} subclass cannot be rebuilt exactly")

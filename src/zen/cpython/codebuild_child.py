@@ -6,16 +6,19 @@ version can. Standard library only, and syntax every supported target interprete
 
     python3.X -I -c 'import sys; sys.path.insert(0, SRC); from zen.cpython.codebuild_child import main; main()' SPEC OUT
 
-reads a JSON list of specs from SPEC and writes the marshalled list of code objects to OUT.
+reads a JSON list of specs from SPEC and writes the marshalled list of code objects to OUT, in
+the canonical form of `canonical_marshal` (the same rule zen applies to its own code.marshal), so
+that the bytes depend on the specs alone, not on this child's reference counts or interned strings.
 Nothing built here is executed.
 """
 
 from __future__ import annotations
 
 import json
-import marshal
 import sys
 import types
+
+from zen.cpython.canonical_marshal import dumps
 
 
 def build(spec: dict):
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = json.load(fh)
     codes = [build(s) for s in specs]
     with open(out_path, "wb") as fh:
-        marshal.dump(codes, fh)
+        fh.write(dumps(codes))
     return 0
 
 

@@ -29,9 +29,9 @@ Values of kinds the hook does not know are left to the generic encoder (`None`).
 from __future__ import annotations
 
 import base64
-import marshal
 from typing import Any
 
+from zen.cpython import canonical_marshal
 from zen.cpython.interp import Interpreter
 from zen.errors import ZenError
 
@@ -163,7 +163,7 @@ class ValueKinds:
         return {"slice": [self._enc(self.ip.ptr(addr + getattr(S, f))) for f in ("start", "stop", "step")]}
 
     def _function(self, addr: int, tp: int) -> dict | None:
-        from zen.cpython.codebuild import can_rebuild, rebuild_code
+        from zen.cpython.codebuild import can_rebuild, rebuild_code, rebuilt_memo
         from zen.cpython.readers.containers import read_tuple
         from zen.cpython.readers.functions import read_cell, read_function
 
@@ -177,7 +177,7 @@ class ValueKinds:
         out: dict[str, Any] = {"function": f"{f.module}:{f.qualname}", "id": n, "name": f.name, "fn": f"{addr:#x}"}
         if not can_rebuild(ip):
             return {**out, "unsupported": f"code of {f.qualname} is Python {ip.P.minor} bytecode (zen runs another version)"}
-        out["code"] = base64.b64encode(marshal.dumps(rebuild_code(ip, f.code))).decode()
+        out["code"] = base64.b64encode(canonical_marshal.dumps(rebuild_code(ip, f.code, rebuilt_memo(ip)))).decode()
         out["python"] = ip.P.minor
         out["defaults"] = self._enc(f.defaults) if f.defaults and not ip.is_none(f.defaults) else None
         out["kwdefaults"] = self._enc(f.kwdefaults) if f.kwdefaults and not ip.is_none(f.kwdefaults) else None

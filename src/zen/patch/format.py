@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zen import __version__
+from zen.cpython import canonical_marshal
 from zen.errors import ZenError
 from zen.represent import textio
 
@@ -85,7 +86,7 @@ class PatchBuilder:
         code = self.code.get(rec.address)
         if code is None:
             raise PatchError(f"no rebuilt code for {rec.fid}", "the case's code.marshal lacks it (corrupt or other Python)")
-        raw = marshal.dumps(code)
+        raw = canonical_marshal.dumps(code)  # the blob's hash must not depend on this process
         sha = hashlib.sha256(raw).hexdigest()
         self.blobs[sha] = base64.b64encode(raw).decode()
         return sha
