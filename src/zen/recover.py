@@ -47,13 +47,32 @@ class RecoverResult:
 
 
 class _Hasher(threading.Thread):
+    """sha256 of the image, in a thread while the analysis runs.
+
+    The image is read into one reused buffer: a fresh 16 MB `bytes` per read would cost a
+    page fault per 4 KB of image (seconds of system time on a multi-GB image, on a core the
+    analysis needs). The kernel is told the read is sequential (more readahead)."""
+
+    BLOCK = 8 << 20
+
     def __init__(self, path: Path) -> None:
         super().__init__(daemon=True)
         self.path, self.digest, self.error = path, None, None
 
     def run(self) -> None:
+        import hashlib
+        import os
+
         try:
-            self.digest = case.file_sha256(self.path)
+            h = hashlib.sha256()
+            buf = bytearray(self.BLOCK)
+            view = memoryview(buf)
+            with open(self.path, "rb", buffering=0) as fh:
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                while n := fh.readinto(buf):
+                    h.update(view[:n])
+            self.digest = h.hexdigest()
         except OSError as exc:
             self.error = str(exc)
 
@@ -179,9 +198,9 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
         timings["model"] = time.perf_counter() - t
         t = time.perf_counter()
         problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
-        _write_tensors(out / case.WEIGHTS, reader, slots, progress)
+        digests = {case.WEIGHTS: _write_tensors(out / case.WEIGHTS, reader, slots, progress)}
         if extra:
-            _write_tensors(out / case.EXTRA, reader, extra, None)
+            digests[case.EXTRA] = _write_tensors(out / case.EXTRA, reader, extra, None)
         timings["weights"] = time.perf_counter() - t
         t = time.perf_counter()
         from zen.frontends.pytorch.inputs import recover_inputs
@@ -208,7 +227,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
         raise
     sections = {"torch": {"version": tv}}
     return _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings,
-                   t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source})
+                   t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source}, digests)
 
 
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
@@ -238,9 +257,9 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     t = time.perf_counter()
     mr = km.mr
     problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
-    _write_tensors(out / case.WEIGHTS, km.reader, km.slots, progress, fmt="tf")
+    digests = {case.WEIGHTS: _write_tensors(out / case.WEIGHTS, km.reader, km.slots, progress, fmt="tf")}
     if km.extra:
-        _write_tensors(out / case.EXTRA, km.reader, km.extra, None, fmt="tf")
+        digests[case.EXTRA] = _write_tensors(out / case.EXTRA, km.reader, km.extra, None, fmt="tf")
     timings["weights"] = time.perf_counter() - t
     mr.summary["status"] = dict(sorted(Counter(t.status for t in mr.tensors).items()))
     textio.write_text(out / case.MR_FILE, mr.dumps())
@@ -248,7 +267,7 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     sections = {**km.versions, "framework": "keras"}
     profiles = {"cpython": ip.P.source, "tf": km.profile.source if km.profile else None}
     return _finish(out, space, image, pid, hasher, ip, mr, km.slots, km.extra, km.chosen, km.how, mr.roots, problems,
-                   timings, t0, started, sections, profiles)
+                   timings, t0, started, sections, profiles, digests)
 
 
 def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> None:
@@ -263,8 +282,9 @@ def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> No
 
 
 def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings, t0, started,
-            sections: dict, profiles: dict) -> RecoverResult:  # fmt: skip
-    """Status, evidence and manifest: the same for every front end."""
+            sections: dict, profiles: dict, digests: dict[str, str]) -> RecoverResult:  # fmt: skip
+    """Status, evidence and manifest: the same for every front end. `digests`: sha256 of the
+    weight files, taken while they were written (hashing them again would read GBs twice)."""
     try:
         status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
         problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
@@ -274,7 +294,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
     finally:
         space.close()
     names = (case.MR_FILE, case.WEIGHTS, case.INPUTS, case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS, case.EXTRA)
-    files = {n: case.file_sha256(out / n) for n in names if (out / n).exists()}
+    files = {n: digests.get(n) or case.file_sha256(out / n) for n in names if (out / n).exists()}
     manifest = {
         "format": case.CASE_FORMAT,
         "kind": "zen-case",
@@ -301,10 +321,20 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
 
 
 def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
-    """PR, UR, the rebuilt model code and requirements.txt (ZEN §IV-A)."""
-    import marshal
+    """PR, UR, the rebuilt model code and requirements.txt (ZEN §IV-A).
 
-    from zen.cpython.codebuild import can_rebuild, rebuild_code
+    The cyclic GC stays off for the whole stage: it allocates millions of small, acyclic,
+    long-lived records that the collector would traverse again and again for nothing (see
+    `gc_paused`). The case bytes do not depend on it (`canonical_marshal`)."""
+    from zen.cpython.programmatic import gc_paused
+
+    with gc_paused():
+        _write_code_files(out, ip, heap, found, index, mr, space)
+
+
+def _write_code_files(out: Path, ip, heap, found, index, mr, space) -> None:
+    from zen.cpython import canonical_marshal
+    from zen.cpython.codebuild import can_rebuild, rebuild_code, rebuilt_memo
     from zen.cpython.context import execution_context
     from zen.cpython.programmatic import build_pr, build_ur, model_closure, module_globals
     from zen.cpython.runtime import Runtime
@@ -324,14 +354,14 @@ def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
     textio.write_text(out / case.UR_FILE, ur.dumps())
     textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
     if can_rebuild(ip):
-        memo: dict = {}
+        memo = rebuilt_memo(ip)  # shared with the PR's encoder of nested functions
         codes = {}
         for c in pr.codes:
-            try:
-                codes[c.address] = rebuild_code(ip, int(c.address, 16), memo)
+            try:  # from the code records the closure read already (rt.code), not read again
+                codes[c.address] = rebuild_code(ip, int(c.address, 16), memo, read=rt.code)
             except ZenError:
                 continue
-        (out / case.CODE_FILE).write_bytes(marshal.dumps(codes))
+        (out / case.CODE_FILE).write_bytes(canonical_marshal.dumps(codes))  # bytes independent of zen's process
 
 
 def _submodule_root(index, reader, choice, refs):
@@ -345,8 +375,9 @@ def _submodule_root(index, reader, choice, refs):
     return root_record(index, reader, addr, refs.get(addr, []))
 
 
-def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: str = "pt") -> None:
-    """Stream every tensor whose data is present into a safetensors file, in the slots' order."""
+def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: str = "pt") -> str:
+    """Stream every tensor whose data is present into a safetensors file, in the slots' order;
+    returns the file's sha256."""
     space = reader.ip.space
     writable = []
     for s in slots:
@@ -372,6 +403,7 @@ def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: st
             if progress:
                 progress(path.stem, done, total)
         w.close()
+        return w.file_sha256  # type: ignore[return-value]
     except (TensorDataMissing, TFDataMissing) as exc:
         w.abort()
         raise ZenError(f"tensor data became unreadable while writing {path.name}: {exc}") from None

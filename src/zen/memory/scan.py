@@ -67,24 +67,49 @@ def find_u64_in(
     if vals.size == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
     lo, width = vals[0], vals[-1] - vals[0]
+    work = _Work()
     addrs: list[np.ndarray] = []
     found: list[np.ndarray] = []
     for start, arr in space.iter_arrays(chunks):
         for base, q in _u64_blocks(start, arr):
-            cand = np.flatnonzero((q - lo) <= width)  # one unsigned compare: lo <= q <= hi
+            cand = np.flatnonzero(work.in_range(q, lo, width))  # one unsigned compare: lo <= q <= hi
             if not cand.size:
                 continue
-            words = q[cand]
-            idx = np.searchsorted(vals, words)
-            idx[idx == vals.size] = 0
-            ok = vals[idx] == words
-            if ok.any():
-                cand = cand[ok]
-                addrs.append(np.uint64(base) + cand.astype(np.uint64) * np.uint64(8))
-                found.append(words[ok])
+            _match(base, q, cand, vals, addrs, found)
     if not addrs:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
     return np.concatenate(addrs), np.concatenate(found)
+
+
+class _Work:
+    """Scratch arrays of one scan, reused for every block.
+
+    A fresh temporary per block and per operation would be a new 16 MB allocation each time,
+    zero-filled page by page by the kernel: on a multi-GB image that is more system time than
+    the comparisons themselves."""
+
+    def __init__(self) -> None:
+        self._diff = np.empty(BLOCK // 8, dtype=np.uint64)
+        self._mask = np.empty(BLOCK // 8, dtype=bool)
+        self._mask2 = np.empty(BLOCK // 8, dtype=bool)
+
+    def in_range(self, q: np.ndarray, lo: np.uint64, width: np.uint64, out: str = "mask") -> np.ndarray:
+        """Mask of words in [lo, lo + width]: q - lo wraps around below lo (unsigned)."""
+        n = q.size
+        diff, mask = self._diff[:n], (self._mask if out == "mask" else self._mask2)[:n]
+        np.subtract(q, lo, out=diff)
+        return np.less_equal(diff, width, out=mask)
+
+
+def _match(base: int, q: np.ndarray, cand: np.ndarray, vals: np.ndarray, addrs: list, found: list) -> None:
+    """Keep the candidate words that are one of `vals` (sorted): their addresses and values."""
+    words = q[cand]
+    idx = np.searchsorted(vals, words)
+    idx[idx == vals.size] = 0
+    ok = vals[idx] == words
+    if ok.any():
+        addrs.append(np.uint64(base) + cand[ok].astype(np.uint64) * np.uint64(8))
+        found.append(words[ok])
 
 
 MAP_BLOCK = 1 << 16  # bytes per entry of a pointer map (see `find_u64_in_mapped`)
@@ -105,35 +130,32 @@ def find_u64_in_mapped(
     vlo, vwidth = (vals[0], vals[-1] - vals[0]) if vals.size else (np.uint64(1), np.uint64(0))
     plo, pwidth = np.uint64(lo), np.uint64(hi - lo)
     words = MAP_BLOCK // 8
+    work = _Work()
     addrs: list[np.ndarray] = []
     found: list[np.ndarray] = []
     ranges: list[tuple[int, int]] = []
     for start, arr in space.iter_arrays(chunks):
         for base, q in _u64_blocks(start, arr):
-            inside = (q - plo) <= pwidth
+            inside = work.in_range(q, plo, pwidth)
             n = q.size
             full = n // words * words
             marks = inside[:full].reshape(-1, words).any(axis=1).tolist()
             if full < n:
                 marks.append(bool(inside[full:].any()))
-            for i in np.flatnonzero(marks).tolist():
+            hit = np.flatnonzero(marks).tolist()
+            for i in hit:
                 a, b = base + i * MAP_BLOCK, base + min((i + 1) * words, n) * 8
                 if ranges and ranges[-1][1] == a:
                     ranges[-1] = (ranges[-1][0], b)
                 else:
                     ranges.append((a, b))
-            if not vals.size:
+            if not vals.size or not hit:  # no word in [lo, hi]: none of the values either
                 continue
-            cand = np.flatnonzero(inside & ((q - vlo) <= vwidth))
-            if not cand.size:
-                continue
-            w = q[cand]
-            idx = np.searchsorted(vals, w)
-            idx[idx == vals.size] = 0
-            ok = vals[idx] == w
-            if ok.any():
-                addrs.append(np.uint64(base) + cand[ok].astype(np.uint64) * np.uint64(8))
-                found.append(w[ok])
+            cand = work.in_range(q, vlo, vwidth, out="mask2")
+            cand &= inside
+            cand = np.flatnonzero(cand)
+            if cand.size:
+                _match(base, q, cand, vals, addrs, found)
     if not addrs:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64), ranges
     return np.concatenate(addrs), np.concatenate(found), ranges

@@ -50,7 +50,12 @@ class SafetensorsWriter:
         blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
         self._fh = open(path, "wb")
-        self._fh.write(struct.pack("<Q", len(blob)) + blob)
+        head = struct.pack("<Q", len(blob)) + blob
+        self._fh.write(head)
+        # The file's own sha256 (the case manifest records it) is taken from the bytes as they are
+        # written: hashing the finished file again would read a multi-GB file a second time.
+        self._file_hash = hashlib.sha256(head)
+        self.file_sha256: str | None = None  # set by close()
         self._next = 0
         self._executor = None
         self.sha256: dict[str, str] = {}
@@ -64,14 +69,20 @@ class SafetensorsWriter:
         n = 0
         for chunk in chunks:
             if len(chunk) >= OVERLAP:
-                # write and hash the block at once: both release the GIL, and on a multi-GB model
-                # each is seconds of one core (hashing) or of waiting for the disk (writing)
-                done = self._pool().submit(self._fh.write, chunk)
+                # write the block, hash it for the file and for the tensor at once: all three
+                # release the GIL, and on a multi-GB model each is seconds of a core or of waiting
+                # for the disk (a write held back by the kernel's dirty-page limit leaves both
+                # cores to the hashes). The block's jobs end before the next block is read, so
+                # the file hash sees the bytes in order.
+                pool = self._pool()
+                jobs = [pool.submit(self._fh.write, chunk), pool.submit(self._file_hash.update, chunk)]
                 h.update(chunk)
-                done.result()
+                for job in jobs:
+                    job.result()
             else:
                 self._fh.write(chunk)
                 h.update(chunk)
+                self._file_hash.update(chunk)
             n += len(chunk)
         if n != e.nbytes:
             raise ValueError(f"{name}: wrote {n} bytes, header says {e.nbytes}")
@@ -83,7 +94,7 @@ class SafetensorsWriter:
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zen-safetensors")
+            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zen-safetensors")
         return self._executor
 
     def _shutdown(self) -> None:
@@ -98,6 +109,7 @@ class SafetensorsWriter:
             os.unlink(self.path)
             raise ValueError(f"safetensors file incomplete: {self._next} of {len(self.entries)} tensors written")
         self._fh.close()
+        self.file_sha256 = self._file_hash.hexdigest()
 
     def abort(self) -> None:
         self._shutdown()
