@@ -227,7 +227,8 @@ def class_attribute_changes(rec: dict[str, ClassRecord], base: dict[str, ClassRe
         b = by_key.get(target) if target else None
         if b is None:
             continue
-        changed = {k: v for k, v in r.attributes.items() if k not in CLASS_INTERNALS and b.attributes.get(k) != _renamed(v, r, b)}
+        changed = {k: v for k, v in r.attributes.items()
+                   if k not in CLASS_INTERNALS and _canonical_code(b.attributes.get(k)) != _canonical_code(_renamed(v, r, b))}
         if changed:
             out[target] = changed
     return out
@@ -241,6 +242,32 @@ def _renamed(enc: Any, r: ClassRecord, b: ClassRecord) -> Any:
     import json
 
     return json.loads(json.dumps(enc).replace(f'"{r.module}:', f'"{b.module}:'))
+
+
+def _canonical_code(enc: Any, depth: int = 0) -> Any:
+    """`enc` with every embedded function's marshalled code rewritten in canonical form.
+
+    Library entries and cases written before zen wrote canonical marshal hold the same code
+    objects as other bytes (the writer's reference counts decided them): compared raw, an
+    unchanged function held in a class attribute would show as changed."""
+    if depth > 32 or not isinstance(enc, (dict, list)):
+        return enc
+    if isinstance(enc, list):
+        return [_canonical_code(v, depth + 1) for v in enc]
+    out = {k: _canonical_code(v, depth + 1) for k, v in enc.items()}
+    code, python = enc.get("code"), enc.get("python")
+    if isinstance(code, str) and isinstance(python, str):
+        import base64
+        import binascii
+
+        from zen.cpython.canonical_marshal import MarshalFormatError, canonical
+
+        try:
+            version = tuple(int(x) for x in python.split(".")[:2])
+            out["code"] = base64.b64encode(canonical(base64.b64decode(code), version)).decode()
+        except (ValueError, binascii.Error, MarshalFormatError):
+            pass  # not marshal data zen can read: compared as it is
+    return out
 
 
 def _owner_key(c: CodeRecord, records: dict[str, ClassRecord]) -> str | None:
