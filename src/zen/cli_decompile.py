@@ -51,6 +51,10 @@ def decompile(
 ) -> None:
     """Decompile a TVM-built model library into a PyTorch package (`import DIR; DIR.load()`).
 
+    DIR is also a zen case (mr.json with torch.nn layer types and hyper-parameters, an empty pr.json marked
+    "source": "compiled", state_dict.safetensors under PyTorch names), so `zen library add DIR`, `zen attribute
+    DIR` (MR similarity only: an executable holds no Python code) and `zen report DIR` take it.
+
     Probing and --check EXECUTE the library's kernels (in a child process): run them in an isolated environment.
     """
     from zen.compiled.decompile import decompile as run

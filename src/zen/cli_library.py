@@ -162,10 +162,13 @@ def attribute(
     t = Table(
         "base model", "UR", "MR", "PR", "Arch", "TS", "OP", "graph", "COs", "CLS", "identical", "changed", "added", "method"
     )
+    def n(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.2f}"  # None: the PR side of a compiled model
+
     for c in res.candidates[:15]:
         j = c.to_json()
-        t.add_row(c.name, f"{j['ur']:.2f}", f"{j['mr']:.2f}", f"{j['pr']:.2f}", f"{j['arch']:.2f}", f"{j['ts']:.2f}",
-                  f"{j['op']:.2f}", f"{j['graph']:.2f}", f"{j['cos']:.2f}", f"{j['cls']:.2f}", str(j.get("exact", "-")),
+        t.add_row(c.name, n(j["ur"]), n(j["mr"]), n(j["pr"]), n(j["arch"]), n(j["ts"]),
+                  n(j["op"]), n(j["graph"]), n(j["cos"]), n(j["cls"]), str(j.get("exact", "-")),
                   str(j.get("matched", "-")), str(j.get("added", "-")), c.method)  # fmt: skip
     out.print(t)
     if res.attributed:

@@ -16,7 +16,11 @@
 3. The candidate with the highest URSS is the attribution. If no library model shares any code,
    attribution is refused ("no base model in the library shares code with this model") and MR-only
    scores are reported for every library model.
-4. Frameworks: a base recovered by another front end (MR `framework`: "pytorch" or "keras") is never
+4. A model decompiled from a compiled executable (`zen decompile`: pr.json has no code and its context
+   says `"source": "compiled"`) has no programmatic part to compare. It is attributed on MR similarity
+   alone, said so in the result (`basis: "mr-only"`, each candidate's PR, UR, COs, CLS are null with a
+   note, never 0, which would read as "different code"), ranked by MRSS.
+5. Frameworks: a base recovered by another front end (MR `framework`: "pytorch" or "keras") is never
    the attribution. Such candidates are still scored, listed last with method "other framework" and
    a note saying why; if only they share code, attribution is refused with that reason. (Both
    frameworks' processes run the same stdlib and often numpy code, so shared code alone says nothing.)
@@ -48,6 +52,8 @@ UR_WEIGHTS = {"mr": 0.25, "pr": 0.75}
 FULL_COMPARE = 10
 NO_SHARED_CODE = "no base model in the library shares code with this model"
 OTHER_FRAMEWORK = "other framework"
+MR_ONLY_COMPILED = "mr-only (compiled)"
+NO_CODE_NOTE = "no PR: the model was decompiled from a compiled executable, which holds no Python code"
 FOREIGN_COMPARE = 3  # bases of another framework compared in full (shown with their scores, never attributed)
 
 
@@ -62,6 +68,7 @@ class Candidate:
     shared: int = 0
     match: MatchResult | None = None
     note: str = ""  # why a candidate cannot be the attribution (another framework)
+    pr_available: bool = True  # False for a compiled query: PR/UR are not defined, not 0
 
     @property
     def pr(self) -> float:
@@ -80,6 +87,8 @@ class Candidate:
         }  # fmt: skip
         if self.note:
             d["note"] = self.note
+        if not self.pr_available:
+            d.update(pr=None, ur=None, cos=None, cls=None, pr_note=NO_CODE_NOTE)
         if self.match is not None:
             fuzzy = [p for p in self.match.pairs if not p.exact]
             d.update(
@@ -105,7 +114,7 @@ class Attribution:
     def to_json(self) -> dict[str, Any]:
         return {"attributed": self.attributed, "candidates": [c.to_json() for c in self.candidates],
                 "message": self.message, "explanation": self.explanation, "library_size": self.library_size,
-                "weights": {"ur": UR_WEIGHTS, "pr": PR_WEIGHTS}}  # fmt: skip
+                "weights": {"ur": UR_WEIGHTS, "pr": PR_WEIGHTS}, "basis": self.details.get("basis", "ur")}  # fmt: skip
 
     def best(self) -> Candidate | None:
         return next((c for c in self.candidates if c.name == self.attributed), None)
@@ -165,6 +174,42 @@ class _Stored:
         return views(e.pr, primary_modules(e.mr))
 
 
+def compiled_query(pr: ProgrammaticRepresentation) -> bool:
+    """A model decompiled from a compiled executable: no code objects, and pr.json says why."""
+    return not pr.codes and (pr.context or {}).get("source") == "compiled"
+
+
+def _attribute_compiled(mr: ModelMR, library: Library, reference: bool) -> Attribution:
+    """MR-only attribution of a decompiled model (see the module docstring, point 4)."""
+    if reference:
+        scored = [(e.name, mr_similarity(mr, e.mr), e.mr.framework) for e in library.entries()]
+    else:
+        query, memo = mr_features(mr), OpMemo()
+        rows = [_Stored(library, r) for r in library.mr_invariants()]
+        scored = [(s.row.name, mr_score(query, s.mr, memo), s.framework()) for s in rows]
+    cands = []
+    for name, score, fw in scored:
+        c = Candidate(name, score, MR_ONLY_COMPILED, pr_available=False)
+        cands.append(c if fw == mr.framework else _foreign(c, fw, mr.framework))
+    cands.sort(key=lambda c: (c.method == OTHER_FRAMEWORK, -c.mr.mrss, c.name))
+    own = [c for c in cands if c.method != OTHER_FRAMEWORK]
+    att = Attribution(own[0].name if own else None, cands, "" if own else f"no {mr.framework} base model in the library",
+                      "", len(library), {"basis": "mr-only", "pr_available": False})  # fmt: skip
+    if not own:
+        att.explanation = att.message + "; MR similarities of the other frameworks' bases are listed."
+        return att
+    best = own[0]
+    att.explanation = (
+        f"The model was decompiled from a compiled executable, which holds no Python code, so the programmatic "
+        f"representation (PR) cannot be compared and UR is not defined: attribution rests on the mathematical "
+        f"representation alone, weaker evidence than code. It is attributed to {best.name} (MR {best.mr.mrss:.2f}: graph "
+        f"{best.mr.graph:.2f}, layer types {best.mr.arch:.2f}, tensors {best.mr.ts:.2f}, operators {best.mr.op:.2f})."
+        + (f" The next candidate, {own[1].name}, scores MR {own[1].mr.mrss:.2f}." if len(own) > 1 else
+           " It is the only base of this framework in the library.")
+    )  # fmt: skip
+    return att
+
+
 def _foreign(cand: Candidate, framework: str, own: str) -> Candidate:
     how = f"; scored by {cand.method}" if cand.method else ""
     cand.method = OTHER_FRAMEWORK
@@ -182,6 +227,8 @@ def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, 
               reference: bool = False) -> Attribution:  # fmt: skip
     """Algorithm 1 over `library`. `reference=True` runs the per-pair reference implementation on
     fully decoded entries (as before issue 16): slow, kept to test that the fast path agrees."""
+    if compiled_query(pr):
+        return _attribute_compiled(mr, library, reference)
     if reference:
         return _attribute_reference(mr, pr, library, optimal=optimal)
     size = len(library)

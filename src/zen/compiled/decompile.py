@@ -6,6 +6,8 @@ Static steps run in zen's process (no TVM import); probing runs in a child. What
     DIR/graph.json      the kernel-call graph with shapes and the operators found in each kernel
     DIR/bytecode.txt    the VM bytecode listing
     DIR/manifest.json   evidence (path, size, sha256), TVM format version, counts, timings, problems
+    DIR/mr.json, pr.json, ur.json, state_dict.safetensors   case files (zen.compiled.case), so that
+                        `zen library add`, `zen attribute` and `zen report` take DIR like a recovered case
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
     sha = hashlib.sha256(lib.data).hexdigest()
     kernels = [n for n in graph.nodes if not n.builtin]
     manifest = {
-        "format": FORMAT, "tool": f"zen {__version__}",
+        "format": FORMAT, "kind": "zen-decompile", "tool": f"zen {__version__}",  # "zen-case" once case files exist
         "evidence": {"path": str(library), "size": len(lib.data), "sha256": sha},
         "executable": {"vm_version": ex.version, "magic": hex(ex.magic), "blob_found_by": lib.found_by,
                        "stripped": lib.stripped, "functions": [f.name for f in ex.functions if f.kind != "packed"],
@@ -51,6 +53,10 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
          **({"shape_guessed": True} if graph.values[v].shape_guessed else {})} for v in detached_inputs(graph)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    from zen.compiled.case import CASE_FILES
+
+    for name in CASE_FILES:  # a case from an earlier run into DIR must not outlive this one's manifest
+        (out / name).unlink(missing_ok=True)
     (out / "bytecode.txt").write_text(ex.listing() + "\n")
     results: dict[int, dict] = {}
     if do_probe:
@@ -79,6 +85,10 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
             manifest["problems"].append(str(exc))
             rebuilt = False
     manifest["rebuilt"] = rebuilt
+    if results:
+        from zen.compiled.case import write_case
+
+        write_case(out, graph, results, manifest, library)
     manifest["timings"]["total_s"] = round(time.monotonic() - t0, 3)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     return manifest

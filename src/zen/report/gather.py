@@ -32,6 +32,7 @@ def _evidence(case_dir: Path, manifest: dict) -> dict:
         "files": manifest.get("files", {}), "case": str(case_dir.resolve()),
         "recovered_by": " ".join(str(v) for v in (manifest.get("tool") or {}).values()) or None,
         "system": _system(ev.get("system")), "notes": ev.get("notes") or [],
+        "source": (manifest.get("case") or {}).get("source") or "process image",
         "integrity": _integrity(case_dir, manifest),
     }  # fmt: skip
 
@@ -130,6 +131,9 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
         entry = lib.get(chosen)
         base_blob = lib.code(chosen)
     data["base"] = chosen
+    if att.details.get("basis") == "mr-only":  # a decompiled executable: no code to set beside the base's
+        data["diff"] = {"error": "no code to compare: the model was decompiled from a compiled executable"}
+        return
     rec_views = [v for v in views(pr, primary_modules(mr)) if v.model_code]
     base_views = [v for v in views(entry.pr, primary_modules(entry.mr)) if v.model_code]
     data["artefacts"] = _artefacts(pr, entry.pr, code_similarity(rec_views, base_views, optimal=False).pairs)

@@ -64,7 +64,9 @@ def _diff_block(lines: list[str]) -> str:
 def _evidence(d: dict) -> str:
     e = d["evidence"]
     py, torch = e.get("python") or {}, e.get("torch") or {}
-    rows = [("memory image", f"<code>{_t(e['image'])}</code>"), ("size", f"{e['size']:,} bytes" if e.get("size") else ""),
+    compiled = e.get("source") == "compiled"
+    source = "compiled executable" if compiled else "memory image"
+    rows = [(source, f"<code>{_t(e['image'])}</code>"), ("size", f"{e['size']:,} bytes" if e.get("size") else ""),
             ("sha256", f"<code>{_t(e['sha256'])}</code>"), ("acquired", _t(e.get("acquired_at"))),
             ("acquisition", _t(f"{e.get('producer')} ({e.get('acquisition_mode') or 'foreign core'})")),
             ("process", _t(f"PID {e.get('pid')}: {e.get('command') or ''}")),
@@ -74,6 +76,9 @@ def _evidence(d: dict) -> str:
             ("case directory", f"<code>{_t(e['case'])}</code>")]  # fmt: skip
     rows[5:5] = [(k, _t(v)) for k, v in e.get("system") or []]
     html = _integrity_banner(e) + _kv(rows)
+    if compiled:
+        html = ('<div class="box">Source: a <b>compiled executable</b> (TVM model library) decompiled by zen, not a '
+                "process image: there is no Python code, so only the mathematical representation is compared.</div>" + html)
     if e.get("notes"):
         html += "<ul>" + "".join(f"<li>note: {_t(n)}</li>" for n in e["notes"]) + "</ul>"
     if e.get("problems"):
@@ -122,7 +127,8 @@ def _attribution(d: dict, charts: bool) -> str:
     if a is None:
         return "<p>No library was given: attribution not performed.</p>"
     html = f'<div class="box"><b>{_t(a["attributed"] or "not attributed")}</b> — {_t(a["explanation"])}</div>'
-    rows = [[_t(c["name"]), f"{c['ur']:.3f}", f"{c['mr']:.3f}", f"{c['pr']:.3f}", _t(c.get("arch")), _t(c.get("ts")),
+    n = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731  (PR/UR of a compiled model: not available)
+    rows = [[_t(c["name"]), n(c["ur"]), n(c["mr"]), n(c["pr"]), _t(c.get("arch")), _t(c.get("ts")),
              _t(c.get("op")), _t(c.get("graph")), _t(c.get("cos")), _t(c.get("cls")), _t(c.get("exact", "-")),
              _t(c.get("matched", "-")), _t(c.get("added", "-")), _t(c["method"])] for c in a["candidates"][:20]]  # fmt: skip
     html += _table(["base model", "UR", "MR", "PR", "Arch", "TS", "OP", "graph", "COs", "CLS", "identical", "changed", "added",

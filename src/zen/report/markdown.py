@@ -39,6 +39,11 @@ def _cell(v: Any) -> str:
     return v if isinstance(v, Md) else _txt(v)
 
 
+def _na(v: Any) -> Any:
+    """PR-side scores are None for a model decompiled from an executable: not available, not 0."""
+    return "n/a" if v is None else v
+
+
 def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(_cell(x) for x in r) + " |" for r in rows]
@@ -56,7 +61,11 @@ def render(d: dict) -> str:
     if not integ.get("verified", True):
         lines += ["**THE CASE FILES DO NOT MATCH THE MANIFEST: what follows may not be what zen recovered from the "
                   "image.**", ""] + [f"- **{_txt(p)}**" for p in integ.get("problems", [])] + [""]  # fmt: skip
-    lines += _table(["", ""], [["memory image", _code(e["image"])], ["size", f"{e.get('size') or 0:,} bytes"],
+    if e.get("source") == "compiled":
+        lines += ["Source: a **compiled executable** (TVM model library) decompiled by zen, not a process image: there is "
+                  "no Python code, so only the mathematical representation is compared.", ""]
+    source = "compiled executable" if e.get("source") == "compiled" else "memory image"
+    lines += _table(["", ""], [[source, _code(e["image"])], ["size", f"{e.get('size') or 0:,} bytes"],
                                ["sha256", _code(e["sha256"])], ["acquired", e.get("acquired_at")],
                                ["acquisition", f"{e.get('producer')} ({e.get('acquisition_mode') or 'foreign core'})"],
                                ["process", f"PID {e.get('pid')}: {e.get('command') or ''}"],
@@ -85,8 +94,9 @@ def render(d: dict) -> str:
     else:
         lines += [f"**{_txt(a['attributed'] or 'not attributed')}**: {_txt(a['explanation'])}", ""]
         lines += _table(["base model", "UR", "MR", "PR", "COs", "CLS", "identical", "changed", "added", "method"],
-                        [[c["name"], c["ur"], c["mr"], c["pr"], c.get("cos"), c.get("cls"), c.get("exact", "-"),
-                          c.get("matched", "-"), c.get("added", "-"), c["method"]] for c in a["candidates"][:20]])  # fmt: skip
+                        [[c["name"], _na(c["ur"]), c["mr"], _na(c["pr"]), _na(c.get("cos")), _na(c.get("cls")),
+                          c.get("exact", "-"), c.get("matched", "-"), c.get("added", "-"), c["method"]]
+                         for c in a["candidates"][:20]])  # fmt: skip
     art = d.get("artefacts")
     lines += ["## 4. Incriminating artefacts", ""]
     if art:

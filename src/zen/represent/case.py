@@ -152,6 +152,9 @@ def load_manifest(case_dir: Path) -> dict:
     if isinstance(st, str):
         raise CaseFileError(f"{p} is {st}", "recover the case again")
     m = parse_json(p, str(p))
+    if type(m) is dict and m.get("kind") == "zen-decompile":
+        raise CaseFileError(f"{case_dir} was written by `zen decompile` without probing its kernels: it has no case files",
+                            "run `zen decompile MODEL.so -o DIR` where TVM is installed (not --static)")  # fmt: skip
     if type(m) is not dict or m.get("kind") != "zen-case" or m.get("format") != CASE_FORMAT:
         raise CaseFileError(f"{p} is not a zen case manifest (format {CASE_FORMAT})", "recover the case again")
     errors = sorted(_manifest_validator().iter_errors(m), key=lambda e: list(e.absolute_path))
