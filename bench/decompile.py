@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -21,8 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILDER = ROOT / "tests" / "targets" / "tvm_models.py"
-DEFAULT = ["cnn", "mlp", "resnet", "lenet", "encoder", "encoder_mha", "tv_resnet18", "tv_mobilenet_v2", "tv_squeezenet",
-           "tv_shufflenet", "timm_resnet10t", "timm_vit_tiny"]
+DEFAULT = ["cnn", "mlp", "deep_mlp", "resnet", "lenet", "conv1d", "encoder", "encoder_mha", "hf_bert_tiny",
+           "hf_distilbert_tiny", "tv_resnet18", "tv_mobilenet_v2", "tv_mobilenet_v3_small", "tv_squeezenet",
+           "tv_shufflenet", "tv_mnasnet", "tv_regnet_x_400mf", "tv_efficientnet_b0", "tv_densenet121", "timm_resnet10t",
+           "timm_vit_tiny", "timm_convnext_atto", "timm_mixer", "timm_ghostnet"]
 EQUIVALENT = 1e-5  # max abs difference, relative to the largest output magnitude (1 + max |y|)
 
 
@@ -32,7 +35,8 @@ def attr_match(graph: dict, truth: dict) -> tuple[int, int]:
     for n in graph["nodes"]:
         for op in (n.get("attrs") or {}).get("ops", []):
             found.setdefault(op["op"], []).append(op)
-    keys = {"conv2d": ("stride", "padding", "dilation", "groups"), "max_pool2d": ("kernel", "stride", "padding"),
+    keys = {"conv2d": ("stride", "padding", "dilation", "groups"), "conv1d": ("stride", "padding", "dilation", "groups"),
+            "max_pool2d": ("kernel", "stride", "padding"),
             "batch_norm": ("eps",), "layer_norm": ("eps",)}
     good = total = 0
     for kind, ks in keys.items():
@@ -52,14 +56,16 @@ def main() -> int:
     ap.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / "decompile.md")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    rows = []
+    rows: list[dict] = []
+    failed: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         specs = [m for m in args.models] + [m + ":unfused" for m in args.models]
         for spec in specs:  # one child per model: a model TVM cannot compile is reported, not fatal
             b = subprocess.run([sys.executable, str(BUILDER), str(tmp), spec], capture_output=True, text=True)
-            if b.returncode != 0:
-                print(f"build {spec} failed: {(b.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
+            if b.returncode != 0:  # TVM's (or the exporter's) own failure, recorded in the table's notes
+                failed.append((spec, (b.stderr.strip().splitlines() or ['?'])[-1][:200]))
+                print(f"build {spec} failed: {failed[-1][1]}", flush=True)
         libs = sorted(tmp.glob("*.so"))
         if shutil.which("strip"):
             for lib in list(libs):
@@ -73,8 +79,12 @@ def main() -> int:
             proc = subprocess.run([sys.executable, "-m", "zen", "decompile", str(lib), "-o", str(tmp / f"pkg_{lib.stem}")],
                                   capture_output=True, text=True, env=env)
             secs = time.monotonic() - t0
-            man = json.loads((tmp / f"pkg_{lib.stem}" / "manifest.json").read_text())
-            graph = json.loads((tmp / f"pkg_{lib.stem}" / "graph.json").read_text())
+            try:
+                man = json.loads((tmp / f"pkg_{lib.stem}" / "manifest.json").read_text())
+                graph = json.loads((tmp / f"pkg_{lib.stem}" / "graph.json").read_text())
+            except (OSError, ValueError):  # zen refused the library: its one-line error goes in the table
+                why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                man, graph = {"rebuilt": False, "problems": [why]}, {"nodes": []}
             kernels = [n for n in graph["nodes"] if not n["builtin"]]
             ok = sum(1 for n in kernels if (n.get("attrs") or {}).get("status") == "ok")
             good, total = attr_match(graph, truth)
@@ -85,11 +95,12 @@ def main() -> int:
                          "tvm_vs_torch": truth["tvm_vs_torch"], "seconds": round(secs, 1), "rc": proc.returncode,
                          "problems": "; ".join(man["problems"])[:160]})
             print(json.dumps(rows[-1]), flush=True)
-    write(args.output, rows)
+            write(args.output, rows, failed)  # rewritten after every library: a long sweep leaves partial results
+    write(args.output, rows, failed)
     return 0
 
 
-def write(path: Path, rows: list[dict]) -> None:
+def write(path: Path, rows: list[dict], failed: list[tuple[str, str]] = ()) -> None:
     n = len(rows)
     eq = sum(1 for r in rows if r["rebuilt"] and r["max_abs_diff"] is not None
              and r["max_abs_diff"] < EQUIVALENT * (1 + r["max_abs_output"]))
@@ -97,7 +108,10 @@ def write(path: Path, rows: list[dict]) -> None:
     k_ok = sum(r["resolved"] for r in rows)
     a_good = sum(int(r["attrs"].split("/")[0]) for r in rows)
     a_all = sum(int(r["attrs"].split("/")[1]) for r in rows)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = ["# `zen decompile` benchmark (TVM 0.27 relax VM libraries, llvm target, CPU)", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), {platform.system()} {platform.release()}; "
+             f"Python {platform.python_version()}; run {when}.", "",
              "Generated by `python bench/decompile.py`. Each model is compiled fused (default relax pipeline) and",
              "unfused (one kernel per op), and each library also as a `strip --strip-all` copy.",
              "*resolved*: kernel calls whose computation probing reproduced (operator-type recovery);",
@@ -115,6 +129,9 @@ def write(path: Path, rows: list[dict]) -> None:
         lines.append(f"| {r['library']} | {r['size_kb']} | {r['kernels']} | {r['resolved']} | {r['attrs']} | "
                      f"{'yes' if r['rebuilt'] else 'no'} | {d} | {r['tvm_vs_torch']:.2g} | {r['seconds']} | "
                      f"{r['problems'].replace('|', '/')} |")
+    if failed:
+        lines += ["", "Models that did not build (TVM or torch.export failed; not decompiled):", ""]
+        lines += [f"- `{spec}`: {why.replace('|', '/')}" for spec, why in failed]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 

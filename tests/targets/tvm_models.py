@@ -127,8 +127,71 @@ class TorchEncoder(nn.Module):
         return self.head(self.layer(x).mean(dim=1))
 
 
+class Conv1dNet(nn.Module):
+    """A 1-D conv model (keyword-spotting style): strided, dilated and depthwise conv1d, batch norm, pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv1d(4, 16, 5, stride=2, padding=2)
+        self.b1 = nn.BatchNorm1d(16)
+        self.c2 = nn.Conv1d(16, 16, 3, padding=2, dilation=2, groups=16)
+        self.c3 = nn.Conv1d(16, 24, 1)
+        self.fc = nn.Linear(24, 6)
+
+    def forward(self, x):
+        x = torch.relu(self.b1(self.c1(x)))
+        x = nn.functional.max_pool1d(nn.functional.silu(self.c2(x)), 2)
+        x = torch.tanh(self.c3(x))
+        return self.fc(x.mean(dim=-1))
+
+
+class DeepMLP(nn.Module):
+    """A wider MLP with dropout (identity in eval), ELU-free activations and a residual connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(20, 64)
+        self.h1 = nn.Linear(64, 64)
+        self.h2 = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+        self.out = nn.Linear(64, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.inp(x))
+        x = x + torch.sigmoid(self.h1(x)) * self.h2(x)
+        return torch.log_softmax(self.out(self.norm(x)), dim=-1)
+
+
+def hf_model(kind: str):
+    """A tiny BERT / DistilBERT encoder from transformers (random init from a config, no download). It is fed
+    `inputs_embeds` (float) rather than token ids, so the library's input is a float tensor like the others'."""
+    import transformers
+
+    if kind == "bert":
+        cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=32)
+        enc = transformers.BertModel(cfg, add_pooling_layer=False)
+    else:
+        cfg = transformers.DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                            max_position_embeddings=32)
+        enc = transformers.DistilBertModel(cfg)
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = enc
+            self.head = nn.Linear(32, 3)
+
+        def forward(self, x):
+            return self.head(self.enc(inputs_embeds=x).last_hidden_state[:, 0])
+
+    return Wrapped
+
+
 MODELS = {"lenet": (LeNet, (1, 1, 28, 28)), "encoder": (Encoder, (2, 8, 32)), "encoder_mha": (TorchEncoder, (2, 8, 32)),
-          "cnn": (SmallCNN, (1, 3, 32, 32)), "mlp": (MLP, (2, 32)), "resnet": (ResBlockNet, (1, 3, 40, 40))}
+          "cnn": (SmallCNN, (1, 3, 32, 32)), "mlp": (MLP, (2, 32)), "resnet": (ResBlockNet, (1, 3, 40, 40)),
+          "conv1d": (Conv1dNet, (2, 4, 64)), "deep_mlp": (DeepMLP, (4, 20))}
+HF = {"hf_bert_tiny": ("bert", (1, 8, 32)), "hf_distilbert_tiny": ("distilbert", (1, 8, 32))}
 
 
 # torchvision/timm models (random init, no downloads), from bench/zoo.py's side directory when available
@@ -137,7 +200,16 @@ ZOO = {"tv_resnet18": ("torchvision.models", "resnet18", (1, 3, 64, 64)),
        "tv_squeezenet": ("torchvision.models", "squeezenet1_1", (1, 3, 64, 64)),
        "tv_shufflenet": ("torchvision.models", "shufflenet_v2_x0_5", (1, 3, 64, 64)),
        "timm_vit_tiny": ("timm", "vit_tiny_patch16_224", (1, 3, 32, 32)),
-       "timm_resnet10t": ("timm", "resnet10t", (1, 3, 64, 64))}
+       "timm_resnet10t": ("timm", "resnet10t", (1, 3, 64, 64)),
+       "tv_mobilenet_v3_small": ("torchvision.models", "mobilenet_v3_small", (1, 3, 64, 64)),
+       "tv_mnasnet": ("torchvision.models", "mnasnet0_5", (1, 3, 64, 64)),
+       "tv_regnet_x_400mf": ("torchvision.models", "regnet_x_400mf", (1, 3, 64, 64)),
+       "tv_efficientnet_b0": ("torchvision.models", "efficientnet_b0", (1, 3, 64, 64)),
+       "tv_densenet121": ("torchvision.models", "densenet121", (1, 3, 32, 32)),
+       "tv_googlenet": ("torchvision.models", "googlenet", (1, 3, 64, 64)),
+       "timm_convnext_atto": ("timm", "convnext_atto", (1, 3, 64, 64)),
+       "timm_mixer": ("timm", "mixer_s16_224", (1, 3, 32, 32)),
+       "timm_ghostnet": ("timm", "ghostnet_050", (1, 3, 64, 64))}
 
 
 _PREPARED: list = []
@@ -156,19 +228,21 @@ def zoo_model(name: str):
     module, fn, shape = ZOO[name]
     lib = importlib.import_module(module)
     if module == "timm":
-        kw = {"img_size": shape[-1], "patch_size": 8} if "vit" in fn else {}
+        kw = {"img_size": shape[-1], "patch_size": 8} if "vit" in fn else {"img_size": shape[-1]} if "mixer" in fn else {}
         return (lambda: lib.create_model(fn, pretrained=False, num_classes=10, **kw)), shape
-    return (lambda: getattr(lib, fn)(weights=None, num_classes=10)), shape
+    kw = {"aux_logits": False, "init_weights": True} if fn == "googlenet" else {}
+    return (lambda: getattr(lib, fn)(weights=None, num_classes=10, **kw)), shape
 
 
 def ground_truth(model: nn.Module) -> list[dict]:
     layers = []
     for name, m in model.named_modules():
-        if isinstance(m, nn.Conv2d):
-            layers.append({"name": name, "type": "conv2d", "stride": m.stride[0], "padding": m.padding[0],
+        if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+            kind = "conv2d" if isinstance(m, nn.Conv2d) else "conv1d"
+            layers.append({"name": name, "type": kind, "stride": m.stride[0], "padding": m.padding[0],
                            "dilation": m.dilation[0], "groups": m.groups})
-        elif isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)):
-            layers.append({"name": name, "type": "batch_norm" if isinstance(m, nn.BatchNorm2d) else "layer_norm",
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)):
+            layers.append({"name": name, "type": "layer_norm" if isinstance(m, nn.LayerNorm) else "batch_norm",
                            "eps": m.eps})
         elif isinstance(m, nn.MaxPool2d):
             layers.append({"name": name, "type": "max_pool2d", "kernel": m.kernel_size, "stride": m.stride,
@@ -176,14 +250,74 @@ def ground_truth(model: nn.Module) -> list[dict]:
     return layers
 
 
+INT8 = {"x_scale": 0.02, "x_zp": 5, "w1_scale": 0.01, "h_scale": 0.05, "h_zp": -10}
+
+
+def build_int8(out: Path, stem: str, fused: bool) -> None:
+    """An int8-quantized MLP written directly in relax (quantize/dequantize ops, int8 weights with per-tensor and
+    per-channel scales). torch's PT2E-quantized programs cannot be imported (from_exported_program rejects
+    quantized_decomposed ops; see bench/results/decompile.md), so this is the quantized model TVM 0.27 compiles."""
+    from tvm.relax import op as R
+
+    rng = np.random.default_rng(3)
+    w1 = rng.integers(-127, 128, (16, 32)).astype("int8")
+    w2 = rng.integers(-127, 128, (32, 4)).astype("int8")
+    w2_scale = rng.uniform(0.005, 0.02, 4).astype("float32")
+    b1 = rng.standard_normal(32).astype("float32") * 0.1
+    b2 = rng.standard_normal(4).astype("float32") * 0.1
+    q = INT8
+
+    def qdq(v, scale, zp):
+        s, z = relax.const(scale, "float32"), relax.const(zp, "int8")
+        return R.dequantize(R.quantize(v, s, z, axis=-1, out_dtype="int8"), s, z, axis=-1, out_dtype="float32")
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(qdq(x, q["x_scale"], q["x_zp"]))
+            w1f = R.dequantize(relax.const(w1), relax.const(q["w1_scale"], "float32"), relax.const(0, "int8"), axis=-1,
+                               out_dtype="float32")
+            h = bb.emit(R.nn.relu(R.add(R.matmul(h, w1f), relax.const(b1))))
+            h = bb.emit(qdq(h, q["h_scale"], q["h_zp"]))
+            w2f = R.dequantize(relax.const(w2), relax.const(w2_scale), relax.const(0, "int8"), axis=1, out_dtype="float32")
+            y = bb.emit_output(R.add(R.matmul(h, w2f), relax.const(b2)))
+        bb.emit_func_output(y)
+    target = tvm.target.Target("llvm")
+    mod = bb.get()
+    ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target)) if fused else \
+        tvm.compile(mod, target=target)
+    ex.export_library(str(out / f"{stem}.so"))
+    xin = np.random.default_rng(42).standard_normal((2, 16)).astype("float32") * 2
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / f"{stem}.so")), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xin)).numpy()
+    dequant = {"w1": w1.astype("float32") * np.float32(q["w1_scale"]), "w2": w2.astype("float32") * w2_scale}
+    np.save(out / f"{stem}.input.npy", xin)
+    np.save(out / f"{stem}.tvm.npy", got)
+    truth = {"name": stem, "input_shape": [2, 16], "layers": [], "quant": {**q, "w2_scale": w2_scale.tolist()},
+             "dequantized_sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in dequant.items()},
+             "int8_sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in (("w1", w1), ("w2", w2))},
+             "w2_scale_sha256": hashlib.sha256(w2_scale.tobytes()).hexdigest(),
+             "tvm_vs_torch": 0.0}
+    (out / f"{stem}.json").write_text(json.dumps(truth, indent=1))
+
+
 def build(out: Path, spec: str) -> None:
     name, _, mode = spec.partition(":")
-    cls, shape = MODELS[name] if name in MODELS else zoo_model(name)
+    if name == "int8_mlp":
+        return build_int8(out, name + (f"_{mode}" if mode else ""), mode != "unfused")
+    if name in HF:
+        cls, shape = hf_model(HF[name][0]), HF[name][1]
+    else:
+        cls, shape = MODELS[name] if name in MODELS else zoo_model(name)
     torch.manual_seed(0)
     model = cls().eval()
     with torch.no_grad():  # trained-looking statistics, so batch norm is not the identity
         for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
+            for prm in m.parameters(recurse=False):  # zero-initialised heads (timm) would make the output constant
+                if prm.dim() >= 2 and not prm.any():
+                    prm.normal_(0.0, 0.05)
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
                 m.weight.uniform_(0.5, 1.5)

@@ -28,7 +28,8 @@ SHAPED = {"reshape", "flatten", "expand_dims", "squeeze", "transpose", "permute_
           "softmax", "log_softmax", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool1d", "avg_pool1d",
           "concatenate", "zeros", "ones", "full", "cast", "broadcast_to"}
 UNARY_TOKENS = {"relu", "sigmoid", "tanh", "erf", "exp", "sqrt", "rsqrt", "negative", "clip", "gelu", "gelu_tanh",
-                "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu", "softplus", "abs", "log", "square", "logical_not"}
+                "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu", "softplus", "abs", "log", "square", "logical_not",
+                "quantize", "dequantize"}
 VOCAB = set(ANCHORS) | set(BINARY) | SHAPED | UNARY_TOKENS
 RESHAPES = {"reshape", "flatten", "expand_dims", "squeeze", "broadcast_to"}
 SHAPE_PRESERVING = set(BINARY) | UNARY_TOKENS | {"batch_norm", "layer_norm", "softmax", "log_softmax", "act", "cast"}
@@ -46,6 +47,9 @@ ACTIVATIONS = {
     "isfinite": "torch.isfinite({x})", "eq_zero": "torch.eq({x}, 0)", "ne_zero": "torch.ne({x}, 0)",
     "clamp": "torch.clamp({x}, {lo}, {hi})",
     "affine": "torch.add(torch.mul({x}, {scale}), {shift})",
+    # relax quantize then dequantize (int8 activations): round(x / scale) + zero point, clamped, mapped back
+    "fake_quant": "torch.fake_quantize_per_tensor_affine({x}, {scale}, {zero_point}, {qmin}, {qmax})",
+    "quantize": "torch.clamp(torch.round(torch.div({x}, {scale})) + {zero_point}, {qmin}, {qmax}).to(torch.{dtype})",
 }
 EPS = [1e-5, 1e-3, 1e-6, 1e-12, 1e-4, 1e-2, 1e-1, 1e-8, 1e-7, 1e-9, 1e-10, 1e-11]
 
@@ -234,5 +238,8 @@ def expression(op: str, attrs: dict, args: list[str]) -> str:
     if op == "act" and attrs["fn"] == "affine" and attrs.get("shift") == 0.0:
         return f"torch.mul({x}, {a['scale']})"
     if op == "act":
-        return ACTIVATIONS[attrs["fn"]].format(x=x, **{k: v for k, v in a.items() if k != "fn"})
+        kw = {k: v for k, v in a.items() if k != "fn"}
+        if "dtype" in attrs:  # a type name, not a string literal
+            kw["dtype"] = re.sub("[^a-z0-9]", "", attrs["dtype"])
+        return ACTIVATIONS[attrs["fn"]].format(x=x, **kw)
     raise KeyError(op)

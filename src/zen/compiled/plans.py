@@ -51,12 +51,16 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
                 walk(i + 1, q + 2, stack, saved, steps + [{"op": t, "operands": [("in", q), ("in", q + 1)]}], [], True)
             elif t in ops.BINARY or t in ops.UNARY_TOKENS:
                 walk(i + 1, q + 1 if n_in else q, stack, saved, steps, [t], False)
-            elif t == "concatenate":
-                walk(i + 1, n_in, stack, saved, steps + [{"op": t, "operands": [("in", k) for k in range(q, n_in)]}], [], True)
+            elif t == "concatenate":  # joins a run of inputs; later ops (a fused batch norm) may take the rest
+                for end in range(n_in, q, -1):
+                    walk(i + 1, end, stack, saved, steps + [{"op": t, "operands": [("in", k) for k in range(q, end)]}],
+                         [], True)
             else:
                 take = 1 if q < n_in and t not in ("zeros", "ones", "full") else 0
                 walk(i + 1, q + take, stack, saved, steps + [{"op": t, "operands": [("in", q)] if take else []}], [], True)
             return
+        if t == "quantize" and run:  # quantize-dequantize is measured as one step of its own (see probe._fake_quant)
+            steps, run, cur = flush(steps, run, cur), [], True
         if t in ops.UNARY_TOKENS:
             walk(i + 1, q, stack, saved, steps, run + [t], cur)
             if cur and not run and q < n_in:  # an elementwise op on a fresh input starts a second branch
@@ -70,6 +74,8 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
             if stack:
                 walk(i + 1, q, stack[:-1], saved, base + [{"op": t, "operands": [("cur",), ("saved", stack[-1])]}], [], True)
             walk(i + 1, q, stack, saved, steps, run + [t], cur)
+            for k in range(q):  # an input read again (a residual connection around a fused block)
+                walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",), ("in", k)]}], [], True)
             return
         if t in ops.ANCHORS:
             a = ops.ANCHORS[t]
@@ -84,8 +90,10 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
                     ("in", q + k) for k in range(a - 2)] + [("saved", stack[-1])]}], [], True)
             return
         if t == "concatenate":
-            walk(i + 1, n_in, stack, saved, base + [{"op": t, "operands": [("cur",)] + [("in", k) for k in range(q, n_in)]}],
-                 [], True)
+            for end in range(n_in, q, -1):  # the running value first or last among the joined tensors
+                fresh = [("in", k) for k in range(q, end)]
+                walk(i + 1, end, stack, saved, base + [{"op": t, "operands": [("cur",)] + fresh}], [], True)
+                walk(i + 1, end, stack, saved, base + [{"op": t, "operands": fresh + [("cur",)]}], [], True)
             return
         walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",)]}], [], True)
         if t == "cast" and q < n_in:  # a cast of a fresh input starts a second branch

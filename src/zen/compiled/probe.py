@@ -15,6 +15,7 @@ torch and runs code from the library, which is why zen only ever runs it in a ch
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -37,7 +38,10 @@ def _act_candidates(hint: list[str]) -> list[dict]:
         first = (["ne_neginf", "ne_zero", "isfinite"] if "logical_not" in hint else ["eq_neginf", "eq_zero"]) + first
     if hint == ["sigmoid", "multiply"]:
         first = ["silu"] + first
-    order = list(dict.fromkeys(first + [k for k in ops.ACTIVATIONS if k not in ("affine", "leaky_relu", "clamp")]))
+    if "clip" in hint and "divide" in hint:  # relu6(x + 3) / 6, times x for hard-swish
+        first = (["hardswish"] if "multiply" in hint else ["hardsigmoid"]) + first
+    order = list(dict.fromkeys(first + [k for k in ops.ACTIVATIONS if k not in ("affine", "leaky_relu", "clamp",
+                                                                                  "fake_quant", "quantize")]))
     return [{"fn": f} for f in order]
 
 
@@ -135,6 +139,9 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
         step = steps[i]
         op = step["op"]
         later_keep = all(s["op"] in ops.SHAPE_PRESERVING for s in steps[i + 1:])
+        # a later binary op with a fresh or saved operand may broadcast the running value (squeeze-excite gates)
+        widen = later_keep and any(s["op"] in ops.BINARY and any(o[0] != "cur" for o in s["operands"])
+                                   for s in steps[i + 1:])
         target = out_shape if later_keep else None
         if op in ops.RESHAPES and all(s["op"] in ops.SHAPE_PRESERVING | ops.RESHAPES for s in steps[i + 1:]):
             target = out_shape  # an elementwise op commutes with a reshape: reshape straight to the final shape
@@ -149,11 +156,17 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
             x_shape = tuple(tens[step["operands"][0][1]].shape) if step["operands"] else out_shape
         if op == "act":
             cands = _act_candidates(step.get("hint", []))
-            if i == len(steps) - 1:
+            if i == len(steps) - 1 and ref.dtype.kind in "iu" and len(k.inputs) == 1 and argn[0] == "a0":
+                cands += _quantize(*_samples(k), ref.dtype)  # float -> integer: many runs pin the scale down
+            elif i == len(steps) - 1:
                 cands += _fitted(_eval(argn[0], env), ref, torch)
         else:
             operand_shapes = [tuple(env[n].shape) for n in argn[1:]]
-            cands = ops.candidates(op, x_shape, operand_shapes, target, str(ref.dtype))
+            # with a broadcasting op ahead, the output shape does not pin the settings: common ones first,
+            # any whose output neither equals nor broadcasts to the kernel's is dropped right after it runs
+            cands = ops.candidates(op, x_shape, operand_shapes, None if widen and op in ops.ANCHORS else target,
+                                   str(ref.dtype))
+        tried: list = []  # settings computing the same tensor as one already tried (padding on a 1x1 map) lead nowhere new
         for attrs in cands:
             expr = ops.expression(op, attrs, argn)
             try:
@@ -161,7 +174,13 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
                     val = _eval(expr, env)
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError):
                 continue
-            if later_keep and tuple(val.shape) != out_shape and op != "act":
+            if hasattr(val, "shape") and any(t.shape == val.shape and t.dtype == val.dtype and torch.equal(t, val)
+                                             for t in tried):
+                continue
+            if hasattr(val, "shape") and len(tried) < 64:
+                tried.append(val)
+            if later_keep and tuple(val.shape) != out_shape and op != "act" and not (
+                    widen and _broadcasts(tuple(val.shape), out_shape)):
                 continue
             found = dfs(steps, i + 1, val, chosen + [(op, attrs, step["operands"], step.get("save"))], saved)
             if found is not None:
@@ -171,7 +190,10 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
     if not k.inputs and ref.size and np.all(ref == ref.flat[0]):
         v = ref.flat[0].item()
         return {"status": "ok", "steps": [("full", {"shape": list(out_shape), "value": v}, [], None)], "error": 0.0}
-    for steps in plans(tokens, len(k.inputs)) or []:
+    readings = plans(tokens, len(k.inputs)) or []
+    if tokens:  # a name whose op list fits no reading (a dequantize taking a scale tensor): behaviour alone next
+        readings += plans(None, len(k.inputs))
+    for steps in readings:
         found = dfs(steps, 0, None, [], {})
         if found is not None:
             return {"status": "ok", "steps": _refine(k, found, env_base, torch), "error": _score(k, found, env_base)}
@@ -184,6 +206,11 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
     spent = " (search budget spent)" if leaves >= MAX_LEAVES else ""
     return {"status": "unresolved", "error": best[0] if best else None,
             "reason": "no candidate computation reproduced the kernel" + spent}
+
+
+def _broadcasts(shape: tuple, out: tuple) -> bool:
+    """Whether a tensor of `shape` broadcasts to `out` without changing its rank."""
+    return len(shape) == len(out) and all(a in (1, b) for a, b in zip(shape, out))
 
 
 COMPARISONS = {"equal", "not_equal", "less", "greater", "where", "logical_not"}
@@ -222,10 +249,15 @@ def _fitted(u, ref: np.ndarray, torch) -> list[dict]:
         y = ref.astype(np.float64).ravel()
     except (AttributeError, ValueError):
         return []
-    if x.shape != y.shape or x.size < 2:
+    if x.shape != y.shape or x.size < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()):
         return []
+    if ref.dtype.kind in "iu":
+        return _quantize(x, y, ref.dtype)
     res = []
-    a, b = np.polyfit(x, y, 1)
+    try:
+        a, b = np.polyfit(x, y, 1)
+    except (np.linalg.LinAlgError, ValueError):
+        return []
     if abs(b) <= 1e-6 * (1 + np.abs(y).max()):
         b = 0.0  # least-squares noise, not an offset
     res.append({"fn": "affine", "scale": float(a), "shift": float(b)})
@@ -237,6 +269,65 @@ def _fitted(u, ref: np.ndarray, torch) -> list[dict]:
     neg = x < -1e-3
     if neg.any():
         res.append({"fn": "leaky_relu", "slope": float(np.median(y[neg] / x[neg]))})
+    res += _fake_quant(x, y)
+    return res
+
+
+def _samples(k: Kernel, runs: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, outputs) of a one-input kernel over `runs` extra random inputs (flattened, float64)."""
+    x0 = k.inputs[0]
+    if x0.dtype.kind != "f":
+        return x0.astype(np.float64).ravel(), k.outputs[0].astype(np.float64).ravel()
+    rng = np.random.default_rng(5)
+    xs, ys = [x0.ravel()], [k.outputs[0].ravel()]
+    for _ in range(runs):
+        x = (rng.standard_normal(x0.shape) * float(np.abs(x0).max() or 1.0) / 2).astype(x0.dtype)
+        xs.append(x.ravel())
+        ys.append(k.run([x])[0].ravel())
+    return np.concatenate(xs).astype(np.float64), np.concatenate(ys).astype(np.float64)
+
+
+def _quantize(x: np.ndarray, y: np.ndarray, dtype: np.dtype) -> list[dict]:
+    """A quantize kernel (float -> integer): the slope of its unclamped part is 1/scale, the offset the zero point."""
+    info = np.iinfo(dtype)
+    inner = (y > info.min) & (y < info.max)
+    if inner.sum() < 2 or np.ptp(x[inner]) == 0:
+        return []
+    slope = float(np.polyfit(x[inner], y[inner], 1)[0])
+    if slope <= 0:
+        return []
+    zp = int(np.round(np.median(y[inner] - x[inner] * slope)))
+    # each sample bounds 1/scale: round(x / scale) = y - zp means x / scale lies within 0.5 of it
+    xs, k = x[inner], y[inner] - zp
+    far = np.abs(xs) > 1e-6
+    a, b = (k[far] - 0.5) / xs[far], (k[far] + 0.5) / xs[far]
+    lo, hi = float(np.minimum(a, b).max()), float(np.maximum(a, b).min())
+    inv = (lo + hi) / 2 if lo <= hi else slope
+    scale = float(np.float32(1.0 / inv))
+    return [{"fn": "quantize", "scale": scale, "zero_point": zp, "qmin": int(info.min), "qmax": int(info.max),
+             "dtype": str(dtype)}]
+
+
+def _fake_quant(x: np.ndarray, y: np.ndarray) -> list[dict]:
+    """Quantize-dequantize read off its output: values on a grid of step `scale`, clamped where the integer
+    range ends (int8 or uint8); the zero point is where the clamp sits on the grid (0 when none acted)."""
+    levels = np.unique(y)
+    if not 2 < levels.size <= 256:
+        return []
+    step = float(np.diff(levels).min())
+    if step <= 0 or np.abs(np.diff(levels) / step - np.round(np.diff(levels) / step)).max() > 1e-3:
+        return []
+    span = float(levels[-1] - levels[0])  # the whole range over its step count: a finer estimate than one step
+    scale = float(np.float32(span / round(span / step)))
+    res = []
+    for qmin, qmax in ((-128, 127), (0, 255)):
+        zp = 0
+        if (x > y.max() + scale).any():
+            zp = qmax - int(round(y.max() / scale))
+        elif (x < y.min() - scale).any():
+            zp = qmin - int(round(y.min() / scale))
+        if qmin <= zp <= qmax:
+            res.append({"fn": "fake_quant", "scale": scale, "zero_point": zp, "qmin": qmin, "qmax": qmax})
     return res
 
 
@@ -303,6 +394,10 @@ def _steps_json(steps: list) -> list[dict]:
 
 
 def main() -> int:
+    # native code (LAPACK's DLASCL warnings, TVM's logging) may write to fd 1: keep the answer's channel
+    # apart by moving fd 1 to stderr for everything but the final JSON
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     import tvm
 
     from zen.compiled.load import load_executable
@@ -332,7 +427,8 @@ def main() -> int:
         if "per_output" in res:
             res["per_output"] = [_steps_json(s) for s in res["per_output"]]
         results.append(res)
-    json.dump({"results": results}, sys.stdout)
+    json.dump({"results": results}, answer)
+    answer.flush()
     return 0
 
 
