@@ -21,7 +21,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
-MODELS = ["cnn", "mlp", "resnet", "encoder", "cnn_unfused", "mlp_unfused", "resnet_unfused", "encoder_unfused"]
+MODELS = ["cnn", "mlp", "resnet", "encoder", "mobile", "cnn_unfused", "mlp_unfused", "resnet_unfused", "encoder_unfused",
+          "hf_bert_tiny_unfused"]
 BUILT = MODELS + ["resnet_detached", "int8_mlp", "int8_mlp_unfused"]
 
 
@@ -116,7 +117,7 @@ def test_weights_recovered_bit_exact(name, built, decompiled):
         got.add(hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
         if a.ndim == 2:
             got.add(hashlib.sha256(np.ascontiguousarray(a.T).tobytes()).hexdigest())
-    skip = ("num_batches_tracked",)
+    skip = ("num_batches_tracked", "word_embeddings.weight")  # the BERT wrapper feeds inputs_embeds: no token table
     missing = [k for k, h in truth["param_sha256"].items() if h not in got and not k.endswith(skip)]
     assert not missing
 
@@ -149,6 +150,41 @@ def test_activations_recognised(decompiled):
     assert {"silu", "avg_pool2d", "batch_norm"} <= set(ops["resnet"])
     enc = json.loads((decompiled["encoder"][1] / "manifest.json").read_text())["operators"]
     assert {"softmax", "layer_norm", "gelu", "matmul"} <= set(enc)
+
+
+def test_split_shuffle_and_gate_kernels(built, decompiled):
+    """Fused ShuffleNetV2 and MobileNetV3 blocks: one kernel joins two batch-norm + ReLU branches (or a
+    passed-through half) by concatenation, shuffles channels and splits them again for the next unit (two
+    outputs); another gates a 1x1 conv with a hard sigmoid. Each is read back as those operators."""
+    _, pkg = decompiled["mobile"]
+    graph = json.loads((pkg / "graph.json").read_text())
+    by_kernel = {n["kernel"]: [o["op"] if o["op"] != "act" else o["fn"] for o in n["attrs"]["ops"]]
+                 for n in graph["nodes"] if not n["builtin"]}
+    two = [k for k in by_kernel if k.count("batch_norm") == 2 and k.endswith("_split")]
+    assert two and by_kernel[two[0]] == ["batch_norm", "relu", "batch_norm", "relu", "concatenate", "reshape",
+                                         "transpose", "reshape", "split"]
+    one = next(k for k in by_kernel if k.count("batch_norm") == 1 and k.endswith("_split"))
+    assert by_kernel[one] == ["batch_norm", "relu", "concatenate", "reshape", "transpose", "reshape", "split"]
+    node = next(n for n in graph["nodes"] if n["kernel"] == two[0])
+    shuffle = [o for o in node["attrs"]["ops"] if o["op"] in ("reshape", "transpose", "split")]
+    assert [o.get("shape") or o.get("perm") or o.get("sizes") for o in shuffle] == [
+        [1, 2, 16, 8, 8], [0, 2, 1, 3, 4], [1, 32, 8, 8], [16, 16]]  # groups 2, 16 channels each, then halves
+    gate = next(k for k in by_kernel if "clip" in k and k.startswith("fused_conv2d"))
+    assert by_kernel[gate] == ["conv2d", "add", "hardsigmoid", "multiply"]
+
+
+def test_constant_only_kernels_are_folded(built, decompiled):
+    """transformers' BERT slices its position-id and token-type buffers (strided_slice, gather on constants
+    only): no operator is needed to rebuild them, their outputs are kept as buffers and the manifest says so."""
+    proc, pkg = decompiled["hf_bert_tiny_unfused"]
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    assert manifest["rebuilt"] and "strided_slice" in manifest["folded"]["kernels"]
+    assert proc.returncode == 0 and manifest["folded"]["kernel_calls"] >= 1 and not manifest["problems"]
+    src = (pkg / "model.py").read_text()
+    assert "_folded" in src
+    graph = json.loads((pkg / "graph.json").read_text())
+    sliced = next(n for n in graph["nodes"] if n["kernel"] == "strided_slice")
+    assert sliced["attrs"]["method"] == "constant folding" and all(k == "const" for k, _ in sliced["inputs"])
 
 
 def test_static_parse_without_tvm(built):

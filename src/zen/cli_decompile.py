@@ -79,6 +79,10 @@ def decompile(
         if det:
             err.print(f"[yellow]note: {len(det)} weights are inputs of the executable, not in it: "
                       f"{escape(', '.join(d['name'] for d in det))}; load(params=FILE) supplies them[/yellow]")
+        fold = manifest.get("folded")
+        if fold:
+            err.print(f"[yellow]note: {fold['kernel_calls']} kernel calls read only constants and matched no operator; "
+                      f"their outputs are kept as constant buffers: {escape(', '.join(fold['kernels']))}[/yellow]")
         if manifest["rebuilt"]:
             out.print(f"package written: {escape(str(output))} (import it and call load())")
             if not output.name.isidentifier():

@@ -162,6 +162,45 @@ class DeepMLP(nn.Module):
         return torch.log_softmax(self.out(self.norm(x)), dim=-1)
 
 
+class MobileBlocks(nn.Module):
+    """MobileNetV3 and ShuffleNetV2 building blocks: a hard-swish stem, a squeeze-excite gate with a
+    hard sigmoid, a ShuffleNetV2 down-sampling unit (two branches) and two basic units (channel split,
+    concatenation, channel shuffle). Fused, TVM puts batch norm + ReLU of both branches, the
+    concatenation, the shuffle and the next unit's split into one kernel with two outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        c = 16
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+        self.se_reduce, self.se_expand = nn.Conv2d(16, 8, 1), nn.Conv2d(8, 16, 1)
+        self.down1 = nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1, groups=16, bias=False), nn.BatchNorm2d(16),
+                                   nn.Conv2d(16, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.down2 = self._branch(16, c, 2)
+        self.unit1, self.unit2 = self._branch(c, c, 1), self._branch(c, c, 1)
+        self.fc = nn.Linear(2 * c, 5)
+
+    @staticmethod
+    def _branch(cin: int, c: int, stride: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(cin, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                             nn.Conv2d(c, c, 3, stride, 1, groups=c, bias=False), nn.BatchNorm2d(c),
+                             nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+
+    @staticmethod
+    def _shuffle(x, groups: int = 2):
+        n, ch, h, w = x.shape
+        return x.view(n, groups, ch // groups, h, w).transpose(1, 2).contiguous().view(n, ch, h, w)
+
+    def forward(self, x):
+        x = self.stem(x)
+        gate = nn.functional.adaptive_avg_pool2d(x, 1)
+        x = x * nn.functional.hardsigmoid(self.se_expand(torch.relu(self.se_reduce(gate))))
+        x = self._shuffle(torch.cat((self.down1(x), self.down2(x)), dim=1))
+        for unit in (self.unit1, self.unit2):
+            x1, x2 = x.chunk(2, dim=1)
+            x = self._shuffle(torch.cat((x1, unit(x2)), dim=1))
+        return self.fc(x.mean((2, 3)))
+
+
 def hf_model(kind: str):
     """A tiny BERT / DistilBERT encoder from transformers (random init from a config, no download). It is fed
     `inputs_embeds` (float) rather than token ids, so the library's input is a float tensor like the others'."""
@@ -190,7 +229,7 @@ def hf_model(kind: str):
 
 MODELS = {"lenet": (LeNet, (1, 1, 28, 28)), "encoder": (Encoder, (2, 8, 32)), "encoder_mha": (TorchEncoder, (2, 8, 32)),
           "cnn": (SmallCNN, (1, 3, 32, 32)), "mlp": (MLP, (2, 32)), "resnet": (ResBlockNet, (1, 3, 40, 40)),
-          "conv1d": (Conv1dNet, (2, 4, 64)), "deep_mlp": (DeepMLP, (4, 20))}
+          "conv1d": (Conv1dNet, (2, 4, 64)), "deep_mlp": (DeepMLP, (4, 20)), "mobile": (MobileBlocks, (1, 3, 32, 32))}
 HF = {"hf_bert_tiny": ("bert", (1, 8, 32)), "hf_distilbert_tiny": ("distilbert", (1, 8, 32))}
 
 

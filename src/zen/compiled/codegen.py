@@ -146,6 +146,9 @@ def generate(graph: Graph, results: dict[int, dict]) -> tuple[str, dict[str, np.
                     if isinstance(attrs.get("shift"), list):
                         attrs["shift_name"] = "self." + _add(tensors, f"k{n.id}_gather_shift",
                                                              np.asarray(attrs["shift"], dtype=np.float32).reshape(attrs["shape"]))
+                if step["op"] == "constant":  # computed from constants only (see probe._fold): kept as a buffer
+                    attrs = dict(attrs, name="self." + _add(tensors, f"k{n.id}_folded{attrs['output'] or ''}",
+                                                           np.array(res["folded_values"][attrs["output"]], order="C")))
                 expr = ops.expression(step["op"], attrs, argn)
                 body.append(f"        h = {expr}")
                 last = "h"

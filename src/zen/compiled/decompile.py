@@ -71,7 +71,13 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
         if n.id in results:
             r = results[n.id]
             n.attrs = {"status": r.get("status"), "ops": [{"op": s["op"], **s["attrs"]} for s in r.get("steps", [])],
-                       "error": r.get("error"), "reason": r.get("reason")}
+                       "error": r.get("error"), "reason": r.get("reason"),
+                       **({"method": r["method"]} if r.get("method") else {})}
+    folded = [n.kernel for n in kernels if results.get(n.id, {}).get("folded")]
+    if folded:
+        manifest["folded"] = {"kernel_calls": len(folded), "kernels": sorted(set(folded)),
+                              "why": "these calls read only constants and matched no operator; their outputs are "
+                                     "constant and kept as buffers of the rebuilt model"}
     unresolved = [n.kernel for n in kernels if results and results.get(n.id, {}).get("status") != "ok"]
     if unresolved:
         manifest["problems"].append("kernels not reproduced by any candidate: " + ", ".join(sorted(set(unresolved))))

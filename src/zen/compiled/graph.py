@@ -198,7 +198,12 @@ def build_graph(ex: Executable, entry: str = "main", signatures: dict | None = N
                 if callee == "vm.builtin.reshape" and len(args) == 2 and args[1][0] == "const":
                     shape = tuple(const(args[1][1]))
                 src = values.get(args[0][1]) if args and args[0][0] == "value" else None
-                v = Value(len(values), shape, src.dtype if src else "float32", producer=node.id)
+                if src is not None:
+                    dtype = src.dtype
+                else:  # a reshaped constant (position ids, a mask) keeps the constant's dtype
+                    c = const(args[0][1]) if args and args[0][0] == "const" else None
+                    dtype = str(c.dtype) if isinstance(c, np.ndarray) else "float32"
+                v = Value(len(values), shape, dtype, producer=node.id)
                 values[v.id] = v
                 written.add(v.id)
                 node.outputs = [v.id]
@@ -228,6 +233,7 @@ def build_graph(ex: Executable, entry: str = "main", signatures: dict | None = N
     if not outputs:
         raise ExecutableError(f"{entry} returns no tensor zen can follow", "the bytecode may use unsupported constructs")
     _shapes_from_signatures(values, inputs, nodes, signatures or {})
+    _dtypes_from_signatures(values, nodes, signatures or {})
     return Graph(values, nodes, inputs, outputs, consts, sorted(set(notes)))
 
 
@@ -256,3 +262,21 @@ def _shapes_from_signatures(values: dict[int, Value], inputs: list[int], nodes: 
                     val.shape = (int(np.prod(target)),)
                     val.shape_guessed = True
                     break
+
+
+def _dtypes_from_signatures(values: dict[int, Value], nodes: list[Node], sigs: dict) -> None:
+    """Where a kernel's signature types a tensor it reads or writes, that type is the one the kernel
+    checks at entry, so it overrides what the bytecode walk assumed (float32 for a kernel that
+    returns its result, an integer tensor seen only through reshapes). Reshapes pass types on."""
+    for n in nodes:
+        if n.builtin:
+            if n.kernel == "vm.builtin.reshape" and n.inputs and n.inputs[0][0] == "value" and n.outputs:
+                values[n.outputs[0]].dtype = values[n.inputs[0][1]].dtype
+            continue
+        sig = sigs.get(n.kernel)
+        if not sig or len(sig) != len(n.inputs) + len(n.outputs):
+            continue
+        refs = list(n.inputs) + [("value", o) for o in n.outputs]
+        for (kind, v), (_, shape, dtype) in zip(refs, sig):
+            if kind == "value" and v in values and (values[v].shape is None or tuple(values[v].shape) == tuple(shape)):
+                values[v].dtype = dtype

@@ -26,7 +26,7 @@ BINARY = {"add": "torch.add({a}, {b})", "subtract": "torch.sub({a}, {b})", "mult
           "logical_or": "torch.logical_or({a}, {b})"}
 SHAPED = {"reshape", "flatten", "expand_dims", "squeeze", "transpose", "permute_dims", "mean", "sum", "max",
           "softmax", "log_softmax", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool1d", "avg_pool1d",
-          "concatenate", "zeros", "ones", "full", "cast", "broadcast_to"}
+          "concatenate", "zeros", "ones", "full", "cast", "broadcast_to", "split"}
 UNARY_TOKENS = {"relu", "sigmoid", "tanh", "erf", "exp", "sqrt", "rsqrt", "negative", "clip", "gelu", "gelu_tanh",
                 "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu", "softplus", "abs", "log", "square", "logical_not",
                 "quantize", "dequantize"}
@@ -50,6 +50,16 @@ ACTIVATIONS = {
     # relax quantize then dequantize (int8 activations): round(x / scale) + zero point, clamped, mapped back
     "fake_quant": "torch.fake_quantize_per_tensor_affine({x}, {scale}, {zero_point}, {qmin}, {qmax})",
     "quantize": "torch.clamp(torch.round(torch.div({x}, {scale})) + {zero_point}, {qmin}, {qmax}).to(torch.{dtype})",
+}
+# the relax ops (other than scalar add/subtract/multiply/divide) each activation is lowered to: a run of ops
+# named in a kernel can only be an activation whose lowering contains them all
+ACT_TOKENS = {
+    "identity": set(), "relu": {"relu"}, "relu6": {"clip"}, "sigmoid": {"sigmoid"}, "tanh": {"tanh"},
+    "gelu": {"erf", "gelu"}, "gelu_tanh": {"tanh", "power", "gelu", "gelu_tanh"}, "silu": {"sigmoid", "silu"},
+    "hardswish": {"clip", "hardswish"}, "hardsigmoid": {"clip", "hardsigmoid"}, "elu": {"exp", "elu"},
+    "softplus": {"exp", "log", "softplus"}, "mish": {"exp", "log", "tanh", "softplus"}, "exp": {"exp"},
+    "erf": {"erf"}, "sqrt": {"sqrt"}, "rsqrt": {"rsqrt", "sqrt"}, "negative": {"negative"}, "abs": {"abs"},
+    "square": {"square"}, "log": {"log"},
 }
 EPS = [1e-5, 1e-3, 1e-6, 1e-12, 1e-4, 1e-2, 1e-1, 1e-8, 1e-7, 1e-9, 1e-10, 1e-11]
 
@@ -145,6 +155,9 @@ def candidates(op: str, x: Shape, operands: list[Shape], out: Shape | None, out_
         return reduce_candidates(x, out)
     if op in ("softmax", "log_softmax"):
         return [{"dim": d} for d in [-1] + list(range(len(x) - 1))]
+    if op == "reshape" and out is None:  # ahead of a transpose: one axis split in two (a channel shuffle's groups)
+        return [{"shape": list(x[:d]) + [g, n // g] + list(x[d + 1:])}
+                for d, n in sorted(enumerate(x), key=lambda e: (e[1] == 1, e[0] != 1, e[0])) for g in range(2, n) if n % g == 0]
     if op in ("reshape", "flatten", "expand_dims", "squeeze", "zeros", "ones", "broadcast_to"):
         return [{"shape": list(out)}] if out is not None else []
     if op in ("transpose", "permute_dims"):
@@ -152,10 +165,12 @@ def candidates(op: str, x: Shape, operands: list[Shape], out: Shape | None, out_
         return [{"perm": list(p)} for p in perms[:120]]
     if op in ("batch_norm", "layer_norm"):
         return [{"eps": e} for e in EPS]
-    if op == "concatenate":
-        return [{"dim": d} for d in range(len(x))]
+    if op == "concatenate":  # a size-1 axis (batch 1) joins like any other: the real axes first, channels first
+        return [{"dim": d} for d in sorted(range(len(x)), key=lambda d: (x[d] == 1, d != 1, d))]
     if op == "cast":
         return [{"dtype": d} for d in dict.fromkeys([out_dtype, "bool", "int8", "int32", "int64", "float32"])]
+    if op == "split":  # only as a kernel's last op, where probe._search_split handles it
+        return []
     if op in BINARY:
         return [{"swap": False}, {"swap": True}] if op in ("subtract", "divide", "power") else [{"swap": False}]
     return [{}]
@@ -235,6 +250,10 @@ def expression(op: str, attrs: dict, args: list[str]) -> str:
         return f"{x}.to(torch.{re.sub('[^a-z0-9]', '', attrs['dtype'])})"
     if op == "gather":
         return _gather(attrs, args)
+    if op == "split":  # one output of a split kernel (the rest come from the same steps)
+        return f"torch.split({x}, {a['sizes']}, dim={a['dim']})[{a['index']}]"
+    if op == "constant":  # a folded kernel output, held by the model under this name
+        return attrs["name"]
     if op == "act" and attrs["fn"] == "affine" and attrs.get("shift") == 0.0:
         return f"torch.mul({x}, {a['scale']})"
     if op == "act":

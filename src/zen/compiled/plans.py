@@ -32,11 +32,12 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
             return steps
         return steps + [{"op": "act", "operands": [("cur",)] if have_cur else [("in", 0)], "hint": list(run)}]
 
-    def walk(i: int, q: int, stack: tuple[int, ...], saved: int, steps: list[dict], run: list[str], cur: bool) -> None:
+    def walk(i: int, q: int, stack: tuple[int, ...], saved: int, steps: list[dict], run: list[str], cur: bool,
+             pend: tuple[int, ...] = ()) -> None:
         if len(out) >= MAX_PLANS:
             return
         if i == len(tokens):
-            if q == n_in and not stack:
+            if q == n_in and not stack and not pend:
                 final = flush(steps, run, cur)
                 if final:
                     out.append(final)
@@ -46,59 +47,73 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
             if t in ops.ANCHORS:
                 a = ops.ANCHORS[t]
                 if q + a <= n_in:
-                    walk(i + 1, q + a, stack, saved, steps + [{"op": t, "operands": [("in", q + k) for k in range(a)]}], [], True)
+                    walk(i + 1, q + a, stack, saved, steps + [{"op": t, "operands": [("in", q + k) for k in range(a)]}],
+                         [], True, pend)
+                if q + 1 + a <= n_in and "concatenate" in tokens[i + 1:]:  # the first input waits for the concatenation
+                    walk(i + 1, q + 1 + a, stack, saved,
+                         steps + [{"op": t, "operands": [("in", q + 1 + k) for k in range(a)]}], [], True, (q,))
             elif t in ops.BINARY and q + 2 <= n_in:
-                walk(i + 1, q + 2, stack, saved, steps + [{"op": t, "operands": [("in", q), ("in", q + 1)]}], [], True)
+                walk(i + 1, q + 2, stack, saved, steps + [{"op": t, "operands": [("in", q), ("in", q + 1)]}], [], True, pend)
             elif t in ops.BINARY or t in ops.UNARY_TOKENS:
-                walk(i + 1, q + 1 if n_in else q, stack, saved, steps, [t], False)
+                walk(i + 1, q + 1 if n_in else q, stack, saved, steps, [t], False, pend)
             elif t == "concatenate":  # joins a run of inputs; later ops (a fused batch norm) may take the rest
                 for end in range(n_in, q, -1):
                     walk(i + 1, end, stack, saved, steps + [{"op": t, "operands": [("in", k) for k in range(q, end)]}],
-                         [], True)
+                         [], True, pend)
             else:
                 take = 1 if q < n_in and t not in ("zeros", "ones", "full") else 0
-                walk(i + 1, q + take, stack, saved, steps + [{"op": t, "operands": [("in", q)] if take else []}], [], True)
+                walk(i + 1, q + take, stack, saved, steps + [{"op": t, "operands": [("in", q)] if take else []}], [], True, pend)
             return
         if t == "quantize" and run:  # quantize-dequantize is measured as one step of its own (see probe._fake_quant)
             steps, run, cur = flush(steps, run, cur), [], True
         if t in ops.UNARY_TOKENS:
-            walk(i + 1, q, stack, saved, steps, run + [t], cur)
+            walk(i + 1, q, stack, saved, steps, run + [t], cur, pend)
             if cur and not run and q < n_in:  # an elementwise op on a fresh input starts a second branch
                 walk(i + 1, q + 1, stack + (saved,), saved + 1,
-                     steps + [{"op": "act", "operands": [("in", q)], "hint": [t], "save": saved}], [], True)
+                     steps + [{"op": "act", "operands": [("in", q)], "hint": [t], "save": saved}], [], True, pend)
             return
         base = flush(steps, run, cur)
         if t in ops.BINARY:
             if q < n_in:
-                walk(i + 1, q + 1, stack, saved, base + [{"op": t, "operands": [("cur",), ("in", q)]}], [], True)
+                walk(i + 1, q + 1, stack, saved, base + [{"op": t, "operands": [("cur",), ("in", q)]}], [], True, pend)
             if stack:
-                walk(i + 1, q, stack[:-1], saved, base + [{"op": t, "operands": [("cur",), ("saved", stack[-1])]}], [], True)
-            walk(i + 1, q, stack, saved, steps, run + [t], cur)
+                walk(i + 1, q, stack[:-1], saved, base + [{"op": t, "operands": [("cur",), ("saved", stack[-1])]}], [],
+                     True, pend)
+            walk(i + 1, q, stack, saved, steps, run + [t], cur, pend)
             for k in range(q):  # an input read again (a residual connection around a fused block)
-                walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",), ("in", k)]}], [], True)
+                walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",), ("in", k)]}], [], True, pend)
             return
         if t in ops.ANCHORS:
             a = ops.ANCHORS[t]
             if q + a - 1 <= n_in:
                 walk(i + 1, q + a - 1, stack, saved,
-                     base + [{"op": t, "operands": [("cur",)] + [("in", q + k) for k in range(a - 1)]}], [], True)
+                     base + [{"op": t, "operands": [("cur",)] + [("in", q + k) for k in range(a - 1)]}], [], True, pend)
             if q + a <= n_in:  # a second branch on fresh inputs; the running value waits to be rejoined
                 walk(i + 1, q + a, stack + (saved,), saved + 1,
-                     base + [{"op": t, "operands": [("in", q + k) for k in range(a)], "save": saved}], [], True)
+                     base + [{"op": t, "operands": [("in", q + k) for k in range(a)], "save": saved}], [], True, pend)
             if a >= 3 and stack and q + a - 2 <= n_in:  # where(cond, x, y): the condition, an input, a saved branch
                 walk(i + 1, q + a - 2, stack[:-1], saved, base + [{"op": t, "operands": [("cur",)] + [
-                    ("in", q + k) for k in range(a - 2)] + [("saved", stack[-1])]}], [], True)
+                    ("in", q + k) for k in range(a - 2)] + [("saved", stack[-1])]}], [], True, pend)
             return
         if t == "concatenate":
+            if pend:  # inputs set aside by the first op (a channel-split branch passed through)
+                waiting = [("in", k) for k in pend]
+                walk(i + 1, q, stack, saved, base + [{"op": t, "operands": waiting + [("cur",)]}], [], True)
+                walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",)] + waiting}], [], True)
+                return
+            if stack:  # two branches rejoined by the concatenation
+                sv = ("saved", stack[-1])
+                walk(i + 1, q, stack[:-1], saved, base + [{"op": t, "operands": [sv, ("cur",)]}], [], True, pend)
+                walk(i + 1, q, stack[:-1], saved, base + [{"op": t, "operands": [("cur",), sv]}], [], True, pend)
             for end in range(n_in, q, -1):  # the running value first or last among the joined tensors
                 fresh = [("in", k) for k in range(q, end)]
-                walk(i + 1, end, stack, saved, base + [{"op": t, "operands": [("cur",)] + fresh}], [], True)
-                walk(i + 1, end, stack, saved, base + [{"op": t, "operands": fresh + [("cur",)]}], [], True)
+                walk(i + 1, end, stack, saved, base + [{"op": t, "operands": [("cur",)] + fresh}], [], True, pend)
+                walk(i + 1, end, stack, saved, base + [{"op": t, "operands": fresh + [("cur",)]}], [], True, pend)
             return
-        walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",)]}], [], True)
+        walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",)]}], [], True, pend)
         if t == "cast" and q < n_in:  # a cast of a fresh input starts a second branch
             walk(i + 1, q + 1, stack + (saved,), saved + 1, base + [{"op": t, "operands": [("in", q)], "save": saved}],
-                 [], True)
+                 [], True, pend)
 
     walk(0, 0, (), 0, [], [], False)
     return out

@@ -42,20 +42,26 @@ def _act_candidates(hint: list[str]) -> list[dict]:
         first = (["hardswish"] if "multiply" in hint else ["hardsigmoid"]) + first
     order = list(dict.fromkeys(first + [k for k in ops.ACTIVATIONS if k not in ("affine", "leaky_relu", "clamp",
                                                                                   "fake_quant", "quantize")]))
+    strong = {h for h in hint if h in ops.UNARY_TOKENS and h not in ("quantize", "dequantize")}
+    if strong:  # a run naming clip or erf is not a sigmoid: fewer leaves per reading, more readings within budget
+        order = [f for f in order if f in first or f not in ops.ACT_TOKENS or strong <= ops.ACT_TOKENS[f]]
     return [{"fn": f} for f in order]
 
 
 class Kernel:
     """One kernel call: its TVM function, probe inputs, and the reference outputs it computed."""
 
-    def __init__(self, tvm, func, spec: dict, consts: list, rng: np.random.Generator) -> None:
+    def __init__(self, tvm, func, spec: dict, consts: list, rng: np.random.Generator,
+                 given: list[np.ndarray | None] | None = None) -> None:
         import torch
 
         self.tvm, self.func, self.spec, self.torch = tvm, func, spec, torch
         self.inputs = []
-        for inp in spec["inputs"]:
+        for j, inp in enumerate(spec["inputs"]):
             if inp["kind"] == "const":
                 self.inputs.append(np.array(consts[inp["const"]], order="C"))  # keeps 0-d scalars 0-d
+            elif given is not None and given[j] is not None:
+                self.inputs.append(np.array(given[j], order="C"))
             else:
                 self.inputs.append(self._random(inp, rng))
         self.outputs = self.run(self.inputs)
@@ -82,6 +88,8 @@ def _close(got, ref: np.ndarray) -> float:
     g = got.detach().numpy() if hasattr(got, "detach") else np.asarray(got)
     if g.shape != ref.shape:
         return float("inf")
+    if ref.dtype.kind == "b" and g.dtype.kind != "b":  # a mask must stay a mask: torch.where rejects floats
+        return float("inf")
     if ref.dtype.kind in "iub":
         return 0.0 if np.array_equal(g.astype(ref.dtype), ref) else float("inf")
     g = g.astype(np.float64)
@@ -102,7 +110,39 @@ def _eval(expr: str, env: dict):
     return eval(expr, {"torch": env["torch"], "F": env["F"]}, env)  # noqa: S307 - zen's own op templates
 
 
+class _Joined:
+    """A split kernel seen as the tensor it splits: its outputs concatenated along `dim`, so the search
+    reproduces one tensor and a split step per output is added after it."""
+
+    def __init__(self, k: Kernel, dim: int) -> None:
+        self.__dict__.update(k.__dict__)
+        self.base, self.dim = k, dim
+        self.outputs = [np.concatenate(k.outputs, axis=dim)]
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.concatenate(self.base.run(arrays), axis=self.dim)]
+
+
+def _search_split(k: Kernel, tokens: list[str], tol: float) -> dict | None:
+    shapes = [o.shape for o in k.outputs]
+    for d in sorted(range(len(shapes[0])), key=lambda d: (shapes[0][d] == 1, d)):  # a real axis before batch 1
+        if any(len(s) != len(shapes[0]) or s[:d] + s[d + 1:] != shapes[0][:d] + shapes[0][d + 1:] for s in shapes):
+            continue
+        res = search(_Joined(k, d), tokens[:-1], tol)
+        if res["status"] == "ok":
+            sizes = [s[d] for s in shapes]
+            res["per_output"] = [res["steps"] + [("split", {"dim": d, "sizes": sizes, "index": o}, [("cur",)], None)]
+                                 for o in range(len(shapes))]
+            res["steps"] = res["per_output"][0]
+            return res
+    return None
+
+
 def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
+    if tokens and tokens[-1] == "split" and len(k.outputs) > 1:
+        found = _search_split(k, tokens, tol)
+        if found is not None:
+            return found
     torch = k.torch
     import torch.nn.functional as F
 
@@ -156,7 +196,8 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
             x_shape = tuple(tens[step["operands"][0][1]].shape) if step["operands"] else out_shape
         if op == "act":
             cands = _act_candidates(step.get("hint", []))
-            if i == len(steps) - 1 and ref.dtype.kind in "iu" and len(k.inputs) == 1 and argn[0] == "a0":
+            if (i == len(steps) - 1 and ref.dtype.kind in "iu" and len(k.inputs) == 1 and argn[0] == "a0"
+                    and k.inputs[0].dtype.kind == "f" and k.inputs[0].size == ref.size):
                 cands += _quantize(*_samples(k), ref.dtype)  # float -> integer: many runs pin the scale down
             elif i == len(steps) - 1:
                 cands += _fitted(_eval(argn[0], env), ref, torch)
@@ -388,6 +429,36 @@ def _refine(k: Kernel, steps: list, env_base: dict, torch) -> list:
     return steps
 
 
+def _constant_inputs(spec: dict, consts: list, known: dict[int, np.ndarray]) -> list[np.ndarray | None] | None:
+    """The real values of a kernel's inputs when every one is a constant or computed from constants only
+    (position ids sliced from a buffer, a mask built from an all-ones tensor); None otherwise."""
+    vals = []
+    for inp in spec["inputs"]:
+        if inp["kind"] == "const":
+            vals.append(None)
+            continue
+        kind, v = inp.get("root") or ["value", inp.get("value")]
+        src = consts[v] if kind == "const" else known.get(v)
+        if not isinstance(src, np.ndarray) or src.size != int(np.prod(inp["shape"])) or str(src.dtype) != inp["dtype"]:
+            return None
+        vals.append(src.reshape(inp["shape"]))
+    return vals if spec["inputs"] else None
+
+
+def _fold(k: Kernel, spec: dict, fold_dir: str) -> dict:
+    """A kernel whose inputs never change computes the same tensors on every call: keep those (the
+    rebuilt model holds them as buffers) when no operator reading reproduced it."""
+    outs = []
+    for o, a in enumerate(k.outputs):
+        np.save(os.path.join(fold_dir, f"n{int(spec['node'])}_{o}.npy"), a, allow_pickle=False)
+        outs.append({"shape": list(a.shape), "dtype": str(a.dtype)})
+    steps = [[("constant", {"output": o, **d}, [], None)] for o, d in enumerate(outs)]
+    res = {"status": "ok", "steps": steps[0], "error": 0.0, "folded": outs, "method": "constant folding"}
+    if len(steps) > 1:
+        res["per_output"] = steps
+    return res
+
+
 def _steps_json(steps: list) -> list[dict]:
     return [{"op": op, "attrs": a, "operands": [list(o) for o in opd], **({"save": sv} if sv is not None else {})}
             for op, a, opd, sv in steps]
@@ -406,6 +477,7 @@ def main() -> int:
     lib = tvm.runtime.load_module(req["library"])
     consts = load_executable(req["library"])[1].constants
     rng = np.random.default_rng(req.get("seed", 0))
+    known: dict[int, np.ndarray] = {}  # outputs of kernels whose inputs are all constants
     results = []
     for spec in req["kernels"]:
         t0 = time.monotonic()
@@ -414,10 +486,16 @@ def main() -> int:
         except (AttributeError, RuntimeError) as exc:
             results.append({"node": spec["node"], "status": "unresolved", "reason": f"kernel not loadable: {exc}"})
             continue
+        given = _constant_inputs(spec, consts, known)
         try:
-            k = Kernel(tvm, func, spec, consts, rng)
+            k = Kernel(tvm, func, spec, consts, rng, given)
             tokens = ops.split_kernel_name(spec["kernel"]) if req.get("use_names", True) else None
             res = search(k, tokens)
+            if given is not None:  # computed from constants only: its outputs are constants too
+                for v, o in zip(spec.get("output_values", []), k.outputs):
+                    known[v] = o
+                if res["status"] != "ok" and req.get("fold_dir"):
+                    res = _fold(k, spec, req["fold_dir"])
         except Exception as exc:  # a kernel that crashes on probe inputs must not stop the others
             res = {"status": "unresolved", "reason": f"{type(exc).__name__}: {exc}"[:300]}
         res["node"] = spec["node"]

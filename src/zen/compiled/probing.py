@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,15 @@ def tvm_available(python: str | None = None) -> bool:
 def request(graph: Graph, library: Path, use_names: bool = True) -> dict:
     """One probe entry per kernel call: its inputs (values get random data, constants the real weights)."""
     kernels = []
+    roots: dict[int, list] = {}  # value -> what it reshapes: ["const", c] or ["value", kernel output]
     for n in graph.nodes:
         if n.builtin:
+            if n.kernel == "vm.builtin.reshape" and n.inputs and n.outputs:
+                kind, v = n.inputs[0]
+                if kind == "const" and isinstance(graph.constants[v], np.ndarray):
+                    roots[n.outputs[0]] = ["const", v]
+                elif kind == "value":
+                    roots[n.outputs[0]] = roots.get(v, ["value", v])
             continue
         inputs = []
         bound = None
@@ -51,20 +59,43 @@ def request(graph: Graph, library: Path, use_names: bool = True) -> dict:
                 if val.shape is None:
                     raise ExecutableError(f"kernel {n.kernel}: input v{v} has no static shape",
                                           "models with dynamic shapes are not supported yet")
-                inputs.append({"kind": "value", "value": v, "shape": list(val.shape), "dtype": val.dtype})
+                inputs.append({"kind": "value", "value": v, "shape": list(val.shape), "dtype": val.dtype,
+                               "root": roots.get(v, ["value", v])})
             else:
                 raise ExecutableError(f"kernel {n.kernel} takes a {kind} argument, which zen cannot probe yet")
         for i in inputs:
             i["index_bound"] = bound
         outs = [{"shape": list(graph.values[o].shape or ()), "dtype": graph.values[o].dtype} for o in n.outputs]
-        kernels.append({"node": n.id, "kernel": n.kernel, "inputs": inputs, "outputs": outs})
+        kernels.append({"node": n.id, "kernel": n.kernel, "inputs": inputs, "outputs": outs, "output_values": n.outputs})
     return {"library": str(Path(library).resolve()), "kernels": kernels, "seed": 0, "use_names": use_names}
 
 
 def probe(graph: Graph, library: Path, timeout: float = 1800.0, use_names: bool = True) -> dict[int, dict]:
     """Node id -> probe result (status, steps with operators and attributes, scaled error).
     use_names=False ignores kernel names (as if hashed): operators are then told by behaviour alone."""
-    req = request(graph, library, use_names)
+    with tempfile.TemporaryDirectory(prefix="zen-fold-") as fold_dir:
+        req = request(graph, library, use_names)
+        req["fold_dir"] = fold_dir
+        results = _run_child(req, timeout)
+        for r in results.values():  # kernels computed from constants only: their outputs, as the child saved them
+            if r.get("folded"):
+                r["folded_values"] = [_load_folded(Path(fold_dir), r["node"], o, spec)
+                                      for o, spec in enumerate(r["folded"])]
+    return results
+
+
+def _load_folded(fold_dir: Path, node: int, output: int, spec: dict) -> np.ndarray:
+    try:
+        a = np.load(fold_dir / f"n{int(node)}_{int(output)}.npy", allow_pickle=False)
+    except (OSError, ValueError):
+        raise ExecutableError(f"the probing child did not save the folded output {output} of kernel call {node}") from None
+    if list(a.shape) != list(spec.get("shape", [])) or str(a.dtype) != spec.get("dtype"):
+        raise ExecutableError(f"folded output {output} of kernel call {node} has shape {list(a.shape)} {a.dtype}, "
+                              f"expected {spec.get('shape')} {spec.get('dtype')}")
+    return a
+
+
+def _run_child(req: dict, timeout: float) -> dict[int, dict]:
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
