@@ -25,7 +25,7 @@ BUILDER = ROOT / "tests" / "targets" / "tvm_models.py"
 DEFAULT = ["cnn", "mlp", "deep_mlp", "resnet", "lenet", "conv1d", "encoder", "encoder_mha", "hf_bert_tiny",
            "hf_distilbert_tiny", "tv_resnet18", "tv_mobilenet_v2", "tv_mobilenet_v3_small", "tv_squeezenet",
            "tv_shufflenet", "tv_mnasnet", "tv_regnet_x_400mf", "tv_efficientnet_b0", "tv_densenet121", "timm_resnet10t",
-           "timm_vit_tiny", "timm_convnext_atto", "timm_mixer", "timm_ghostnet"]
+           "timm_vit_tiny", "timm_convnext_atto", "timm_mixer", "timm_ghostnet", "mobile"]
 EQUIVALENT = 1e-5  # max abs difference, relative to the largest output magnitude (1 + max |y|)
 
 

@@ -199,10 +199,23 @@ def test_decompiled_model_is_attributed_to_the_recovered_one(name, decompiled_ca
     base = f"recovered_{name.removesuffix('_unfused')}"
     assert att["attributed"] == base, att["candidates"]
     assert att["basis"] == "mr-only" and "compiled executable" in att["explanation"]
+    assert "not weight values" in att["explanation"]  # MR cannot tell a base from its fine-tuned copy
     best, *others = att["candidates"]
     assert best["name"] == base and others
     assert best["mr"] > max(c["mr"] for c in others)
     assert all(c["pr"] is None and c["ur"] is None and c["cos"] is None and "pr_note" in c for c in att["candidates"])
+
+
+def test_no_base_is_named_when_no_library_architecture_is_close(decompiled_cases, recovered_cases, tmp_path):
+    """MR-only evidence names no base when the library lacks the model's architecture: against a library
+    holding only the MLP, the decompiled CNN is not attributed; the closest entry is listed with its MR."""
+    lib = tmp_path / "mlp_only.sqlite"
+    res = zen("library", "add", recovered_cases[1]["mlp"], "--name", "recovered_mlp", "--library", lib)
+    assert res.returncode == 0, res.stderr[-2000:]
+    att = json.loads(zen("attribute", decompiled_cases["cnn"], "--library", lib, "--json").stdout)
+    assert att["attributed"] is None and att["basis"] == "mr-only"
+    assert "architecture close to this model" in att["message"] and "recovered_mlp" in att["explanation"]
+    assert att["candidates"][0]["name"] == "recovered_mlp" and att["candidates"][0]["mr"] < 0.7
 
 
 def test_same_model_from_image_and_executable_is_most_similar(decompiled_cases, recovered_cases):

@@ -19,7 +19,11 @@
 4. A model decompiled from a compiled executable (`zen decompile`: pr.json has no code and its context
    says `"source": "compiled"`) has no programmatic part to compare. It is attributed on MR similarity
    alone, said so in the result (`basis: "mr-only"`, each candidate's PR, UR, COs, CLS are null with a
-   note, never 0, which would read as "different code"), ranked by MRSS.
+   note, never 0, which would read as "different code"), ranked by MRSS. MR compares architecture
+   (graph, layer types, tensor shapes, hyper-parameters), not weight values: below `MR_ONLY_MIN` no
+   library architecture is close enough to name a base (the tests' same-model pairs, decompiled vs
+   recovered from a process image, score 0.77-0.81, different architectures <= 0.56), and bases of
+   one architecture (a model and its fine-tuned copies) tie, which the explanation says.
 5. Frameworks: a base recovered by another front end (MR `framework`: "pytorch" or "keras") is never
    the attribution. Such candidates are still scored, listed last with method "other framework" and
    a note saying why; if only they share code, attribution is refused with that reason. (Both
@@ -54,6 +58,7 @@ NO_SHARED_CODE = "no base model in the library shares code with this model"
 OTHER_FRAMEWORK = "other framework"
 MR_ONLY_COMPILED = "mr-only (compiled)"
 NO_CODE_NOTE = "no PR: the model was decompiled from a compiled executable, which holds no Python code"
+MR_ONLY_MIN = 0.7  # MR-only attribution names no base below this MRSS (see point 4)
 FOREIGN_COMPARE = 3  # bases of another framework compared in full (shown with their scores, never attributed)
 
 
@@ -199,13 +204,28 @@ def _attribute_compiled(mr: ModelMR, library: Library, reference: bool) -> Attri
         att.explanation = att.message + "; MR similarities of the other frameworks' bases are listed."
         return att
     best = own[0]
+    why = ("The model was decompiled from a compiled executable, which holds no Python code, so the programmatic "
+           "representation (PR) cannot be compared and UR is not defined: attribution rests on the mathematical "
+           "representation alone, weaker evidence than code. ")
+    parts = (f"MR {best.mr.mrss:.2f}: graph {best.mr.graph:.2f}, layer types {best.mr.arch:.2f}, tensors "
+             f"{best.mr.ts:.2f}, operators {best.mr.op:.2f}")
+    weights = (" MR compares architectures, not weight values: to tell a base from a fine-tuned copy of it, "
+               "compare the weights (zen diff).")
+    if best.mr.mrss < MR_ONLY_MIN:
+        att.attributed = None
+        att.message = (f"no base in the library has an architecture close to this model's (best MR "
+                       f"{best.mr.mrss:.2f} < {MR_ONLY_MIN:.2f})")
+        att.explanation = (why + f"No base reaches MR {MR_ONLY_MIN:.2f}, so none is named; the closest is {best.name} "
+                           f"({parts}).")
+        return att
+    tied = [c.name for c in own[1:] if abs(c.mr.mrss - best.mr.mrss) < 1e-9]
     att.explanation = (
-        f"The model was decompiled from a compiled executable, which holds no Python code, so the programmatic "
-        f"representation (PR) cannot be compared and UR is not defined: attribution rests on the mathematical "
-        f"representation alone, weaker evidence than code. It is attributed to {best.name} (MR {best.mr.mrss:.2f}: graph "
-        f"{best.mr.graph:.2f}, layer types {best.mr.arch:.2f}, tensors {best.mr.ts:.2f}, operators {best.mr.op:.2f})."
-        + (f" The next candidate, {own[1].name}, scores MR {own[1].mr.mrss:.2f}." if len(own) > 1 else
+        why + f"It is attributed to {best.name} ({parts})."
+        + (f" {', '.join(tied)} score the same MR: they share this architecture, and MR alone cannot choose between "
+           f"them (the first by name is named)." if tied else
+           f" The next candidate, {own[1].name}, scores MR {own[1].mr.mrss:.2f}." if len(own) > 1 else
            " It is the only base of this framework in the library.")
+        + weights
     )  # fmt: skip
     return att
 
