@@ -282,10 +282,12 @@ def test_torchvision_resnet18(tmp_path):
     assert convs == sorted((c["stride"], c["padding"], c["groups"]) for c in truth["layers"] if c["type"] == "conv2d")
 
 
-@pytest.mark.parametrize("name", ["cnn_unfused", "resnet_unfused"])
+@pytest.mark.parametrize("name", ["cnn_unfused", "resnet_unfused", "resnet", "mobile"])
 def test_behaviour_only_recognition(name, built, tmp_path):
-    """With kernel names ignored (as if hashed), single-operator kernels are still recognised by their
-    measured behaviour: same operators, attributes and an equivalent rebuilt model."""
+    """With kernel names ignored (as if hashed), kernels are still recognised by their measured behaviour:
+    single operators, and fused kernels as the fusions seen in torchvision/timm/transformers libraries
+    (fusion_patterns.json; zen's test models are not among its sources) or generic anchor + bias +
+    activation + gate bodies: same operators, attributes and an equivalent rebuilt model."""
     res = zen("decompile", str(built / f"{name}.so"), "-o", str(tmp_path / "pkg"), "--behaviour-only")
     assert res.returncode == 0, res.stderr
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())

@@ -11,8 +11,11 @@ verified is what is shipped. Nothing here imports torch.
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 Shape = tuple[int, ...]
@@ -29,7 +32,7 @@ SHAPED = {"reshape", "flatten", "expand_dims", "squeeze", "transpose", "permute_
           "concatenate", "zeros", "ones", "full", "cast", "broadcast_to", "split"}
 UNARY_TOKENS = {"relu", "sigmoid", "tanh", "erf", "exp", "sqrt", "rsqrt", "negative", "clip", "gelu", "gelu_tanh",
                 "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu", "softplus", "abs", "log", "square", "logical_not",
-                "quantize", "dequantize"}
+                "quantize", "dequantize", "act"}  # act: an activation named by nothing (generic fusion patterns)
 VOCAB = set(ANCHORS) | set(BINARY) | SHAPED | UNARY_TOKENS
 RESHAPES = {"reshape", "flatten", "expand_dims", "squeeze", "broadcast_to"}
 SHAPE_PRESERVING = set(BINARY) | UNARY_TOKENS | {"batch_norm", "layer_norm", "softmax", "log_softmax", "act", "cast"}
@@ -62,6 +65,36 @@ ACT_TOKENS = {
     "square": {"square"}, "log": {"log"},
 }
 EPS = [1e-5, 1e-3, 1e-6, 1e-12, 1e-4, 1e-2, 1e-1, 1e-8, 1e-7, 1e-9, 1e-10, 1e-11]
+
+
+# a kernel's body TVM commonly fuses: an anchor, then a bias or residual add, an activation ("act": any,
+# told by behaviour) and a gate; tried after the collected patterns for kernels whose names say nothing
+GENERIC_TAILS = (["add"], ["add", "act"], ["act"], ["add", "add"], ["add", "add", "act"], ["add", "act", "add"],
+                 ["add", "act", "multiply"], ["add", "add", "act", "multiply"], ["act", "add"], ["add", "act", "multiply", "add"])
+GENERIC_ANCHORS = ("conv2d", "matmul", "batch_norm", "layer_norm", "conv1d")
+# a normalisation fused with the concatenation feeding it or fed by it (dense blocks, ghost modules)
+GENERIC_JOINS = [["concatenate", "batch_norm", "act"], ["concatenate", "batch_norm"], ["batch_norm", "act", "concatenate"],
+                 ["batch_norm", "concatenate"]]
+
+
+def fusion_patterns() -> list[list[str]]:
+    """Op sequences TVM fuses into one kernel, most common first (fusion_patterns.json, collected from
+    real libraries by tools/fusion_patterns.py, or the file ZEN_FUSION_PATTERNS names): the readings tried
+    for a kernel whose name says nothing."""
+    global _PATTERNS
+    if _PATTERNS is None:
+        path = Path(os.environ.get("ZEN_FUSION_PATTERNS") or Path(__file__).with_name("fusion_patterns.json"))
+        try:
+            data = json.loads(path.read_text())
+            _PATTERNS = [[str(t) for t in p["ops"]] for p in data["patterns"] if set(p["ops"]) <= VOCAB]
+        except (OSError, ValueError, KeyError, TypeError):
+            _PATTERNS = []
+        generic = [[a, *tail] for tail in GENERIC_TAILS for a in GENERIC_ANCHORS] + GENERIC_JOINS
+        _PATTERNS += [g for g in generic if g not in _PATTERNS]
+    return _PATTERNS
+
+
+_PATTERNS: list[list[str]] | None = None
 
 
 def split_kernel_name(name: str) -> list[str] | None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from zen.compiled import ops
 
 MAX_PLANS = 256
-FALLBACK_1 = ("act", "reshape", "transpose", "softmax", "mean", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
+FALLBACK_1 = ("act", "reshape", "transpose", "softmax", "log_softmax", "mean", "max_pool2d", "avg_pool2d",
+              "adaptive_avg_pool2d")
 FALLBACK_2 = ("conv2d", "conv1d", "matmul", "add", "multiply", "subtract", "divide", "maximum", "minimum")
 FALLBACK_N = {3: ("layer_norm", "where"), 5: ("batch_norm",)}
 

@@ -27,6 +27,7 @@ from zen.compiled.probe_linear import probe_linear
 
 MAX_LEAVES = 4000
 SECONDS_PER_KERNEL = 60.0
+SECONDS_PER_PATTERN_SEARCH = 20.0  # all known fusions together, for a kernel whose name says nothing
 
 
 def _act_candidates(hint: list[str]) -> list[dict]:
@@ -42,7 +43,7 @@ def _act_candidates(hint: list[str]) -> list[dict]:
         first = (["hardswish"] if "multiply" in hint else ["hardsigmoid"]) + first
     order = list(dict.fromkeys(first + [k for k in ops.ACTIVATIONS if k not in ("affine", "leaky_relu", "clamp",
                                                                                   "fake_quant", "quantize")]))
-    strong = {h for h in hint if h in ops.UNARY_TOKENS and h not in ("quantize", "dequantize")}
+    strong = {h for h in hint if h in ops.UNARY_TOKENS and h not in ("quantize", "dequantize", "act")}
     if strong:  # a run naming clip or erf is not a sigmoid: fewer leaves per reading, more readings within budget
         order = [f for f in order if f in first or f not in ops.ACT_TOKENS or strong <= ops.ACT_TOKENS[f]]
     return [{"fn": f} for f in order]
@@ -123,12 +124,12 @@ class _Joined:
         return [np.concatenate(self.base.run(arrays), axis=self.dim)]
 
 
-def _search_split(k: Kernel, tokens: list[str], tol: float) -> dict | None:
+def _search_split(k: Kernel, tokens: list[str], tol: float, budget: tuple[float, int] | None = None) -> dict | None:
     shapes = [o.shape for o in k.outputs]
     for d in sorted(range(len(shapes[0])), key=lambda d: (shapes[0][d] == 1, d)):  # a real axis before batch 1
         if any(len(s) != len(shapes[0]) or s[:d] + s[d + 1:] != shapes[0][:d] + shapes[0][d + 1:] for s in shapes):
             continue
-        res = search(_Joined(k, d), tokens[:-1], tol)
+        res = search(_Joined(k, d), tokens[:-1], tol, budget)
         if res["status"] == "ok":
             sizes = [s[d] for s in shapes]
             res["per_output"] = [res["steps"] + [("split", {"dim": d, "sizes": sizes, "index": o}, [("cur",)], None)]
@@ -138,11 +139,34 @@ def _search_split(k: Kernel, tokens: list[str], tol: float) -> dict | None:
     return None
 
 
-def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
+def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4, budget: tuple[float, int] | None = None) -> dict:
+    """The first reading of the kernel (from its name's ops, else single ops, else known fusions) whose
+    computation matches its outputs. budget: (deadline, leaves) when searching one of several readings."""
     if tokens and tokens[-1] == "split" and len(k.outputs) > 1:
-        found = _search_split(k, tokens, tol)
+        found = _search_split(k, tokens, tol, budget)
         if found is not None:
             return found
+    res = _search(k, tokens, tol, budget)
+    if res["status"] == "ok" or tokens is not None or budget is not None:
+        return res
+    # a hashed or renamed kernel that no single op explains: the fusions TVM is known to make, each with a
+    # share of the kernel's time, all within one deadline
+    deadline = time.monotonic() + SECONDS_PER_PATTERN_SEARCH
+    for pattern in ops.fusion_patterns():
+        if time.monotonic() > deadline:
+            break
+        if pattern[-1] == "split" and len(k.outputs) < 2 or pattern[-1] != "split" and len(k.outputs) > 1:
+            continue
+        if not plans(pattern[:-1] if pattern[-1] == "split" else pattern, len(k.inputs)):
+            continue  # the pattern cannot read this many inputs
+        found = search(k, pattern, tol, (deadline, MAX_LEAVES // 2))
+        if found["status"] == "ok":
+            found["reading"] = "fusion pattern " + "_".join(pattern)
+            return found
+    return res
+
+
+def _search(k: Kernel, tokens: list[str] | None, tol: float, budget: tuple[float, int] | None) -> dict:
     torch = k.torch
     import torch.nn.functional as F
 
@@ -152,7 +176,7 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
     env_base = {"torch": torch, "F": F}
     for i, t in enumerate(tens):
         env_base[f"a{i}"] = t
-    deadline = time.monotonic() + SECONDS_PER_KERNEL
+    deadline, max_leaves = budget or (time.monotonic() + SECONDS_PER_KERNEL, MAX_LEAVES)
     leaves = 0
     best: tuple[float, list] | None = None
     special = _special_trial(k, tokens, torch, env_base)
@@ -162,7 +186,7 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
 
     def dfs(steps: list[dict], i: int, cur, chosen: list, saved: dict) -> list | None:
         nonlocal leaves, best
-        if leaves >= MAX_LEAVES or time.monotonic() > deadline:
+        if leaves >= max_leaves or time.monotonic() > deadline:
             return None
         if i == len(steps):
             leaves += 1
@@ -207,6 +231,9 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
             # any whose output neither equals nor broadcasts to the kernel's is dropped right after it runs
             cands = ops.candidates(op, x_shape, operand_shapes, None if widen and op in ops.ANCHORS else target,
                                    str(ref.dtype))
+            if op == "reshape" and target is None and not any(s["op"] in ops.ANCHORS or s["op"] == "act"
+                                                              for s in steps[:i]):
+                cands = []  # pure data movement is read faster by the linear probe than by guessing shapes
         tried: list = []  # settings computing the same tensor as one already tried (padding on a 1x1 map) lead nowhere new
         for attrs in cands:
             expr = ops.expression(op, attrs, argn)
@@ -232,19 +259,19 @@ def search(k: Kernel, tokens: list[str] | None, tol: float = 2e-4) -> dict:
         v = ref.flat[0].item()
         return {"status": "ok", "steps": [("full", {"shape": list(out_shape), "value": v}, [], None)], "error": 0.0}
     readings = plans(tokens, len(k.inputs)) or []
-    if tokens:  # a name whose op list fits no reading (a dequantize taking a scale tensor): behaviour alone next
+    if tokens and budget is None:  # a name whose op list fits no reading (a dequantize taking a scale tensor)
         readings += plans(None, len(k.inputs))
     for steps in readings:
         found = dfs(steps, 0, None, [], {})
         if found is not None:
             return {"status": "ok", "steps": _refine(k, found, env_base, torch), "error": _score(k, found, env_base)}
-    linear = probe_linear(k)
+    linear = probe_linear(k) if budget is None else None
     if linear is not None:
         outs = linear.get("per_output", [linear["steps"]])
         linear["error"] = max(_score(k, steps, env_base, o) for o, steps in enumerate(outs))
         if linear["error"] <= tol:
             return linear
-    spent = " (search budget spent)" if leaves >= MAX_LEAVES else ""
+    spent = " (search budget spent)" if leaves >= max_leaves else ""
     return {"status": "unresolved", "error": best[0] if best else None,
             "reason": "no candidate computation reproduced the kernel" + spent}
 
