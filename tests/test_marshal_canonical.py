@@ -5,7 +5,8 @@ and marks a string interned when that object is interned in the writing process;
 writes frozensets in hash order. So `code.marshal` (and the marshal inside `pr.json`) used to change
 with how zen was started (`python -m zen` or `python -c`), with the GC on or off, with caches holding
 references and with PYTHONHASHSEED. Here the same real image is recovered twice, the second time by
-a process that differs in all of these, and the files must be byte-identical; the canonical form is
+a process that differs in all of these (and computes in-process what the first hands to forked
+children), and the files must be byte-identical; the canonical form is
 checked against the rule it documents and, for code objects made by other CPython versions, against
 those versions' own objects.
 """
@@ -58,7 +59,9 @@ print(res.status, len(held))
 
 
 def _recover_elsewhere(image: Path, out: Path, model: str, seed: str) -> None:
-    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO / "src")}
+    # ZEN_FORK=0: every part of the code stage computed in this one process (the CLI's recovery
+    # hands the system table and code.marshal to forked children: same bytes either way)
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO / "src"), "ZEN_FORK": "0"}
     res = subprocess.run([sys.executable, "-c", _OTHER_PROCESS, str(image), str(out), model], capture_output=True,
                          text=True, timeout=600, env=env)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]

@@ -156,6 +156,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
     timings: dict[str, float] = {}
     if getattr(space, "system", None) is not None:
         timings["open_image"] = time.perf_counter() - t0
+    tensors_out: _TensorFiles | None = None
     try:
         ip = Interpreter.open(space, limits=bounds[0])
         heap = Heap(ip)
@@ -196,12 +197,9 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
         extra = module_states(ip, index, reader, mr, slots, tensor_types)
         space.release()
         timings["model"] = time.perf_counter() - t
-        t = time.perf_counter()
         problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
-        digests = {case.WEIGHTS: _write_tensors(out / case.WEIGHTS, reader, slots, progress)}
-        if extra:
-            digests[case.EXTRA] = _write_tensors(out / case.EXTRA, reader, extra, None)
-        timings["weights"] = time.perf_counter() - t
+        timings["weights"] = 0.0  # the writer's own time, set when it is joined (it overlaps what follows)
+        tensors_out = _TensorFiles(out, reader, slots, extra, progress, "pt", _concurrent(space))
         t = time.perf_counter()
         from zen.frontends.pytorch.inputs import recover_inputs
 
@@ -219,15 +217,26 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
             mr.graph.update(dataflow_edges(ip, index, mr))
         except ZenError as exc:
             problems.append(f"data-flow edges not recovered: {exc}")
+        _code_stage(out, ip, heap, found, index, mr, space, problems, timings)
+        digests = tensors_out.result()  # the tensors' sha256 go into mr.json
+        timings["weights"] = tensors_out.seconds
         mr.summary = summarize(mr)
         textio.write_text(out / case.MR_FILE, mr.dumps())
-        _code_stage(out, ip, heap, found, index, mr, space, problems, timings)
     except BaseException:
+        if tensors_out is not None:
+            tensors_out.cancel()
         space.close()
         raise
     sections = {"torch": {"version": tv}}
     return _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings,
                    t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source}, digests)
+
+
+def _concurrent(space) -> bool:
+    """Whether the tensors may be written by a thread while the analysis reads the same space:
+    process cores and live processes (mmap and pread reads); not whole-machine images (see
+    `_TensorFiles`)."""
+    return getattr(space, "system", None) is None
 
 
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
@@ -254,16 +263,19 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     km = keras_model(ip, heap, model, space.description)
     space.release()
     timings["model"] = time.perf_counter() - t
-    t = time.perf_counter()
     mr = km.mr
     problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
-    digests = {case.WEIGHTS: _write_tensors(out / case.WEIGHTS, km.reader, km.slots, progress, fmt="tf")}
-    if km.extra:
-        digests[case.EXTRA] = _write_tensors(out / case.EXTRA, km.reader, km.extra, None, fmt="tf")
-    timings["weights"] = time.perf_counter() - t
+    timings["weights"] = 0.0  # the writer's own time, set when it is joined
+    tensors_out = _TensorFiles(out, km.reader, km.slots, km.extra, progress, "tf", _concurrent(space))
+    try:
+        _code_stage(out, ip, heap, km.found, km.index, mr, space, problems, timings)
+        digests = tensors_out.result()
+    except BaseException:
+        tensors_out.cancel()
+        raise
+    timings["weights"] = tensors_out.seconds
     mr.summary["status"] = dict(sorted(Counter(t.status for t in mr.tensors).items()))
     textio.write_text(out / case.MR_FILE, mr.dumps())
-    _code_stage(out, ip, heap, km.found, km.index, mr, space, problems, timings)
     sections = {**km.versions, "framework": "keras"}
     profiles = {"cpython": ip.P.source, "tf": km.profile.source if km.profile else None}
     return _finish(out, space, image, pid, hasher, ip, mr, km.slots, km.extra, km.chosen, km.how, mr.roots, problems,
@@ -333,35 +345,65 @@ def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
 
 
 def _write_code_files(out: Path, ip, heap, found, index, mr, space) -> None:
-    from zen.cpython import canonical_marshal
-    from zen.cpython.codebuild import can_rebuild, rebuild_code, rebuilt_memo
-    from zen.cpython.context import execution_context
-    from zen.cpython.programmatic import build_pr, build_ur, model_closure, module_globals
+    from zen.cpython.programmatic import system_table
     from zen.cpython.runtime import Runtime
+    from zen.forking import Forked
+    from zen.represent.jsontext import compact
 
     rt = Runtime(ip, heap, found)
+    # the system-wide table needs no closure: a forked copy of this process makes it meanwhile
+    system = Forked(lambda: compact(system_table(rt)))
+    try:
+        _write_code_parts(out, ip, rt, index, mr, space, system)
+    finally:
+        system.cancel()
+
+
+def _write_code_parts(out: Path, ip, rt, index, mr, space, system) -> None:
+    from zen.cpython.codebuild import can_rebuild
+    from zen.cpython.context import execution_context
+    from zen.cpython.programmatic import build_pr, build_ur, model_closure, module_globals
+    from zen.forking import Forked
+
     walk = index.walk(int(mr.root.address, 16))
     seeds = sorted({node.type.addr for _, node in walk})
     result = model_closure(rt, seeds)
-    info = getattr(space, "info", None)
-    machine = "x86_64" if info is not None else None
-    model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
-    context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
-    pr = build_pr(rt, result, context)
-    pr.module_globals = module_globals(rt, pr)
-    ur = build_ur(rt, [(path, node.type.addr) for path, node in walk], pr, result)
-    textio.write_text(out / case.PR_FILE, pr.dumps())
-    textio.write_text(out / case.UR_FILE, ur.dumps())
-    textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
-    if can_rebuild(ip):
-        memo = rebuilt_memo(ip)  # shared with the PR's encoder of nested functions
-        codes = {}
-        for c in pr.codes:
-            try:  # from the code records the closure read already (rt.code), not read again
-                codes[c.address] = rebuild_code(ip, int(c.address, 16), memo, read=rt.code)
-            except ZenError:
-                continue
-        (out / case.CODE_FILE).write_bytes(canonical_marshal.dumps(codes))  # bytes independent of zen's process
+    # code.marshal needs the closure and nothing after it: a second forked copy rebuilds it
+    rebuilt = Forked(lambda: _code_marshal(ip, rt, result)) if can_rebuild(ip) else None
+    try:
+        info = getattr(space, "info", None)
+        machine = "x86_64" if info is not None else None
+        model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
+        context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
+        pr = build_pr(rt, result, context, system=False)
+        pr.module_globals = module_globals(rt, pr)
+        ur = build_ur(rt, [(path, node.type.addr) for path, node in walk], pr, result)
+        (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
+        textio.write_text(out / case.UR_FILE, ur.dumps())
+        textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
+        if rebuilt is not None:
+            (out / case.CODE_FILE).write_bytes(rebuilt.result())
+    finally:
+        if rebuilt is not None:
+            rebuilt.cancel()
+
+
+def _code_marshal(ip, rt, result) -> bytes:
+    """code.marshal: every readable code object of the closure rebuilt (in address order, as the
+    PR lists them), in canonical marshal form (bytes independent of zen's own process)."""
+    from zen.cpython import canonical_marshal
+    from zen.cpython.codebuild import rebuild_code, rebuilt_memo
+
+    memo = rebuilt_memo(ip)  # shared with the PR's encoder of nested functions (when in-process)
+    codes = {}
+    for addr in sorted(result.codes):
+        if rt.code(addr) is None:  # no PR record either
+            continue
+        try:  # from the code records the closure read already (rt.code), not read again
+            codes[f"{addr:#x}"] = rebuild_code(ip, addr, memo, read=rt.code)
+        except ZenError:
+            continue
+    return canonical_marshal.dumps(codes)
 
 
 def _submodule_root(index, reader, choice, refs):
@@ -375,9 +417,58 @@ def _submodule_root(index, reader, choice, refs):
     return root_record(index, reader, addr, refs.get(addr, []))
 
 
-def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: str = "pt") -> str:
-    """Stream every tensor whose data is present into a safetensors file, in the slots' order;
-    returns the file's sha256."""
+class _TensorFiles(threading.Thread):
+    """weights.safetensors (and extra.safetensors) written while the analysis goes on.
+
+    Writing a model's tensors is file I/O and sha256 (both release the GIL) over the image's mmap;
+    the stages after it (inputs, data flow, code) are Python work on the interpreter's objects.
+    Run one after the other they take the sum of the two; here the main thread goes on while the
+    tensors stream out, and `result()` joins. Which tensors are written is decided before the
+    thread starts (`_writable`, on the calling thread), so the records' statuses never change
+    under the analysis; the thread only sets each written tensor's sha256. Spaces read through
+    Volatility's layers (whole-machine images) are written on the calling thread instead:
+    those layers keep caches that are not meant to be shared between threads."""
+
+    def __init__(self, out: Path, reader, slots, extra, progress: Progress | None, fmt: str, background: bool) -> None:
+        super().__init__(daemon=True, name="zen-tensors")
+        self.jobs = [(out / case.WEIGHTS, _writable(reader, slots), progress)]
+        if extra:
+            self.jobs.append((out / case.EXTRA, _writable(reader, extra), None))
+        self.reader, self.fmt = reader, fmt
+        self.digests: dict[str, str] = {}
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self.stop = threading.Event()  # set when the analysis failed: the writer ends at the next block
+        if background:
+            self.start()
+        else:
+            self.run()
+
+    def run(self) -> None:
+        t = time.perf_counter()
+        try:
+            for path, slots, progress in self.jobs:
+                self.digests[path.name] = _write_tensors(path, self.reader, slots, progress, self.fmt, self.stop)
+        except BaseException as exc:  # handed to the main thread by result()
+            self.error = exc
+        self.seconds = time.perf_counter() - t
+
+    def result(self) -> dict[str, str]:
+        """File name -> sha256 of each file written; re-raises what the writer raised."""
+        if self.is_alive() or self.ident is not None:
+            self.join()
+        if self.error is not None:
+            raise self.error
+        return self.digests
+
+    def cancel(self) -> None:
+        self.stop.set()
+        if self.ident is not None:
+            self.join()
+
+
+def _writable(reader, slots) -> list:
+    """The slots whose tensor data is in the image; the others are marked missing."""
     space = reader.ip.space
     writable = []
     for s in slots:
@@ -389,6 +480,11 @@ def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: st
             rec.status, rec.note = "missing", "tensor data pages are not in the image"
             continue
         writable.append(s)
+    return writable
+
+
+def _write_tensors(path: Path, reader, writable, progress: Progress | None, fmt: str, stop: threading.Event) -> str:
+    """Stream every tensor of `writable` into a safetensors file, in order; returns the file's sha256."""
     total = sum(s.meta.nbytes for s in writable)
     meta = {"format": fmt, "producer": f"zen {__version__}"}
     tied = {s.key: s.record.tied_to for s in writable if s.record.tied_to}
@@ -398,6 +494,8 @@ def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: st
     done = 0
     try:
         for s in writable:
+            if stop.is_set():
+                raise _Cancelled()
             s.record.sha256 = w.write(s.key, reader.iter_bytes(s.meta))
             done += s.meta.nbytes
             if progress:
@@ -410,6 +508,10 @@ def _write_tensors(path: Path, reader, slots, progress: Progress | None, fmt: st
     except BaseException:
         w.abort()
         raise
+
+
+class _Cancelled(Exception):
+    """The analysis failed while the tensors were written: the writer stops (its file is removed)."""
 
 
 def _evidence(space, image, pid, hasher) -> dict:

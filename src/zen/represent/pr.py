@@ -20,6 +20,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from zen.represent.jsontext import compact
+
 PR_FORMAT = 1
 UR_FORMAT = 1
 
@@ -136,13 +138,19 @@ class ProgrammaticRepresentation:
         return {"format": d.pop("format"), "kind": "zen-pr", **d}
 
     def dumps(self) -> str:
-        """Compact JSON (one code record per line): json's C encoder only runs without `indent`,
-        and a PR holds thousands of records; `jq .` pretty-prints it."""
+        """Compact JSON text (one code record per line; `jq .` pretty-prints it)."""
+        return self.dump_bytes().decode("utf-8")
+
+    def dump_bytes(self, system_codes: bytes | None = None) -> bytes:
+        """`dumps()` as the UTF-8 file `textio.write_text` writes. A PR holds thousands of records
+        and no floats: `jsontext.compact` writes them. `system_codes`: that table already
+        encoded (`compact(rows)`, made by another process while this one built the rest); it
+        replaces the object's own."""
         d = self.to_json()
         codes = d.pop("codes")
-        head = json.dumps(d, ensure_ascii=False, separators=(",", ":"))
-        lines = ",\n".join(json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in codes)
-        return head[:-1] + ',"codes":[\n' + lines + "\n]}\n"
+        head = b",".join(compact(k) + b":" + (system_codes if k == "system_codes" and system_codes is not None else compact(v))
+                         for k, v in d.items())  # fmt: skip
+        return b"".join((b"{", head, b',"codes":[\n', b",\n".join(compact(c) for c in codes), b"\n]}\n"))
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProgrammaticRepresentation:

@@ -1,0 +1,188 @@
+"""The parts of `zen recover` that run side by side (issue 16) give what they gave run in turn.
+
+* `zen.forking.Forked`: a forked child's bytes, and the parent's own computation wherever the
+  child does not deliver (it raises, dies, hangs, or fork is off);
+* `zen.represent.jsontext.compact`: orjson's bytes equal `json.dumps`'s for every float-free value,
+  lone surrogates and huge ints included;
+* the tensor writer thread: a failure of the analysis while it writes stops it and leaves no case.
+
+Byte-identity of whole cases with the forked children on and off is checked on a real image in
+`test_marshal_canonical.py` (the second recovery there runs with `ZEN_FORK=0`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zen import forking
+from zen.forking import Forked
+from zen.represent.jsontext import compact
+
+PARENT = os.getpid()
+
+
+def _pid_bytes() -> bytes:
+    return str(os.getpid()).encode()
+
+
+def test_child_computes_the_result():
+    if not forking.enabled():
+        pytest.skip("fork is not available on this machine (or one core)")
+    job = Forked(_pid_bytes)
+    assert job.pid is not None and job.pid != PARENT
+    child = job.pid
+    assert job.result() == str(child).encode() and job.how == "child"
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)  # reaped
+
+
+def test_parent_computes_when_the_child_raises():
+    def fn() -> bytes:
+        if os.getpid() != PARENT:
+            raise ValueError("only in the child")
+        return b"parent"
+
+    job = Forked(fn)
+    assert job.result() == b"parent" and job.how == "in-process"
+
+
+def test_parent_computes_when_the_child_dies():
+    def fn() -> bytes:
+        if os.getpid() != PARENT:
+            os._exit(3)
+        return b"parent"
+
+    assert Forked(fn).result() == b"parent"
+
+
+def test_parent_computes_when_the_child_hangs():
+    def fn() -> bytes:
+        if os.getpid() != PARENT:
+            time.sleep(60)
+        return b"parent"
+
+    job = Forked(fn, timeout=0.5)
+    pid = job.pid
+    t = time.monotonic()
+    assert job.result() == b"parent"
+    assert time.monotonic() - t < 10
+    if pid is not None:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # killed and reaped
+
+
+def test_fork_off_computes_in_process(monkeypatch):
+    monkeypatch.setenv("ZEN_FORK", "0")
+    job = Forked(_pid_bytes)
+    assert job.pid is None and job.result() == str(PARENT).encode()
+
+
+def test_cancel_kills_and_reaps_the_child():
+    def fn() -> bytes:
+        time.sleep(60)
+        return b""
+
+    job = Forked(fn, fork=True)
+    pid = job.pid
+    if pid is None:
+        pytest.skip("fork failed")
+    job.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_child_leaves_without_flushing_the_parents_buffers(tmp_path, capfd):
+    """The child must not write what the parent has buffered (a duplicated line on stdout)."""
+    print("once", end="", flush=False)
+    assert Forked(lambda: b"x", fork=True).result() == b"x"
+    print(flush=True)
+    assert capfd.readouterr().out.count("once") == 1
+
+
+def test_child_with_a_busy_thread_in_the_parent():
+    """The tensor writer and image hasher threads run while children fork: a thread holding the
+    GIL-free hash and a file lock must not stop the child."""
+    import hashlib
+
+    stop = threading.Event()
+
+    def busy() -> None:
+        h = hashlib.sha256()
+        block = bytes(1 << 20)
+        while not stop.is_set():
+            h.update(block)
+
+    th = threading.Thread(target=busy, daemon=True)
+    th.start()
+    try:
+        results = [Forked(lambda: hashlib.sha256(b"abc").hexdigest().encode(), timeout=30).result() for _ in range(20)]
+    finally:
+        stop.set()
+        th.join()
+    assert set(results) == {hashlib.sha256(b"abc").hexdigest().encode()}
+
+
+# -- compact JSON ------------------------------------------------------------------------------
+_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)  # surrogates, controls
+_leaf = st.none() | st.booleans() | st.integers(min_value=-(1 << 80), max_value=1 << 80) | _text
+_value = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_text, inner, max_size=5), max_leaves=30)
+
+
+def _reference(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+
+@settings(max_examples=400, deadline=None)
+@given(_value)
+def test_compact_equals_json(obj):
+    assert compact(obj) == _reference(obj)
+
+
+def test_compact_corner_cases():
+    for obj in (["\udc80\udcff", "a\x00\x1f\x7f\u2028\u2029\ufeff"], {"k": (1, 2, "t")}, [1 << 64, -(1 << 63)], {"": None},
+                ["\"\\/\b\f\n\r\t"], [2**63 - 1, -(2**63)]):  # fmt: skip
+        assert compact(obj) == _reference(obj)
+
+
+def test_compact_of_a_real_pr(hf_image, workdir):
+    """Every record of a real PR (written by `compact`) reads back and re-encodes by `json` to the same bytes."""
+    from conftest import recovered
+
+    image, t = hf_image
+    case, _, _, _ = recovered(image, t, "gpt2", workdir)
+    raw = (case / "pr.json").read_bytes()
+    pr = json.loads(raw)
+    codes = pr.pop("codes")
+    assert len(codes) > 500
+    head = _reference(pr)
+    assert raw == head[:-1] + b',"codes":[\n' + b",\n".join(_reference(c) for c in codes) + b"\n]}\n"
+
+
+# -- the tensor writer thread ------------------------------------------------------------------
+def test_analysis_failure_stops_the_tensor_writer(zoo_image, tmp_path, monkeypatch):
+    """A failure in the code stage while the tensors are written: the writer stops, the case
+    directory is removed, the error is the analysis's."""
+    import zen.recover as R
+
+    image, t = zoo_image
+
+    class Boom(Exception):
+        pass
+
+    def failing(*a, **k):
+        raise Boom("analysis failed")
+
+    monkeypatch.setattr(R, "_write_code", failing)
+    out = tmp_path / "case"
+    with pytest.raises(Boom):
+        R.recover(Path(image), None, out)
+    assert not out.exists()
+    assert not [th for th in threading.enumerate() if th.name == "zen-tensors"]
