@@ -159,6 +159,58 @@ def test_bulk_dict_items_equal_read_dict(opened):
     assert sum(g is not None for g in got) > 0.9 * len(set(rt.type_addrs))  # the fast path was exercised
 
 
+def test_bulk_types_equal_read_type(opened):
+    """Every type of the process read in bulk (`bulk.types`, the census's MRO names) is the
+    record `read_type` makes; what the vectorised checks do not accept is left to the reader."""
+    from zen.cpython.readers.types import read_type
+
+    ip = fresh(opened)
+    types = Heap(ip).all_types()
+    rt = Runtime(ip)
+    garbage = [a + 8 for a in types[:50]] + rt.function_addrs[:50] + [0, 8, 1 << 46, (1 << 64) - 8]
+    fast = fresh(opened)
+    fast.census_memo.update(ip.census_memo)  # the same census, an empty type cache
+    bulk.types(fast, types + garbage)
+    cached = sum(1 for a in types if a in fast._type_cache)
+    assert cached > 0.95 * len(types)  # the fast path was exercised (static, heap, metaclasses, slots)
+    assert any(fast._type_cache[a].slot_names for a in types if a in fast._type_cache)
+    assert any(not fast._type_cache[a].is_heap for a in types if a in fast._type_cache)
+    ref = fresh(opened)
+
+    def one(i, a):
+        try:
+            return read_type(i, a)
+        except ZenError as exc:
+            return str(exc)
+
+    for a in types + garbage:
+        assert one(fast, a) == one(ref, a), hex(a)
+
+
+def test_bulk_tuples_equal_read_tuple(opened):
+    from zen.cpython.readers.containers import read_tuple
+
+    ip = fresh(opened)
+    rt = Runtime(ip)
+    C = ip.P.code
+    addrs = [ip.space.u64(a + C.co_names) for a in rt.code_addrs[:3000]]
+    addrs += [ip.space.u64(a + C.co_consts) for a in rt.code_addrs[:3000]]
+    addrs += [a + 8 for a in addrs[:50]] + rt.function_addrs[:50] + [0, 8, 1 << 46, (1 << 64) - 8]
+    ref = fresh(opened)
+
+    def one(a, limit):
+        try:
+            return read_tuple(ref, a, limit)
+        except ZenError:
+            return None
+
+    for limit in (None, 3):
+        got = bulk.tuples(ip, addrs, limit)
+        assert all(g is None or g == one(a, limit) for a, g in zip(addrs, got))
+        read = sum(g is not None for g in got)
+        assert read > 5000 if limit is None else 0 < read < 5000  # the fast path ran; the limit refused some
+
+
 def test_shared_decoding_equals_decoding_with_constants(opened):
     """The closure's decoding (no constants) plus the constants' displays is the listing's decoding."""
     ip = fresh(opened)

@@ -153,13 +153,27 @@ def kinds(ip: Interpreter, addrs: Sequence[int]) -> list[str | None]:
     return out
 
 
-def dict_items(ip: Interpreter, addrs: Sequence[int]) -> list[list[tuple[int, int]] | None]:
-    """`read_dict(ip, a)` for each address of an exact dict with a combined table (class and module
-    namespaces); None for any other dict and wherever a check fails (callers use the reader there).
+class DictEntries:
+    """The items of many dicts as arrays: `ok[i]`: dict i was read (else the reader decides);
+    `owner`, `keys`, `values`: one row per item of the dicts read, dict by dict, each in
+    iteration order (what `read_dict` returns for it)."""
+
+    __slots__ = ("ok", "owner", "keys", "values")
+
+    def __init__(self, n: int) -> None:
+        self.ok = np.zeros(n, dtype=bool)
+        self.owner = np.empty(0, dtype=np.int64)
+        self.keys = np.empty(0, dtype=np.uint64)
+        self.values = np.empty(0, dtype=np.uint64)
+
+
+def dict_entries(ip: Interpreter, addrs: Sequence[int]) -> DictEntries:
+    """`read_dict(ip, a)` for many exact dicts with combined tables (class and module namespaces),
+    as arrays; dicts of any other kind, and wherever a check fails, are left to the reader.
 
     The headers and keys objects of all dicts are gathered at once, then every entry of every
-    dict in one more gather: what is left per dict is slicing its list of pairs."""
-    out: list[list[tuple[int, int]] | None] = [None] * len(addrs)
+    dict in one more gather."""
+    out = DictEntries(len(addrs))
     D, K, c = ip.P.dict, ip.P.dictkeys, ip.P.constants
     if not len(addrs) or K.has("dk_size"):  # before 3.11 (slot counts, no kinds): left to the reader
         return out
@@ -201,11 +215,25 @@ def dict_items(ip: Interpreter, addrs: Sequence[int]) -> list[list[tuple[int, in
     live = (k != 0) & (v != 0)
     cum = np.concatenate(([0], np.cumsum(live, dtype=np.int64)))
     nlive = cum[first[1:]] - cum[first[:-1]]
-    pairs = list(zip(k[live].tolist(), v[live].tolist()))
-    ends = cum[first[1:]].tolist()
-    for i, hi, n, u in zip(sel.tolist(), ends, nlive.tolist(), used[sel].tolist()):
-        if n == u:  # else the reader refuses the dict (and says why)
-            out[i] = pairs[hi - n : hi]
+    whole = nlive == used[sel]  # else the reader refuses the dict (and says why)
+    out.ok[sel[whole]] = True
+    keep = live & np.repeat(whole, counts)
+    out.owner = np.repeat(sel, counts)[keep]
+    out.keys, out.values = k[keep], v[keep]
+    return out
+
+
+def dict_items(ip: Interpreter, addrs: Sequence[int]) -> list[list[tuple[int, int]] | None]:
+    """`read_dict(ip, a)` for each address of an exact dict with a combined table (`dict_entries`);
+    None for any other dict and wherever a check fails (callers use the reader there)."""
+    got = dict_entries(ip, addrs)
+    out: list[list[tuple[int, int]] | None] = [None] * len(addrs)
+    if not got.ok.any():
+        return out
+    pairs = list(zip(got.keys.tolist(), got.values.tolist()))
+    starts = np.concatenate(([0], np.cumsum(np.bincount(got.owner, minlength=len(addrs))))).tolist()
+    for i in np.flatnonzero(got.ok).tolist():
+        out[i] = pairs[starts[i] : starts[i + 1]]
     return out
 
 
@@ -218,3 +246,163 @@ def within_chunk(ip: Interpreter, addrs: np.ndarray, size: int | np.ndarray) -> 
     which = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
     w = np.maximum(which, 0)
     return (which >= 0) & (addrs < ends[w]) & (ends[w] - addrs >= np.asarray(size).astype(np.uint64))
+
+
+def tuples(ip: Interpreter, addrs: Sequence[int], limit: int | None = None) -> list[list[int] | None]:
+    """`read_tuple(ip, a, limit)` for each address of an exact tuple whose items lie in one chunk;
+    None wherever a check fails or the tuple is of a subclass (callers use the reader there)."""
+    out: list[list[int] | None] = [None] * len(addrs)
+    if not len(addrs):
+        return out
+    ta = as_array(addrs)
+    good = plain_headers(ip, ta, ip.wk.types["tuple"])
+    n, ok = gather_field(ip, ta, ip.P.varobject.ob_size, "i64")
+    good &= ok & (n >= 0) & (n <= (limit or ip.limits.max_items))
+    first = ta + np.uint64(ip.P.tuple.ob_item)
+    good &= within_chunk(ip, first, np.where(good, n * 8, 0))
+    sel = np.flatnonzero(good)
+    if not sel.size:
+        return out
+    counts = n[sel]
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    j = np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], counts)
+    items, ok = gather_u64(ip.space, np.repeat(first[sel], counts) + (j * 8).astype(np.uint64))
+    if not ok.all():
+        return out
+    flat = items.tolist()
+    for i, lo, hi in zip(sel.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+        out[i] = flat[lo:hi]
+    return out
+
+
+def types(ip: Interpreter, addrs: Sequence[int]) -> None:
+    """Read many type objects at once into the interpreter's type cache, exactly as `read_type`
+    would (a census reads every one of a process's ~10,000 types).
+
+    Types whose metatype is `type` or a metaclass of `type` (one level, as every class statement
+    and pybind11 makes them), whose fields, name strings, bases/MRO tuples and, for heap types,
+    `__module__` (the first entry of the class dict, where Python puts it) pass the vectorised
+    checks are cached here; every other address (`__slots__`, deeper metaclass chains, anything
+    unusual or invalid) is left for `read_type` to read, or to refuse with its reason."""
+    from zen.cpython.readers.types import TypeInfo
+
+    cache = ip._type_cache
+    todo = [a for a in dict.fromkeys(addrs) if a not in cache]
+    if not todo:
+        return
+    P, T, H, space = ip.P, ip.P.type, ip.P.heaptype, ip.space
+    ta = as_array(todo)
+    tt = np.uint64(ip.wk.types["type"])
+    subclass = np.uint64(ip.tflags_type_subclass)
+    # `check_type`: the metatype is `type`, or a type whose own metatype is `type` and that
+    # subclasses `type`
+    meta, ok = gather_u64(space, ta + np.uint64(P.object.ob_type))
+    good = ok & (ta > 0) & ((ta & np.uint64(7)) == 0) & within_chunk(ip, ta, T.size)
+    meta_meta, ok1 = gather_u64(space, meta + np.uint64(P.object.ob_type))
+    meta_flags, ok2 = gather_u64(space, meta + np.uint64(T.tp_flags))
+    good &= (meta == tt) | (ok1 & ok2 & (meta_meta == tt) & ((meta_flags & subclass) != 0))
+    flags, ok = gather_u64(space, ta + np.uint64(T.tp_flags))
+    heap = (flags & np.uint64(P.c("TPFLAGS_HEAPTYPE"))) != 0
+    basic, ok1 = gather_field(ip, ta, T.tp_basicsize, "i64")
+    item, ok2 = gather_field(ip, ta, T.tp_itemsize, "i64")
+    good &= ok & ok1 & ok2 & (basic > 0) & (basic < 1 << 24) & (item >= 0) & (item < 1 << 16)
+    # every field lies inside the object (checked above): words gathered unsigned, offsets signed
+    f = {name: gather_u64(space, ta + np.uint64(off))[0] for name, off in (
+        ("base", T.tp_base), ("dict", T.tp_dict), ("bases", T.tp_bases), ("mro", T.tp_mro), ("tp_name", T.tp_name),
+        ("name", H.ht_name), ("qualname", H.ht_qualname), ("cached_keys", H.ht_cached_keys), ("slots", H.ht_slots))}  # fmt: skip
+    f["dictoffset"] = gather_field(ip, ta, T.tp_dictoffset, "i64")[0]
+    f["weaklistoffset"] = gather_field(ip, ta, T.tp_weaklistoffset, "i64")[0]
+    none = np.uint64(ip.wk.singletons.get("None") or 0)
+    good &= ~heap | (f["dict"] != 0)
+    good &= (f["bases"] != 0) & (f["mro"] != 0)
+    sel = np.flatnonzero(good).tolist()
+    if not sel:
+        return
+    col = {k: v.tolist() for k, v in f.items()}
+    flags_l, basic_l, item_l, meta_l, heap_l = flags.tolist(), basic.tolist(), item.tolist(), meta.tolist(), heap.tolist()
+    hsel = [i for i in sel if heap_l[i]]
+    names = strs(ip, [col["name"][i] for i in hsel] + [col["qualname"][i] for i in hsel])
+    with_slots = [i for i in hsel if col["slots"][i] and col["slots"][i] != none]
+    slot_tuples = dict(zip(with_slots, tuples(ip, [col["slots"][i] for i in with_slots])))
+    slot_strs = strs(ip, [a for t in slot_tuples.values() if t for a in t])
+    limit = ip.limits.max_mro
+    bases = tuples(ip, [col["bases"][i] for i in sel], limit)
+    mros = tuples(ip, [col["mro"][i] for i in sel], limit)
+    module_of = _class_modules(ip, [col["dict"][i] for i in hsel])
+    hpos = {i: j for j, i in enumerate(hsel)}
+    for j, i in enumerate(sel):
+        b, m = bases[j], mros[j]
+        if b is None or m is None:
+            continue
+        if heap_l[i]:
+            name, qualname = names.get(col["name"][i]), names.get(col["qualname"][i])
+            module = module_of[hpos[i]]
+            if name is None or qualname is None or module is False:
+                continue
+            module = module or "builtins"
+            slots: list[str] = []
+            if i in slot_tuples:
+                items = slot_tuples[i]
+                slots = [slot_strs.get(x) for x in items] if items is not None else [None]  # type: ignore[misc]
+                if None in slots:
+                    continue
+        else:  # a static type: "module.Name" in tp_name, as `read_type` splits it
+            try:
+                cname = space.cstring(col["tp_name"][i], 1024).decode("utf-8", "replace")
+            except ZenError:
+                continue
+            mod, _, name = cname.rpartition(".")
+            qualname, module = name, mod or "builtins"
+        a = todo[i]
+        cache[a] = TypeInfo(addr=a, name=name, qualname=qualname, module=module, flags=flags_l[i], basicsize=basic_l[i],
+                            itemsize=item_l[i], dictoffset=col["dictoffset"][i], weaklistoffset=col["weaklistoffset"][i],
+                            base=col["base"][i], bases=b, mro_addrs=m, dict_addr=col["dict"][i], is_heap=heap_l[i],
+                            metatype=meta_l[i], cached_keys=col["cached_keys"][i] if heap_l[i] else 0,
+                            slot_names=slots if heap_l[i] else [])  # fmt: skip
+
+
+def _class_modules(ip: Interpreter, dict_addrs: list[int]) -> list[str | None | bool]:
+    """`__module__` of each class dict as `read_type` finds it (None: not a str), or False where
+    the vectorised reading cannot tell (the reader decides): the dict must read in bulk, and the
+    first key that is the str `__module__` names the value (`dict_get`: keys whose kind cannot
+    be read are passed over, a str key that cannot be read ends the search undecided)."""
+    out: list[str | None | bool] = [False] * len(dict_addrs)
+    items = dict_items(ip, dict_addrs)
+    # a class statement puts `__module__` first: every key is read only where it is not
+    firsts = list({got[0][0] for got in items if got})
+    first_kind = dict(zip(firsts, kinds(ip, firsts)))
+    first_name = strs(ip, [k for k in firsts if first_kind[k] == "str"])
+    keys = list({k for got in items if got and first_name.get(got[0][0]) != "__module__" for k, _ in got} | set(firsts))
+    key_kind = dict(zip(keys, kinds(ip, keys)))
+    key_name = strs(ip, [k for k in keys if key_kind[k] == "str"])
+    found: list[int | None] = [None] * len(items)
+    for j, got in enumerate(items):
+        if got and first_name.get(got[0][0]) == "__module__":
+            found[j] = got[0][1]
+            continue
+        for k, v in got or ():
+            if key_kind[k] != "str":
+                continue
+            name = key_name[k]
+            if name is None:  # `ip.str` raises here, `dict_get` does not catch it
+                break
+            if name == "__module__":
+                found[j] = v
+                break
+    values = [v for v in found if v is not None]
+    value_kind = dict(zip(values, kinds(ip, values)))
+    value_name = strs(ip, [v for v in values if value_kind[v] == "str"])
+    for j, (got, v) in enumerate(zip(items, found)):
+        if got is None:
+            continue
+        if v is None:
+            if got and all(key_kind[k] != "str" or key_name[k] not in (None, "__module__") for k, _ in got):
+                out[j] = None  # no `__module__` key at all
+            continue
+        if value_kind[v] is None:
+            continue  # the reader raises on an unreadable `__module__` value
+        if value_kind[v] != "str":
+            out[j] = None
+        elif value_name.get(v) is not None:
+            out[j] = value_name[v]
+    return out

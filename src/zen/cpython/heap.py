@@ -219,14 +219,18 @@ class Heap:
         cached = self._memo.get("mro_names")
         if cached is not None:
             return cached  # type: ignore[return-value]
+        from zen.cpython import bulk
+
+        bulk.types(self.ip, self.all_types())  # into the type cache, as read_type reads them
         out = []
+        names: dict[int, str] = {}  # full name by type address, each built once
         for t in self.all_types():
             try:
                 ti = read_type(self.ip, t)
-                names = frozenset(read_type(self.ip, a).full_name for a in ti.mro_addrs)
+                mro = frozenset(names.get(a) or names.setdefault(a, read_type(self.ip, a).full_name) for a in ti.mro_addrs)
             except ZenError:
                 continue
-            out.append((ti, names))
+            out.append((ti, mro))
         self._memo["mro_names"] = out
         return out
 

@@ -18,8 +18,6 @@ from zen.cpython.readers.functions import FunctionInfo, read_function, read_prop
 from zen.cpython.readers.types import TypeInfo, read_type
 from zen.errors import ZenError
 
-_HOLDING = frozenset({"function", "staticmethod", "classmethod", "property", "method"})
-
 
 class Runtime:
     def __init__(self, ip: Interpreter, heap: Heap | None = None, found: dict | None = None) -> None:
@@ -40,7 +38,7 @@ class Runtime:
         self._codes: dict[int, CodeInfo | None] = {}
         self._decoded: dict[int, tuple[CodeInfo, list[Instruction]]] = {}
         self._namespaces: dict[int, dict[str, int]] = {}
-        self._owners: dict[int, list[tuple[int, str, str]]] | None = None
+        self._owners = None  # zen.cpython.owners.OwnerIndex, made on the first question
         self._module_dicts: dict[int, int] = {}
 
     # -- cached readers -----------------------------------------------------------------------
@@ -177,57 +175,10 @@ class Runtime:
     def holders(self, function_addr: int) -> list[tuple[int, str, str]]:
         """(class, attribute name, binding) for each place a class dict holds the function."""
         if self._owners is None:
-            owners: dict[int, list[tuple[int, str, str]]] = {}
-            classes = [t for t in map(self.type, self.type_addrs) if t is not None and t.is_heap and t.dict_addr]
-            # every class dict of the process (~10,000 with transformers) is read: names and the
-            # kinds of the values in bulk, so that only functions and their wrappers cost a read
-            self.prefetch_namespaces([t.dict_addr for t in classes])
-            from zen.cpython import bulk
+            from zen.cpython.owners import OwnerIndex
 
-            values = list({v for t in classes for v in self.namespace(t.dict_addr).values()})
-            holding = {v for v, k in zip(values, bulk.kinds(self.ip, values)) if k in _HOLDING}
-            for t in classes:
-                for name, v in self.namespace(t.dict_addr).items():
-                    if v in holding:  # `bound_functions` is empty for every other kind
-                        for f, b in self.bound_functions(v):
-                            owners.setdefault(f, []).append((t.addr, name, b))
-            self._owners = owners
-        return self._owners.get(function_addr, [])
-
-    def prefetch_namespaces(self, dict_addrs: list[int]) -> None:
-        """Read many namespaces at once: `namespace(d)` then answers from the cache, the same as
-        if each had been read alone (dicts and keys are read as `dict_str_items` reads them, the
-        keys' kinds and names in bulk)."""
-        from zen.cpython import bulk
-        from zen.cpython.readers.dicts import read_dict
-
-        items: dict[int, list[tuple[int, int]]] = {}
-        todo = [d for d in dict.fromkeys(dict_addrs) if d and d not in self._namespaces]
-        for d, got in zip(todo, bulk.dict_items(self.ip, todo)):
-            if got is not None:
-                items[d] = got
-                continue
-            try:
-                items[d] = read_dict(self.ip, d)
-            except ZenError:
-                self._namespaces[d] = {}
-        keys = list({k for pairs in items.values() for k, _ in pairs})
-        key_kind = dict(zip(keys, bulk.kinds(self.ip, keys)))
-        names = bulk.strs(self.ip, [k for k in keys if key_kind[k] == "str"])
-        for d, pairs in items.items():
-            ns: dict[str, int] = {}
-            for k, v in pairs:
-                kind = key_kind[k]
-                if kind is None:  # the reader raises here: the whole namespace reads as empty
-                    ns = {}
-                    break
-                if kind == "str":
-                    name = names[k]
-                    if name is None:
-                        ns = {}
-                        break
-                    ns[name] = v
-            self._namespaces[d] = ns
+            self._owners = OwnerIndex(self)
+        return self._owners.holders(function_addr)
 
     def lookup_attr(self, obj: int, name: str) -> int | None:
         """`obj.name` for modules (their namespace) and classes (their MRO's dicts); None otherwise."""

@@ -231,15 +231,44 @@ def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> t
     return out, ok
 
 
+# zen's resident set above which a gather drops the image's pages from it again (see below)
+RESIDENT_SOFT_LIMIT = 1 << 30
+
+
 def _drop_resident(buf) -> None:
-    """Gathers touch pages all over an image: do not keep them in zen's resident set."""
+    """Gathers touch pages all over an image: do not let them grow zen's resident set without bound.
+
+    Dropping every page of the image after each gather kept the resident set small but made the
+    next gather (and every object read after it) fault all its pages in again: a census of a
+    transformers process gathers a few hundred times, and the page faults cost more than the
+    gathers. The pages a gather touches are the Python heap's, a few hundred MB at most, so they
+    are dropped only once zen's resident set passes `RESIDENT_SOFT_LIMIT` (bulk passes over
+    tensor data release their pages as they go, `Chunk.release`)."""
     import mmap
 
-    if isinstance(buf, mmap.mmap):
+    if isinstance(buf, mmap.mmap) and resident_bytes() > RESIDENT_SOFT_LIMIT:
         try:
             buf.madvise(mmap.MADV_DONTNEED)
         except (OSError, ValueError, AttributeError):
             pass
+
+
+def resident_bytes() -> int:
+    """zen's current resident set (Linux: /proc/self/statm); unknown elsewhere, taken as large."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 1 << 62
+
+
+_PAGE = 4096
+try:
+    import os as _os
+
+    _PAGE = _os.sysconf("SC_PAGE_SIZE")
+except (AttributeError, ValueError, OSError):
+    pass
 
 
 def _gather_unbacked(space: AddressSpace, addrs, which, sel_all, out, ok) -> None:

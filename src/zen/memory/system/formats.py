@@ -172,6 +172,10 @@ def _elf_is_physical(path: Path) -> bool:
                 for n, note in enumerate(seg.iter_notes()):
                     if n > 100_000:
                         break
+                    if note["n_type"] in ("NT_FILE", "NT_PRPSINFO"):
+                        # a process core: decided here, before a large NT_FILE (hundreds of
+                        # mappings, slow to decode) would be read only to be thrown away
+                        return False
                     names.add(note["n_name"])
                     types.add(note["n_type"])
     except (ELFError, OSError, ValueError, KeyError, struct.error):
