@@ -133,6 +133,38 @@ def test_class_holders_equal_per_class_reads(opened):
     assert sum(1 for v in got.values() if v) > 1000
 
 
+def test_namespace_table_equals_dict_str_items(opened):
+    """Class and module namespaces sliced from the bulk table (`cpython.namespaces`) are exactly
+    `dict_str_items`'s; a dict the table does not accept is read by it (None here)."""
+    from zen.cpython.namespaces import NamespaceTable
+    from zen.cpython.readers.dicts import dict_str_items
+
+    ip = fresh(opened)
+    rt = Runtime(ip)
+    table = rt.namespace_table()
+    dicts = table.dicts + [d + 8 for d in table.dicts[:50]] + rt.code_addrs[:50] + [0, 8]
+    ref = fresh(opened)
+    fast = 0
+    for d in dicts:
+        got = table.items(d)
+        try:
+            expected = dict_str_items(ref, d)
+        except ZenError:
+            expected = None
+        if got is not None:
+            fast += 1
+            assert got == expected, hex(d)
+    assert fast > 0.9 * len(table.dicts)  # the fast path was exercised
+    # a table over other dicts (function globals, keyword defaults) gives the same where it answers
+    F = ip.P.function
+    other = [ip.space.u64(f + F.func_kwdefaults) for f in rt.function_addrs[:3000]]
+    small = NamespaceTable(fresh(opened), [d for d in other if d])
+    for d in small.dicts:
+        got = small.items(d)
+        if got is not None:
+            assert got == dict_str_items(ref, d)
+
+
 def test_bulk_dict_items_equal_read_dict(opened):
     """Class, module and function namespaces read in bulk are exactly what `read_dict` reads; what
     the vectorised checks refuse (split tables, non-dicts, garbage) is left to the reader."""

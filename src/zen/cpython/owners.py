@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zen.cpython import bulk
 from zen.errors import ZenError
 from zen.memory.scan import gather_u64
 
@@ -36,13 +35,23 @@ class OwnerIndex:
         self.rt = rt
         ip = rt.ip
         self.classes = [t for t in map(rt.type, rt.type_addrs) if t is not None and t.is_heap and t.dict_addr]
-        dicts = [t.dict_addr for t in self.classes]
-        got = bulk.dict_entries(ip, dicts)
-        self.owner, self.keys, self.values = got.owner, got.keys, got.values
+        table = rt.namespace_table()
+        # the classes of each dict of the table (none: a module's; two only in a damaged image,
+        # where a stale type object shares a live one's dict), and the items of the class dicts
+        self.classes_of: dict[int, list[int]] = {}
+        for ci, t in enumerate(self.classes):
+            self.classes_of.setdefault(table.index[t.dict_addr], []).append(ci)
+        is_class = np.zeros(len(table.dicts), dtype=bool)
+        is_class[list(self.classes_of)] = True
+        mine = is_class[table.owner]
+        self.entry_ids = np.flatnonzero(mine)  # positions in the table's arrays
+        self.table = table
+        values = table.values[mine]
         # dicts the vectorised reader left alone: read class by class, as before
         self._read: dict[int, list[tuple[int, int, int, Holder]]] = {}
-        for ci in np.flatnonzero(~got.ok).tolist():
-            t = self.classes[ci]
+        for ci, t in enumerate(self.classes):
+            if table.ok[table.index[t.dict_addr]]:
+                continue
             for pos, (name, v) in enumerate(rt.namespace(t.dict_addr).items()):
                 for bpos, (f, b) in enumerate(rt.bound_functions(v)):
                     self._read.setdefault(f, []).append((ci, pos, bpos, (t.addr, name, b)))
@@ -51,33 +60,32 @@ class OwnerIndex:
         P = ip.P
         offsets = {P.staticmethod.callable, P.classmethod.callable, P.property.fget, P.property.fset,
                    P.property.fdel, P.method.im_func}  # fmt: skip
-        words = [self.values] + [gather_u64(ip.space, self.values + np.uint64(off))[0] for off in sorted(offsets)]
+        words = [values] + [gather_u64(ip.space, values + np.uint64(off))[0] for off in sorted(offsets)]
         ptrs = np.concatenate(words)
-        entry = np.tile(np.arange(len(self.values), dtype=np.int64), len(words))
+        entry = np.tile(self.entry_ids, len(words))
         keep = ptrs != 0
         order = np.argsort(ptrs[keep], kind="stable")
         self._ptrs, self._entry = ptrs[keep][order], entry[keep][order]
 
     def holders(self, f: int) -> list[Holder]:
-        rt = self.rt
+        rt, table = self.rt, self.table
         found: list[tuple[int, int, int, Holder]] = list(self._read.get(f, ()))
-        lo, hi = np.searchsorted(self._ptrs, [f, f + 1]).tolist()
+        lo, hi = np.searchsorted(self._ptrs, np.array((f, f + 1), dtype=np.uint64)).tolist()  # (uint64: no float copy)
         if hi > lo:
             for e in sorted(set(self._entry[lo:hi].tolist())):
-                ci = int(self.owner[e])
-                t = self.classes[ci]
-                v, k = int(self.values[e]), int(self.keys[e])
+                v, k = int(table.values[e]), int(table.keys[e])
                 if rt.kind(k) != "str":
                     continue  # not in the namespace (or the namespace is empty: checked next)
-                ns = rt.namespace(t.dict_addr)
                 try:
                     name = rt.ip.str(k)
                 except ZenError:  # an unreadable name empties the namespace
                     continue
-                if ns.get(name) != v:
-                    continue
-                for bpos, (g, b) in enumerate(rt.bound_functions(v)):
-                    if g == f:
-                        found.append((ci, e, bpos, (t.addr, name, b)))
+                for ci in self.classes_of[int(table.owner[e])]:
+                    t = self.classes[ci]
+                    if rt.namespace(t.dict_addr).get(name) != v:
+                        continue
+                    for bpos, (g, b) in enumerate(rt.bound_functions(v)):
+                        if g == f:
+                            found.append((ci, e, bpos, (t.addr, name, b)))
         found.sort(key=lambda x: x[:3])
         return [h for *_, h in found]

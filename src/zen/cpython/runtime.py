@@ -39,6 +39,7 @@ class Runtime:
         self._decoded: dict[int, tuple[CodeInfo, list[Instruction]]] = {}
         self._namespaces: dict[int, dict[str, int]] = {}
         self._owners = None  # zen.cpython.owners.OwnerIndex, made on the first question
+        self._table = None  # zen.cpython.namespaces.NamespaceTable, made on the first namespace asked for
         self._module_dicts: dict[int, int] = {}
 
     # -- cached readers -----------------------------------------------------------------------
@@ -97,12 +98,25 @@ class Runtime:
         """A dict with str keys as {name: value address} (empty when unreadable)."""
         ns = self._namespaces.get(dict_addr)
         if ns is None:
+            items = self.namespace_table().items(dict_addr) if dict_addr else None
             try:
-                ns = dict(dict_str_items(self.ip, dict_addr)) if dict_addr else {}
+                ns = dict(items if items is not None else dict_str_items(self.ip, dict_addr)) if dict_addr else {}
             except ZenError:
                 ns = {}
             self._namespaces[dict_addr] = ns
         return ns
+
+    def namespace_table(self):
+        """Every class and module namespace of the process read in bulk (`cpython.namespaces`)."""
+        if self._table is None:
+            from zen.cpython import bulk
+            from zen.cpython.namespaces import NamespaceTable
+
+            classes = [t.dict_addr for t in map(self.type, self.type_addrs) if t is not None and t.is_heap and t.dict_addr]
+            mods = bulk.gather_field(self.ip, bulk.as_array(list(self.modules.values())), self.ip.P.module.md_dict, "ptr")
+            modules = [d for d, ok in zip(mods[0].tolist(), mods[1].tolist()) if ok and d]
+            self._table = NamespaceTable(self.ip, classes + modules)
+        return self._table
 
     def type(self, addr: int) -> TypeInfo | None:
         try:

@@ -8,6 +8,7 @@ is how census candidates are validated without a Python-level read per object.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -246,11 +247,21 @@ def _drop_resident(buf) -> None:
     tensor data release their pages as they go, `Chunk.release`)."""
     import mmap
 
-    if isinstance(buf, mmap.mmap) and resident_bytes() > RESIDENT_SOFT_LIMIT:
+    if not isinstance(buf, mmap.mmap):
+        return
+    now = time.monotonic()
+    if now - _checked[0] < RESIDENT_CHECK_INTERVAL:  # a gather touches a few MB at most: look now and then
+        return
+    _checked[0] = now
+    if resident_bytes() > RESIDENT_SOFT_LIMIT:
         try:
             buf.madvise(mmap.MADV_DONTNEED)
         except (OSError, ValueError, AttributeError):
             pass
+
+
+RESIDENT_CHECK_INTERVAL = 0.05  # seconds between two looks at the resident set
+_checked = [0.0]
 
 
 def resident_bytes() -> int:
