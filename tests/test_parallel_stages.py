@@ -4,7 +4,8 @@
   child does not deliver (it raises, dies, hangs, or fork is off);
 * `zen.represent.jsontext.compact`: orjson's bytes equal `json.dumps`'s for every float-free value,
   lone surrogates and huge ints included;
-* the tensor writer thread: a failure of the analysis while it writes stops it and leaves no case.
+* the image digest and the tensor files (`zen.recover_jobs`, forked children): the same files with
+  fork off, and a failure of the analysis while they run stops them and leaves no case.
 
 Byte-identity of whole cases with the forked children on and off is checked on a real image in
 `test_marshal_canonical.py` (the second recovery there runs with `ZEN_FORK=0`).
@@ -166,10 +167,22 @@ def test_compact_of_a_real_pr(hf_image, workdir):
     assert raw == head[:-1] + b',"codes":[\n' + b",\n".join(_reference(c) for c in codes) + b"\n]}\n"
 
 
-# -- the tensor writer thread ------------------------------------------------------------------
-def test_analysis_failure_stops_the_tensor_writer(zoo_image, tmp_path, monkeypatch):
-    """A failure in the code stage while the tensors are written: the writer stops, the case
-    directory is removed, the error is the analysis's."""
+# -- the jobs beside the analysis ----------------------------------------------------------------
+def _children() -> list[int]:
+    """Processes this one started that are still there (running or not yet reaped)."""
+    pid = os.getpid()
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def test_analysis_failure_stops_the_jobs(zoo_image, tmp_path, monkeypatch):
+    """A failure in the code stage while the tensors are written and the image hashed: both
+    children are stopped and reaped, the case directory is removed, the error is the analysis's."""
     import zen.recover as R
 
     image, t = zoo_image
@@ -180,9 +193,27 @@ def test_analysis_failure_stops_the_tensor_writer(zoo_image, tmp_path, monkeypat
     def failing(*a, **k):
         raise Boom("analysis failed")
 
+    before = set(_children())
     monkeypatch.setattr(R, "_write_code", failing)
     out = tmp_path / "case"
     with pytest.raises(Boom):
         R.recover(Path(image), None, out)
     assert not out.exists()
-    assert not [th for th in threading.enumerate() if th.name == "zen-tensors"]
+    assert set(_children()) <= before
+    assert not [th for th in threading.enumerate() if th.name.startswith("zen-")]
+
+
+def test_jobs_write_the_same_case_with_and_without_fork(zoo_image, tmp_path, monkeypatch):
+    """The image digest and the tensor files from forked children equal those written in-process."""
+    import zen.recover as R
+
+    image, _ = zoo_image
+    R.recover(Path(image), None, tmp_path / "forked")
+    monkeypatch.setenv("ZEN_FORK", "0")
+    R.recover(Path(image), None, tmp_path / "inline")
+    a = json.loads((tmp_path / "forked" / "manifest.json").read_text())
+    b = json.loads((tmp_path / "inline" / "manifest.json").read_text())
+    assert a["evidence"]["sha256"] == b["evidence"]["sha256"] and len(a["evidence"]["sha256"]) == 64
+    assert a["files"] == b["files"]
+    for name in a["files"]:
+        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name

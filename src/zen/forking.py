@@ -7,12 +7,13 @@ process would have to find the interpreter and census the image again. A forked 
 with everything zen has read so far, computes one part, and hands back bytes.
 
 What the child may do, and why it is safe: it reads the image (an mmap, a pread file descriptor:
-its own copies of both), computes, writes its result to an anonymous file, and leaves with
-`os._exit` (no atexit handlers, no stdio flushes, no destructors of objects it shares with the
-parent). It never prints, never starts threads and never touches a lock another thread of the
-parent could have held at the fork, so threads running in the parent (the image hasher, the
-tensor writer) do not matter; Python's warning about forking a threaded process is silenced for
-that reason.
+its own copies of both), computes, writes files of its own and its result to an anonymous file,
+and leaves with `os._exit` (no atexit handlers, no stdio flushes, no destructors of objects it
+shares with the parent). It never prints and never touches a lock another thread of the parent
+could have held at the fork (threads it starts itself are its own), so threads running in the
+parent (a progress display, a progress relay) do not matter; Python's warning about forking a
+threaded process is silenced for that reason. A child runs at a lower priority than the parent
+(`background`): the parent's analysis is the longest chain of work.
 
 Results never depend on whether the child ran: when fork is unavailable (not POSIX, or
 `ZEN_FORK=0`), when it fails, when the child raises, dies or does not finish within `timeout`,
@@ -24,13 +25,39 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
 
 CHILD_TIMEOUT = 300.0  # seconds a parent waits for a child's result before computing it itself
 _OK, _FAILED = b"\x00", b"\x01"
+
+
+BACKGROUND_NICE = 5  # how much lower than the analysis thread the work beside it runs
+
+
+def background() -> None:
+    """Lower the calling thread's scheduling priority (Linux: per thread; elsewhere nothing).
+
+    The image digest, the tensor writer and the forked children run beside the analysis thread,
+    which is the longest chain of work in a recovery: when they compete for the cores, it goes
+    first, and they finish in the time the analysis leaves them."""
+    _state.background = True
+    try:  # on Linux, PRIO_PROCESS with a thread id (or 0: the calling thread) sets one thread's nice
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass
+
+
+def is_background() -> bool:
+    """Whether the calling thread was lowered by `background()` (the threads it starts follow)."""
+    return getattr(_state, "background", False)
+
+
+_state = threading.local()
 
 
 def enabled() -> bool:
@@ -46,30 +73,50 @@ def enabled() -> bool:
     return cores >= 2
 
 
+Progress = Callable[[str, int, int], None]
+
+
 class Forked:
     """`fn()` (returning bytes) computed in a forked child while the caller goes on; `result()`
-    returns its bytes, computing them in-process where the child did not deliver."""
+    returns its bytes, computing them in-process where the child did not deliver.
 
-    def __init__(self, fn: Callable[[], bytes], *, timeout: float = CHILD_TIMEOUT, fork: bool | None = None) -> None:
+    With `progress`, `fn` is called as `fn(report)`: in the child, `report(stage, done, total)`
+    travels through a pipe to a thread of the parent that calls `progress` (the only work the
+    child gives the parent's interpreter); computed in-process, `report` is `progress` itself."""
+
+    def __init__(self, fn: Callable[..., bytes], *, timeout: float | None = CHILD_TIMEOUT, fork: bool | None = None,
+                 progress: Progress | None = None) -> None:  # fmt: skip
         self.fn = fn
         self.timeout = timeout
+        self.progress = progress
         self.pid: int | None = None
         self.how = "in-process"  # or "child": how the result was obtained (for the manifest's timings)
         self._file = None
+        self._reader: threading.Thread | None = None
         if not (enabled() if fork is None else fork):
             return
+        pipe = None
         try:
             self._file = tempfile.TemporaryFile()
+            if progress is not None:
+                pipe = os.pipe()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
                 pid = os.fork()
         except OSError:
+            for fd in pipe or ():
+                os.close(fd)
             self._close()
             return
         if pid == 0:  # the child: compute, write, leave
             status = 1
+            background()
             try:
-                data = _OK + fn()
+                if pipe is not None:
+                    os.close(pipe[0])
+                    data = _OK + fn(_PipeReport(pipe[1]))
+                else:
+                    data = _OK + fn()
                 status = 0
             except BaseException as exc:  # noqa: BLE001 - reported to the parent, which recomputes
                 data = _FAILED + f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
@@ -82,6 +129,10 @@ class Forked:
                 status = 1
             os._exit(status)
         self.pid = pid
+        if pipe is not None:
+            os.close(pipe[1])
+            self._reader = threading.Thread(target=_relay, args=(pipe[0], progress), daemon=True, name="zen-progress")
+            self._reader.start()
 
     def result(self) -> bytes:
         """The child's bytes; `fn()` here when there was no child or it did not deliver."""
@@ -89,7 +140,7 @@ class Forked:
         if data is not None and data[:1] == _OK:
             self.how = "child"
             return data[1:]
-        return self.fn()
+        return self.fn(self.progress) if self.progress is not None else self.fn()
 
     def cancel(self) -> None:
         """Stop and reap the child (the caller failed and will not ask for the result)."""
@@ -107,14 +158,14 @@ class Forked:
             self._close()
             return None
         pid, self.pid = self.pid, None
-        deadline = time.monotonic() + self.timeout
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         status = None
         try:
             while True:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     break
-                if time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline:
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
                     return None
@@ -141,3 +192,44 @@ class Forked:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._reader is not None:  # the child has exited (or was killed): its end of the pipe is closed
+            self._reader.join()
+            self._reader = None
+
+
+class _PipeReport:
+    """`report(stage, done, total)` in a child: one record on the pipe, at most every 50 ms
+    (and always the last one of a stage)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.last = fd, 0.0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.05 and done < total:
+            return
+        self.last = now
+        name = stage.encode("utf-8", "replace")[:255]
+        try:
+            os.write(self.fd, struct.pack("<B", len(name)) + name + struct.pack("<QQ", done, total))
+        except OSError:
+            pass
+
+
+def _relay(fd: int, progress: Progress) -> None:
+    """The parent's end of a child's progress pipe: records to `progress`, until the child is gone."""
+    buf = b""
+    try:
+        while chunk := os.read(fd, 4096):
+            buf += chunk
+            while buf and len(buf) >= 1 + buf[0] + 16:
+                n = buf[0]
+                stage = buf[1 : 1 + n].decode("utf-8", "replace")
+                done, total = struct.unpack_from("<QQ", buf, 1 + n)
+                buf = buf[1 + n + 16 :]
+                try:
+                    progress(stage, done, total)
+                except Exception:  # noqa: BLE001 - a display problem must not stop the relay
+                    pass
+    finally:
+        os.close(fd)

@@ -11,7 +11,6 @@ releases the GIL, so on two cores hashing costs little wall time.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,14 +24,13 @@ from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.errors import ObjectError, ZenError
 from zen.frontends.common import NoModelFound, references
-from zen.frontends.keras.tensors import TFDataMissing
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
-from zen.frontends.pytorch.tensors import TensorDataMissing, TensorReader
+from zen.frontends.pytorch.tensors import TensorReader
 from zen.memory import open_space, require_image_file
+from zen.recover_jobs import ImageDigest, TensorFiles
 from zen.represent import case, textio
-from zen.represent.safetensors_io import Entry, SafetensorsWriter
 
 Progress = Callable[[str, int, int], None]
 
@@ -44,37 +42,6 @@ class RecoverResult:
     mr: object
     status: str
     problems: list[str] = field(default_factory=list)
-
-
-class _Hasher(threading.Thread):
-    """sha256 of the image, in a thread while the analysis runs.
-
-    The image is read into one reused buffer: a fresh 16 MB `bytes` per read would cost a
-    page fault per 4 KB of image (seconds of system time on a multi-GB image, on a core the
-    analysis needs). The kernel is told the read is sequential (more readahead)."""
-
-    BLOCK = 8 << 20
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(daemon=True)
-        self.path, self.digest, self.error = path, None, None
-
-    def run(self) -> None:
-        import hashlib
-        import os
-
-        try:
-            h = hashlib.sha256()
-            buf = bytearray(self.BLOCK)
-            view = memoryview(buf)
-            with open(self.path, "rb", buffering=0) as fh:
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                while n := fh.readinto(buf):
-                    h.update(view[:n])
-            self.digest = h.hexdigest()
-        except OSError as exc:
-            self.error = str(exc)
 
 
 def torch_version(ip: Interpreter, heap: Heap) -> str:
@@ -148,15 +115,18 @@ def recover(
 
 
 def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> RecoverResult:
-    # The image is hashed in a thread while it is analysed (hashlib releases the GIL).
-    hasher = _Hasher(Path(image)) if image is not None and Path(image).is_file() else None
-    if hasher:
-        hasher.start()
-    space = open_space(image, pid, symbols=symbols)
+    # The image is hashed while it is analysed (`recover_jobs`: by a forked child, else a thread).
+    hasher = ImageDigest(Path(image)) if image is not None and Path(image).is_file() else None
+    try:
+        space = open_space(image, pid, symbols=symbols)
+    except BaseException:
+        if hasher is not None:
+            hasher.cancel()
+        raise
     timings: dict[str, float] = {}
     if getattr(space, "system", None) is not None:
         timings["open_image"] = time.perf_counter() - t0
-    tensors_out: _TensorFiles | None = None
+    tensors_out: TensorFiles | None = None
     try:
         ip = Interpreter.open(space, limits=bounds[0])
         heap = Heap(ip)
@@ -199,7 +169,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
         timings["model"] = time.perf_counter() - t
         problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
         timings["weights"] = 0.0  # the writer's own time, set when it is joined (it overlaps what follows)
-        tensors_out = _TensorFiles(out, reader, slots, extra, progress, "pt", _concurrent(space))
+        tensors_out = TensorFiles(out, reader, slots, extra, progress, "pt")
         t = time.perf_counter()
         from zen.frontends.pytorch.inputs import recover_inputs
 
@@ -225,18 +195,13 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
     except BaseException:
         if tensors_out is not None:
             tensors_out.cancel()
+        if hasher is not None:
+            hasher.cancel()
         space.close()
         raise
     sections = {"torch": {"version": tv}}
     return _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings,
                    t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source}, digests)
-
-
-def _concurrent(space) -> bool:
-    """Whether the tensors may be written by a thread while the analysis reads the same space:
-    process cores and live processes (mmap and pread reads); not whole-machine images (see
-    `_TensorFiles`)."""
-    return getattr(space, "system", None) is None
 
 
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
@@ -266,7 +231,7 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     mr = km.mr
     problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
     timings["weights"] = 0.0  # the writer's own time, set when it is joined
-    tensors_out = _TensorFiles(out, km.reader, km.slots, km.extra, progress, "tf", _concurrent(space))
+    tensors_out = TensorFiles(out, km.reader, km.slots, km.extra, progress, "tf")
     try:
         _code_stage(out, ip, heap, km.found, km.index, mr, space, problems, timings)
         digests = tensors_out.result()
@@ -300,8 +265,6 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
     try:
         status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
         problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
-        if hasher:
-            hasher.join()
         evidence = _evidence(space, image, pid, hasher)
     finally:
         space.close()
@@ -417,108 +380,12 @@ def _submodule_root(index, reader, choice, refs):
     return root_record(index, reader, addr, refs.get(addr, []))
 
 
-class _TensorFiles(threading.Thread):
-    """weights.safetensors (and extra.safetensors) written while the analysis goes on.
-
-    Writing a model's tensors is file I/O and sha256 (both release the GIL) over the image's mmap;
-    the stages after it (inputs, data flow, code) are Python work on the interpreter's objects.
-    Run one after the other they take the sum of the two; here the main thread goes on while the
-    tensors stream out, and `result()` joins. Which tensors are written is decided before the
-    thread starts (`_writable`, on the calling thread), so the records' statuses never change
-    under the analysis; the thread only sets each written tensor's sha256. Spaces read through
-    Volatility's layers (whole-machine images) are written on the calling thread instead:
-    those layers keep caches that are not meant to be shared between threads."""
-
-    def __init__(self, out: Path, reader, slots, extra, progress: Progress | None, fmt: str, background: bool) -> None:
-        super().__init__(daemon=True, name="zen-tensors")
-        self.jobs = [(out / case.WEIGHTS, _writable(reader, slots), progress)]
-        if extra:
-            self.jobs.append((out / case.EXTRA, _writable(reader, extra), None))
-        self.reader, self.fmt = reader, fmt
-        self.digests: dict[str, str] = {}
-        self.seconds = 0.0
-        self.error: BaseException | None = None
-        self.stop = threading.Event()  # set when the analysis failed: the writer ends at the next block
-        if background:
-            self.start()
-        else:
-            self.run()
-
-    def run(self) -> None:
-        t = time.perf_counter()
-        try:
-            for path, slots, progress in self.jobs:
-                self.digests[path.name] = _write_tensors(path, self.reader, slots, progress, self.fmt, self.stop)
-        except BaseException as exc:  # handed to the main thread by result()
-            self.error = exc
-        self.seconds = time.perf_counter() - t
-
-    def result(self) -> dict[str, str]:
-        """File name -> sha256 of each file written; re-raises what the writer raised."""
-        if self.is_alive() or self.ident is not None:
-            self.join()
-        if self.error is not None:
-            raise self.error
-        return self.digests
-
-    def cancel(self) -> None:
-        self.stop.set()
-        if self.ident is not None:
-            self.join()
-
-
-def _writable(reader, slots) -> list:
-    """The slots whose tensor data is in the image; the others are marked missing."""
-    space = reader.ip.space
-    writable = []
-    for s in slots:
-        m, rec = s.meta, s.record
-        if m is None or rec.status != "ok":
-            continue
-        lo, hi = m.extent()
-        if m.numel and not space.is_readable(m.data_ptr + lo * m.itemsize, (hi - lo) * m.itemsize):
-            rec.status, rec.note = "missing", "tensor data pages are not in the image"
-            continue
-        writable.append(s)
-    return writable
-
-
-def _write_tensors(path: Path, reader, writable, progress: Progress | None, fmt: str, stop: threading.Event) -> str:
-    """Stream every tensor of `writable` into a safetensors file, in order; returns the file's sha256."""
-    total = sum(s.meta.nbytes for s in writable)
-    meta = {"format": fmt, "producer": f"zen {__version__}"}
-    tied = {s.key: s.record.tied_to for s in writable if s.record.tied_to}
-    if tied:
-        meta["zen_tied"] = ",".join(f"{k}={v}" for k, v in tied.items())
-    w = SafetensorsWriter(path, [Entry(s.key, s.meta.safetensors, s.meta.shape, s.meta.nbytes) for s in writable], meta)
-    done = 0
-    try:
-        for s in writable:
-            if stop.is_set():
-                raise _Cancelled()
-            s.record.sha256 = w.write(s.key, reader.iter_bytes(s.meta))
-            done += s.meta.nbytes
-            if progress:
-                progress(path.stem, done, total)
-        w.close()
-        return w.file_sha256  # type: ignore[return-value]
-    except (TensorDataMissing, TFDataMissing) as exc:
-        w.abort()
-        raise ZenError(f"tensor data became unreadable while writing {path.name}: {exc}") from None
-    except BaseException:
-        w.abort()
-        raise
-
-
-class _Cancelled(Exception):
-    """The analysis failed while the tensors were written: the writer stops (its file is removed)."""
-
-
 def _evidence(space, image, pid, hasher) -> dict:
     if image is None:
         return {"live_pid": pid, "note": "read from a live process (stopped while read); no image file to hash"}
     p = Path(image)
-    ev = {"image": str(p.resolve()), "size": p.stat().st_size, "sha256": hasher.digest if hasher else None}
+    digest, error = hasher.result() if hasher else (None, None)
+    ev = {"image": str(p.resolve()), "size": p.stat().st_size, "sha256": digest}
     info = getattr(space, "info", None)
     if info is not None:
         ev.update(producer=info.producer, pid=info.pid, command=info.command, acquisition=info.acquisition)
@@ -527,6 +394,6 @@ def _evidence(space, image, pid, hasher) -> dict:
         ev["system"] = system
     if space.notes:  # how the evidence was completed (e.g. pages read from mapped files on disk)
         ev["notes"] = list(space.notes)
-    if hasher and hasher.error:
-        ev["sha256_error"] = hasher.error
+    if error:
+        ev["sha256_error"] = error
     return ev

@@ -94,7 +94,11 @@ class SafetensorsWriter:
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zen-safetensors")
+            from zen.forking import background, is_background
+
+            # at the priority of the thread that writes (lower than the analysis when that runs beside)
+            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zen-safetensors",
+                                                initializer=background if is_background() else None)  # fmt: skip
         return self._executor
 
     def _shutdown(self) -> None:
@@ -118,3 +122,4 @@ class SafetensorsWriter:
             os.unlink(self.path)
         except OSError:
             pass
+
