@@ -192,7 +192,7 @@ def main() -> int:
     table = system_table(rt)
     times["PR: system-wide code table (hash of every code object)"] = time.perf_counter() - t
     t = time.perf_counter()
-    ur = build_ur(rt, [(p, n.type.addr) for p, n in walk], pr, result)
+    ur = build_ur(rt, [(p, n.type.addr) for p, n in walk], [c.address for c in pr.codes], result)
     times["UR (ϕ for every node)"] = time.perf_counter() - t
     total = sum(times.values())
     lines = [

@@ -36,25 +36,30 @@ CHILD_TIMEOUT = 300.0  # seconds a parent waits for a child's result before comp
 _OK, _FAILED = b"\x00", b"\x01"
 
 
-BACKGROUND_NICE = 5  # how much lower than the analysis thread the work beside it runs
+# Scheduling priorities (nice levels above zen's own) of the work beside the analysis thread, the
+# longest chain of work in a recovery: parts of the analysis handed to children come next, bulk
+# I/O and hashing (which only has to end before the analysis does) fills the time that is left.
+NICE_ANALYSIS_PART = 2
+NICE_BULK = 8
+try:
+    _BASE_NICE = os.getpriority(os.PRIO_PROCESS, 0)
+except (AttributeError, OSError):
+    _BASE_NICE = 0
 
 
-def background() -> None:
-    """Lower the calling thread's scheduling priority (Linux: per thread; elsewhere nothing).
-
-    The image digest, the tensor writer and the forked children run beside the analysis thread,
-    which is the longest chain of work in a recovery: when they compete for the cores, it goes
-    first, and they finish in the time the analysis leaves them."""
-    _state.background = True
-    try:  # on Linux, PRIO_PROCESS with a thread id (or 0: the calling thread) sets one thread's nice
-        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + BACKGROUND_NICE)
+def background(level: int = NICE_BULK) -> None:
+    """Run the calling thread `level` nice steps below zen's own priority (Linux: per thread;
+    elsewhere nothing); the threads it starts can follow (`is_background`)."""
+    _state.level = level
+    try:  # on Linux, PRIO_PROCESS with 0 (the calling thread) sets one thread's nice
+        os.setpriority(os.PRIO_PROCESS, 0, min(19, _BASE_NICE + level))
     except (AttributeError, OSError):
         pass
 
 
-def is_background() -> bool:
-    """Whether the calling thread was lowered by `background()` (the threads it starts follow)."""
-    return getattr(_state, "background", False)
+def background_level() -> int:
+    """The level the calling thread was set to by `background` (0: not lowered)."""
+    return getattr(_state, "level", 0)
 
 
 _state = threading.local()
@@ -85,7 +90,7 @@ class Forked:
     child gives the parent's interpreter); computed in-process, `report` is `progress` itself."""
 
     def __init__(self, fn: Callable[..., bytes], *, timeout: float | None = CHILD_TIMEOUT, fork: bool | None = None,
-                 progress: Progress | None = None) -> None:  # fmt: skip
+                 progress: Progress | None = None, nice: int = NICE_ANALYSIS_PART) -> None:  # fmt: skip
         self.fn = fn
         self.timeout = timeout
         self.progress = progress
@@ -110,7 +115,7 @@ class Forked:
             return
         if pid == 0:  # the child: compute, write, leave
             status = 1
-            background()
+            background(nice)
             try:
                 if pipe is not None:
                     os.close(pipe[0])

@@ -296,77 +296,10 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
 
 
 def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
-    """PR, UR, the rebuilt model code and requirements.txt (ZEN §IV-A).
+    """PR, UR, the rebuilt model code and requirements.txt (`recover_code`)."""
+    from zen.recover_code import write_code
 
-    The cyclic GC stays off for the whole stage: it allocates millions of small, acyclic,
-    long-lived records that the collector would traverse again and again for nothing (see
-    `gc_paused`). The case bytes do not depend on it (`canonical_marshal`)."""
-    from zen.cpython.programmatic import gc_paused
-
-    with gc_paused():
-        _write_code_files(out, ip, heap, found, index, mr, space)
-
-
-def _write_code_files(out: Path, ip, heap, found, index, mr, space) -> None:
-    from zen.cpython.programmatic import system_table
-    from zen.cpython.runtime import Runtime
-    from zen.forking import Forked
-    from zen.represent.jsontext import compact
-
-    rt = Runtime(ip, heap, found)
-    # the system-wide table needs no closure: a forked copy of this process makes it meanwhile
-    system = Forked(lambda: compact(system_table(rt)))
-    try:
-        _write_code_parts(out, ip, rt, index, mr, space, system)
-    finally:
-        system.cancel()
-
-
-def _write_code_parts(out: Path, ip, rt, index, mr, space, system) -> None:
-    from zen.cpython.codebuild import can_rebuild
-    from zen.cpython.context import execution_context
-    from zen.cpython.programmatic import build_pr, build_ur, model_closure, module_globals
-    from zen.forking import Forked
-
-    walk = index.walk(int(mr.root.address, 16))
-    seeds = sorted({node.type.addr for _, node in walk})
-    result = model_closure(rt, seeds)
-    # code.marshal needs the closure and nothing after it: a second forked copy rebuilds it
-    rebuilt = Forked(lambda: _code_marshal(ip, rt, result)) if can_rebuild(ip) else None
-    try:
-        info = getattr(space, "info", None)
-        machine = "x86_64" if info is not None else None
-        model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
-        context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
-        pr = build_pr(rt, result, context, system=False)
-        pr.module_globals = module_globals(rt, pr)
-        ur = build_ur(rt, [(path, node.type.addr) for path, node in walk], pr, result)
-        (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
-        textio.write_text(out / case.UR_FILE, ur.dumps())
-        textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
-        if rebuilt is not None:
-            (out / case.CODE_FILE).write_bytes(rebuilt.result())
-    finally:
-        if rebuilt is not None:
-            rebuilt.cancel()
-
-
-def _code_marshal(ip, rt, result) -> bytes:
-    """code.marshal: every readable code object of the closure rebuilt (in address order, as the
-    PR lists them), in canonical marshal form (bytes independent of zen's own process)."""
-    from zen.cpython import canonical_marshal
-    from zen.cpython.codebuild import rebuild_code, rebuilt_memo
-
-    memo = rebuilt_memo(ip)  # shared with the PR's encoder of nested functions (when in-process)
-    codes = {}
-    for addr in sorted(result.codes):
-        if rt.code(addr) is None:  # no PR record either
-            continue
-        try:  # from the code records the closure read already (rt.code), not read again
-            codes[f"{addr:#x}"] = rebuild_code(ip, addr, memo, read=rt.code)
-        except ZenError:
-            continue
-    return canonical_marshal.dumps(codes)
+    write_code(out, ip, heap, found, index, mr, space)
 
 
 def _submodule_root(index, reader, choice, refs):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from zen import __version__
 from zen.errors import ZenError
-from zen.forking import Forked, background, enabled
+from zen.forking import NICE_BULK, Forked, background, enabled
 from zen.frontends.keras.tensors import TFDataMissing
 from zen.frontends.pytorch.tensors import TensorDataMissing
 from zen.represent import case
@@ -42,7 +42,7 @@ class ImageDigest:
         self._digest: str | None = None
         self._error: str | None = None
         if enabled():
-            self._job = Forked(self._compute_bytes, timeout=None)
+            self._job = Forked(self._compute_bytes, timeout=None, nice=NICE_BULK)
         else:
             self._thread = threading.Thread(target=self._run_thread, daemon=True, name="zen-image-sha256")
             self._thread.start()
@@ -62,7 +62,7 @@ class ImageDigest:
             self._job.cancel()
 
     def _run_thread(self) -> None:
-        background()
+        background(NICE_BULK)
         got = json.loads(self._compute_bytes())
         self._digest, self._error = got["sha256"], got["error"]
 
@@ -97,7 +97,7 @@ class TensorFiles:
             self.jobs.append((out / case.EXTRA, _writable(reader, extra), False))
         self.reader, self.fmt = reader, fmt
         self.seconds = 0.0
-        self._job = Forked(self._write, timeout=None, progress=progress) if progress else Forked(self._write, timeout=None)
+        self._job = Forked(self._write, timeout=None, progress=progress, nice=NICE_BULK)
 
     def result(self) -> dict[str, str]:
         """File name -> sha256 of each file written (tensor records get their sha256); raises

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -347,12 +347,17 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True) -> ProgrammaticRepresentation:
+def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True,
+             records: list[CodeRecord] | None = None) -> ProgrammaticRepresentation:  # fmt: skip
+    """The PR of a closure. `records`: its code records when made already (`code_records`, in
+    parts: recovery makes some in a forked child); they must be those of every code object."""
     with gc_paused():
-        return _build_pr(rt, result, context, system)
+        return _build_pr(rt, result, context, system, records)
 
 
-def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool) -> ProgrammaticRepresentation:
+def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = None) -> list[CodeRecord]:
+    """The records of the closure's code objects `addrs` (default: all), in address order; one
+    record per readable code object (`rt.code`), each independent of the others."""
     fns_of_code: dict[int, list[int]] = {}
     for f, c in sorted(result.code_of_function.items()):
         fns_of_code.setdefault(c, []).append(f)  # decorators make many functions share one code object
@@ -361,13 +366,20 @@ def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool) -
         if parent:
             children.setdefault(parent, []).append(c)
     codes = []
-    for c in sorted(result.codes):
-        fns = fns_of_code.get(c, [])
-        rec = code_record(rt, c, fns[0] if fns else None, result.codes[c], sorted(children.get(c, [])))
-        if rec is not None:
-            rec.functions = [f"{f:#x}" for f in fns]
-            rec.others = [other_function(rt, f) for f in fns[1:]]
-            codes.append(rec)
+    with gc_paused():
+        for c in sorted(result.codes) if addrs is None else addrs:
+            fns = fns_of_code.get(c, [])
+            rec = code_record(rt, c, fns[0] if fns else None, result.codes[c], sorted(children.get(c, [])))
+            if rec is not None:
+                rec.functions = [f"{f:#x}" for f in fns]
+                rec.others = [other_function(rt, f) for f in fns[1:]]
+                codes.append(rec)
+    return codes
+
+
+def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool,
+              records: list[CodeRecord] | None) -> ProgrammaticRepresentation:  # fmt: skip
+    codes = code_records(rt, result) if records is None else records
     classes = [r for r in (class_record(rt, t, True) for t in sorted(result.classes)) if r]
     modules = {}
     for name in sorted({c.module for c in codes if c.module != "?"} | {c.module for c in classes}):
@@ -391,16 +403,15 @@ def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool) -
     )  # fmt: skip
 
 
-def build_ur(
-    rt: Runtime, nodes: list[tuple[str, int]], pr: ProgrammaticRepresentation, full: ClosureResult
-) -> UnifiedRepresentation:
-    """ϕ for (path, class address) nodes in module-tree order.
+def build_ur(rt: Runtime, nodes: list[tuple[str, int]], codes: Iterable[str], full: ClosureResult) -> UnifiedRepresentation:
+    """ϕ for (path, class address) nodes in module-tree order; `codes`: the addresses of the PR's
+    code records (`[c.address for c in pr.codes]`).
 
     Ownership, in two passes: a node first claims the methods of its own model-specific classes
     (the first node of a class claims them); then each remaining code object of a node's closure
     goes to the first node, in tree order, that reaches it.
     """
-    known = {c.address for c in pr.codes}
+    known = set(codes)
     per_class: dict[int, ClosureResult] = {}
     rows = []
     for path, taddr in nodes:

@@ -133,7 +133,7 @@ class ProgrammaticRepresentation:
     def to_json(self) -> dict[str, Any]:
         # shallow conversion: dataclasses.asdict deep-copies and is 10x slower on thousands of records
         d = dict(vars(self))
-        d["codes"] = [{**vars(c), "signature": vars(c.signature) if c.signature else None} for c in self.codes]
+        d["codes"] = [record_json(c) for c in self.codes]
         d["classes"] = [dict(vars(c)) for c in self.classes]
         return {"format": d.pop("format"), "kind": "zen-pr", **d}
 
@@ -156,17 +156,49 @@ class ProgrammaticRepresentation:
     def from_json(cls, d: dict[str, Any]) -> ProgrammaticRepresentation:
         if d.get("kind") != "zen-pr" or d.get("format") != PR_FORMAT:
             raise ValueError(f"not a zen PR (format {PR_FORMAT})")
-        codes = []
-        for c in d["codes"]:
-            c = dict(c)
-            c["signature"] = Signature(**c["signature"]) if c.get("signature") else None
-            codes.append(CodeRecord(**c))
+        codes = [record_from_json(c) for c in d["codes"]]
         return cls(
             codes=codes, classes=[ClassRecord(**c) for c in d["classes"]], modules=d["modules"],
             dependencies=d["dependencies"], counts=d["counts"], context=d["context"], system_codes=d["system_codes"],
             exclusion=d.get("exclusion", []), module_globals=d.get("module_globals", {}),
             listing_version=d.get("listing_version", 1),
         )  # fmt: skip
+
+
+def record_json(c: CodeRecord) -> dict[str, Any]:
+    """A code record as pr.json holds it (the fields in order, the signature as an object)."""
+    return {**vars(c), "signature": vars(c.signature) if c.signature else None}
+
+
+def record_from_json(d: dict[str, Any]) -> CodeRecord:
+    c = dict(d)
+    c["signature"] = Signature(**c["signature"]) if c.get("signature") else None
+    return CodeRecord(**c)
+
+
+def records_to_bytes(records: list[CodeRecord]) -> bytes:
+    """Code records as the lines pr.json holds them (one compact JSON object per line)."""
+    return b"\n".join(compact(record_json(c)) for c in records)
+
+
+def records_from_bytes(data: bytes) -> list[CodeRecord]:
+    """`records_to_bytes` read back, exactly: a line orjson reads differently than json would
+    (it reads an int beyond 64 bits as a float, and refuses an escaped lone surrogate) is read
+    by json, so every record is written again to the same bytes."""
+    import json
+
+    import orjson
+
+    out = []
+    for line in data.split(b"\n") if data else ():
+        try:
+            d = orjson.loads(line)
+            if compact(d) != line:
+                d = json.loads(line)
+        except orjson.JSONDecodeError:
+            d = json.loads(line)
+        out.append(record_from_json(d))
+    return out
 
 
 @dataclass

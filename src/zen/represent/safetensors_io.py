@@ -94,11 +94,12 @@ class SafetensorsWriter:
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            from zen.forking import background, is_background
+            from zen.forking import background, background_level
 
             # at the priority of the thread that writes (lower than the analysis when that runs beside)
+            level = background_level()
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zen-safetensors",
-                                                initializer=background if is_background() else None)  # fmt: skip
+                                                initializer=background if level else None, initargs=(level,))  # fmt: skip
         return self._executor
 
     def _shutdown(self) -> None:

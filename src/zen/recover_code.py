@@ -1,0 +1,125 @@
+"""`zen recover`'s code stage: pr.json, ur.json, code.marshal and requirements.txt (ZEN §IV-A).
+
+The closure of the model's code is one walk, in this process. What follows it is split between
+this process and forked copies of it (`zen.forking`), each starting with everything read so far:
+
+    child 1 (from the start)  the system-wide code table (needs no closure)
+    child 2 (after the walk)  half of the code records, by estimated cost
+    child 3 (after the walk)  code.marshal and the UR
+    this process              the other code records, the classes, the module globals (in the
+                              order of all records) and pr.json
+
+Every part is computed by the same functions as in one process, and where a child does not
+deliver, this process computes its part itself: the files are the same either way
+(`tests/test_marshal_canonical.py` recovers with `ZEN_FORK=0` and compares). The cyclic GC stays
+off for the whole stage: it allocates millions of small, acyclic, long-lived records that the
+collector would traverse again and again for nothing (`gc_paused`); the case bytes do not depend
+on it (`canonical_marshal`).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from zen.cpython.codebuild import can_rebuild
+from zen.cpython.programmatic import (
+    build_pr,
+    build_ur,
+    code_records,
+    gc_paused,
+    model_closure,
+    module_globals,
+    system_table,
+)
+from zen.cpython.runtime import Runtime
+from zen.errors import ZenError
+from zen.forking import Forked
+from zen.represent import case, textio
+from zen.represent.jsontext import compact
+from zen.represent.pr import records_from_bytes, records_to_bytes
+
+# cost estimate of one code record: a fixed part plus its bytecode (listing, constants)
+RECORD_FIXED_COST = 400
+
+
+def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
+    with gc_paused():
+        rt = Runtime(ip, heap, found)
+        system = Forked(lambda: compact(system_table(rt)))
+        try:
+            _write(out, ip, rt, index, mr, space, system)
+        finally:
+            system.cancel()
+
+
+def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None:
+    from zen.cpython.context import execution_context
+
+    walk = index.walk(int(mr.root.address, 16))
+    seeds = sorted({node.type.addr for _, node in walk})
+    result = model_closure(rt, seeds)
+    readable = [c for c in sorted(result.codes) if rt.code(c) is not None]  # one PR record each
+    cut = _balanced_cut(rt, readable)
+    nodes = [(path, node.type.addr) for path, node in walk]
+    theirs = Forked(lambda: records_to_bytes(code_records(rt, result, readable[cut:])))
+    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes))
+    try:
+        mine = code_records(rt, result, readable[:cut])
+        info = getattr(space, "info", None)
+        machine = "x86_64" if info is not None else None
+        model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
+        context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
+        pr = build_pr(rt, result, context, system=False, records=mine + records_from_bytes(theirs.result()))
+        pr.module_globals = module_globals(rt, pr)
+        (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
+        textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
+        marshal, ur = _unpack(rest.result())
+        (out / case.UR_FILE).write_bytes(ur)
+        if marshal is not None:
+            (out / case.CODE_FILE).write_bytes(marshal)
+    finally:
+        theirs.cancel()
+        rest.cancel()
+
+
+def _balanced_cut(rt: Runtime, addrs: list[int]) -> int:
+    """Where to split the records between this process and a child: half the estimated cost."""
+    costs = [RECORD_FIXED_COST + len(rt.code(a).code) for a in addrs]  # type: ignore[union-attr]
+    half, acc = sum(costs) / 2, 0
+    for i, c in enumerate(costs):
+        acc += c
+        if acc >= half:
+            return i + 1
+    return len(addrs)
+
+
+def _marshal_and_ur(ip, rt: Runtime, result, readable: list[int], nodes) -> bytes:
+    """code.marshal (None where this Python cannot rebuild the image's code) and ur.json, framed."""
+    marshal = _code_marshal(ip, rt, readable) if can_rebuild(ip) else None
+    ur = build_ur(rt, nodes, [f"{c:#x}" for c in readable], result).dumps().encode("utf-8", "backslashreplace")
+    head = struct.pack("<q", -1 if marshal is None else len(marshal))
+    return head + (marshal or b"") + ur
+
+
+def _unpack(data: bytes) -> tuple[bytes | None, bytes]:
+    (n,) = struct.unpack_from("<q", data)
+    if n < 0:
+        return None, data[8:]
+    return data[8 : 8 + n], data[8 + n :]
+
+
+def _code_marshal(ip, rt: Runtime, readable: list[int]) -> bytes:
+    """Every readable code object of the closure rebuilt (in address order, as the PR lists them),
+    in canonical marshal form (bytes independent of zen's own process)."""
+    from zen.cpython import canonical_marshal
+    from zen.cpython.codebuild import rebuild_code, rebuilt_memo
+
+    memo = rebuilt_memo(ip)  # shared with the PR's encoder of nested functions (when in-process)
+    codes = {}
+    for addr in readable:
+        try:  # from the code records the closure read already (rt.code), not read again
+            codes[f"{addr:#x}"] = rebuild_code(ip, addr, memo, read=rt.code)
+        except ZenError:
+            continue
+    return canonical_marshal.dumps(codes)
