@@ -29,6 +29,7 @@ from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
 from zen.frontends.pytorch.tensors import TensorReader
 from zen.memory import open_space, require_image_file
+from zen.memory.space import RESIDENT_SOFT_LIMIT
 from zen.recover_jobs import ImageDigest, TensorFiles
 from zen.represent import case, textio
 
@@ -165,7 +166,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
         from zen.frontends.pytorch.state import module_states
 
         extra = module_states(ip, index, reader, mr, slots, tensor_types)
-        space.release()
+        space.release(unless_under=RESIDENT_SOFT_LIMIT)  # the code stage reads the same heap pages again
         timings["model"] = time.perf_counter() - t
         problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
         timings["weights"] = 0.0  # the writer's own time, set when it is joined (it overlaps what follows)
@@ -226,7 +227,7 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     timings["interpreter"] = time.perf_counter() - t0
     t = time.perf_counter()
     km = keras_model(ip, heap, model, space.description)
-    space.release()
+    space.release(unless_under=RESIDENT_SOFT_LIMIT)  # the code stage reads the same heap pages again
     timings["model"] = time.perf_counter() - t
     mr = km.mr
     problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))

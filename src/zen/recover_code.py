@@ -4,10 +4,11 @@ The closure of the model's code is one walk, in this process. What follows it is
 this process and forked copies of it (`zen.forking`), each starting with everything read so far:
 
     child 1 (from the start)  the system-wide code table (needs no closure)
-    child 2 (after the walk)  half of the code records, by estimated cost
-    child 3 (after the walk)  code.marshal and the UR
-    this process              the other code records, the classes, the module globals (in the
-                              order of all records) and pr.json
+    child 2 (after the walk)  the classes' records and part of the code records (by estimated
+                              cost, so that both processes are done about together)
+    child 3 (after the walk)  code.marshal and the UR (at a lower priority: needed last)
+    this process              the other code records and the context, then the module globals
+                              (in the order of all records) and pr.json
 
 Every part is computed by the same functions as in one process, and where a child does not
 deliver, this process computes its part itself: the files are the same either way
@@ -26,6 +27,7 @@ from zen.cpython.codebuild import can_rebuild
 from zen.cpython.programmatic import (
     build_pr,
     build_ur,
+    class_records,
     code_records,
     gc_paused,
     model_closure,
@@ -34,13 +36,16 @@ from zen.cpython.programmatic import (
 )
 from zen.cpython.runtime import Runtime
 from zen.errors import ZenError
-from zen.forking import Forked
+from zen.forking import NICE_ANALYSIS_PART, Forked
 from zen.represent import case, textio
 from zen.represent.jsontext import compact
-from zen.represent.pr import records_from_bytes, records_to_bytes
+from zen.represent.pr import classes_from_bytes, classes_to_bytes, records_from_bytes, records_to_bytes
 
 # cost estimate of one code record: a fixed part plus its bytecode (listing, constants)
 RECORD_FIXED_COST = 400
+# this process's share of the code records: the child also makes the class records (about a
+# quarter of the records' time on a transformers model), this process the execution context
+PARENT_SHARE = 0.57
 
 
 def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
@@ -62,19 +67,23 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
     readable = [c for c in sorted(result.codes) if rt.code(c) is not None]  # one PR record each
     cut = _balanced_cut(rt, readable)
     nodes = [(path, node.type.addr) for path, node in walk]
-    theirs = Forked(lambda: records_to_bytes(code_records(rt, result, readable[cut:])))
-    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes))
+    theirs = Forked(lambda: _frame(records_to_bytes(code_records(rt, result, readable[cut:])),
+                                   classes_to_bytes(class_records(rt, result))))  # fmt: skip
+    # needed last: below the records' child, which this process waits for first
+    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 2)
     try:
         mine = code_records(rt, result, readable[:cut])
         info = getattr(space, "info", None)
         machine = "x86_64" if info is not None else None
         model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
         context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
-        pr = build_pr(rt, result, context, system=False, records=mine + records_from_bytes(theirs.result()))
+        records, classes = _unframe(theirs.result())
+        pr = build_pr(rt, result, context, system=False, records=mine + records_from_bytes(records),
+                      classes=classes_from_bytes(classes))  # fmt: skip
         pr.module_globals = module_globals(rt, pr)
         (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
         textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
-        marshal, ur = _unpack(rest.result())
+        marshal, ur = _unframe(rest.result())
         (out / case.UR_FILE).write_bytes(ur)
         if marshal is not None:
             (out / case.CODE_FILE).write_bytes(marshal)
@@ -84,12 +93,13 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
 
 
 def _balanced_cut(rt: Runtime, addrs: list[int]) -> int:
-    """Where to split the records between this process and a child: half the estimated cost."""
+    """Where to split the code records between this process and the child that also makes the
+    class records: this process takes `PARENT_SHARE` of their estimated cost."""
     costs = [RECORD_FIXED_COST + len(rt.code(a).code) for a in addrs]  # type: ignore[union-attr]
-    half, acc = sum(costs) / 2, 0
+    mine, acc = sum(costs) * PARENT_SHARE, 0
     for i, c in enumerate(costs):
         acc += c
-        if acc >= half:
+        if acc >= mine:
             return i + 1
     return len(addrs)
 
@@ -98,11 +108,15 @@ def _marshal_and_ur(ip, rt: Runtime, result, readable: list[int], nodes) -> byte
     """code.marshal (None where this Python cannot rebuild the image's code) and ur.json, framed."""
     marshal = _code_marshal(ip, rt, readable) if can_rebuild(ip) else None
     ur = build_ur(rt, nodes, [f"{c:#x}" for c in readable], result).dumps().encode("utf-8", "backslashreplace")
-    head = struct.pack("<q", -1 if marshal is None else len(marshal))
-    return head + (marshal or b"") + ur
+    return _frame(marshal, ur)
 
 
-def _unpack(data: bytes) -> tuple[bytes | None, bytes]:
+def _frame(first: bytes | None, second: bytes) -> bytes:
+    """Two byte strings (the first may be None) as one."""
+    return struct.pack("<q", -1 if first is None else len(first)) + (first or b"") + second
+
+
+def _unframe(data: bytes) -> tuple[bytes | None, bytes]:
     (n,) = struct.unpack_from("<q", data)
     if n < 0:
         return None, data[8:]

@@ -348,11 +348,18 @@ def gc_paused() -> Iterator[None]:
 
 
 def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True,
-             records: list[CodeRecord] | None = None) -> ProgrammaticRepresentation:  # fmt: skip
-    """The PR of a closure. `records`: its code records when made already (`code_records`, in
-    parts: recovery makes some in a forked child); they must be those of every code object."""
+             records: list[CodeRecord] | None = None, classes: list[ClassRecord] | None = None,
+             ) -> ProgrammaticRepresentation:  # fmt: skip
+    """The PR of a closure. `records`, `classes`: its code and class records when made already
+    (`code_records`, in parts: recovery makes some in a forked child; `class_records`)."""
     with gc_paused():
-        return _build_pr(rt, result, context, system, records)
+        return _build_pr(rt, result, context, system, records, classes)
+
+
+def class_records(rt: Runtime, result: ClosureResult) -> list[ClassRecord]:
+    """The records of the closure's classes, in address order."""
+    with gc_paused():
+        return [r for r in (class_record(rt, t, True) for t in sorted(result.classes)) if r]
 
 
 def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = None) -> list[CodeRecord]:
@@ -377,10 +384,10 @@ def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = N
     return codes
 
 
-def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool,
-              records: list[CodeRecord] | None) -> ProgrammaticRepresentation:  # fmt: skip
+def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool, records: list[CodeRecord] | None,
+              classes: list[ClassRecord] | None) -> ProgrammaticRepresentation:  # fmt: skip
     codes = code_records(rt, result) if records is None else records
-    classes = [r for r in (class_record(rt, t, True) for t in sorted(result.classes)) if r]
+    classes = class_records(rt, result) if classes is None else classes
     modules = {}
     for name in sorted({c.module for c in codes if c.module != "?"} | {c.module for c in classes}):
         addr = rt.modules.get(name)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from zen.memory.space import AddressSpace, Chunk
+from zen.memory.space import RESIDENT_SOFT_LIMIT, AddressSpace, Chunk, resident_bytes
 
 BLOCK = 16 << 20  # bytes compared per step: bounds the temporary arrays numpy allocates
 
@@ -57,7 +57,7 @@ def find_u64(space: AddressSpace, value: int, chunks: Sequence[Chunk] | None = N
 
 
 def find_u64_in(
-    space: AddressSpace, values: Iterable[int], chunks: Sequence[Chunk] | None = None
+    space: AddressSpace, values: Iterable[int], chunks: Sequence[Chunk] | None = None, *, keep: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Addresses of aligned words equal to any of `values`, and the value found at each.
 
@@ -75,7 +75,7 @@ def find_u64_in(
     work = _Work()
     addrs: list[np.ndarray] = []
     found: list[np.ndarray] = []
-    for start, arr in space.iter_arrays(chunks):
+    for start, arr in space.iter_arrays(chunks, keep=keep):
         for base, q in _u64_blocks(start, arr):
             cand = np.flatnonzero(work.in_range(q, lo, width))  # one unsigned compare: lo <= q <= hi
             if not cand.size:
@@ -189,7 +189,9 @@ def find_u64_in_mapped(
 def find_u64_in_ranges(
     space: AddressSpace, values: Iterable[int], ranges: Sequence[tuple[int, int]]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`find_u64_in` over address ranges (a pointer map) instead of whole chunks."""
+    """`find_u64_in` over address ranges (a pointer map) instead of whole chunks. The ranges are
+    the Python heap, which the object readers go on to read: its pages stay resident (while zen's
+    resident set is under `RESIDENT_SOFT_LIMIT`) instead of being faulted in again."""
     pieces: list = []
     for a, b in ranges:
         while a < b:
@@ -199,7 +201,7 @@ def find_u64_in_ranges(
             end = min(b, c.end)
             pieces.append(_Slice(c, a, end))
             a = end
-    return find_u64_in(space, values, pieces)
+    return find_u64_in(space, values, pieces, keep=True)
 
 
 class _Slice:
@@ -256,10 +258,6 @@ def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> t
     return out, ok
 
 
-# zen's resident set above which a gather drops the image's pages from it again (see below)
-RESIDENT_SOFT_LIMIT = 1 << 30
-
-
 def _drop_resident(buf) -> None:
     """Gathers touch pages all over an image: do not let them grow zen's resident set without bound.
 
@@ -286,24 +284,6 @@ def _drop_resident(buf) -> None:
 
 RESIDENT_CHECK_INTERVAL = 0.05  # seconds between two looks at the resident set
 _checked = [0.0]
-
-
-def resident_bytes() -> int:
-    """zen's current resident set (Linux: /proc/self/statm); unknown elsewhere, taken as large."""
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 1 << 62
-
-
-_PAGE = 4096
-try:
-    import os as _os
-
-    _PAGE = _os.sysconf("SC_PAGE_SIZE")
-except (AttributeError, ValueError, OSError):
-    pass
 
 
 def _gather_unbacked(space: AddressSpace, addrs, which, sel_all, out, ok) -> None:

@@ -33,6 +33,18 @@ MAX_READ = 1 << 31
 LIVE_BLOCK = 64 << 20
 # Bytes handed to a bulk scan at a time (and then released from the resident set).
 SCAN_BLOCK = 16 << 20
+# zen's resident set above which image pages it means to read again are dropped anyway (gathers,
+# scans of the Python heap): below it, dropping them costs a page fault per page on the next read
+RESIDENT_SOFT_LIMIT = 1 << 30
+
+
+def resident_bytes() -> int:
+    """zen's current resident set (Linux: /proc/self/statm); unknown elsewhere, taken as large."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return 1 << 62
 
 
 class Chunk(Protocol):
@@ -227,10 +239,13 @@ class AddressSpace:
             pos = c.end
         return out
 
-    def iter_arrays(self, chunks: Sequence[Chunk] | None = None, block: int = SCAN_BLOCK) -> Iterator[tuple[int, np.ndarray]]:
+    def iter_arrays(self, chunks: Sequence[Chunk] | None = None, block: int = SCAN_BLOCK, *,
+                    keep: bool = False) -> Iterator[tuple[int, np.ndarray]]:  # fmt: skip
         """Yield (start address, uint8 array) pieces of at most `block` bytes, chunk by chunk: the
         bulk-scan view of the space. Each piece's pages are released from the resident set once
-        the caller moves on, so a scan's memory cost is one block, not the image.
+        the caller moves on, so a scan's memory cost is one block, not the image; with `keep`
+        (memory the caller will read again) only while zen's resident set is above
+        `RESIDENT_SOFT_LIMIT`.
         """
         for start, arr, release in self._coalesced(self._chunks if chunks is None else chunks, block):
             head = (-start) % 8  # keep pieces 8-byte aligned in virtual addresses
@@ -240,7 +255,8 @@ class AddressSpace:
                 if lo >= hi:
                     continue
                 yield start + lo, arr[lo:hi]
-                release(lo, hi - lo)
+                if not keep or resident_bytes() > RESIDENT_SOFT_LIMIT:
+                    release(lo, hi - lo)
 
     @staticmethod
     def _coalesced(chunks: Sequence[Chunk], block: int) -> Iterator[tuple[int, np.ndarray, object]]:
@@ -300,8 +316,11 @@ class AddressSpace:
             t = self._chunk_table = (starts, ends, ids, offs, buffers)
         return t
 
-    def release(self) -> None:
-        """Drop all image pages from zen's resident set (they stay in the page cache)."""
+    def release(self, *, unless_under: int | None = None) -> None:
+        """Drop all image pages from zen's resident set (they stay in the page cache); with
+        `unless_under`, only when the resident set is above that many bytes."""
+        if unless_under is not None and resident_bytes() <= unless_under:
+            return
         for c in self._chunks:
             c.release()
 

@@ -176,15 +176,15 @@ def record_from_json(d: dict[str, Any]) -> CodeRecord:
     return CodeRecord(**c)
 
 
-def records_to_bytes(records: list[CodeRecord]) -> bytes:
-    """Code records as the lines pr.json holds them (one compact JSON object per line)."""
-    return b"\n".join(compact(record_json(c)) for c in records)
+def lines_to_bytes(items: list[dict[str, Any]]) -> bytes:
+    """JSON objects as pr.json holds them: one compact object per line."""
+    return b"\n".join(compact(d) for d in items)
 
 
-def records_from_bytes(data: bytes) -> list[CodeRecord]:
-    """`records_to_bytes` read back, exactly: a line orjson reads differently than json would
-    (it reads an int beyond 64 bits as a float, and refuses an escaped lone surrogate) is read
-    by json, so every record is written again to the same bytes."""
+def lines_from_bytes(data: bytes) -> list[dict[str, Any]]:
+    """`lines_to_bytes` read back, exactly: a line orjson reads differently than json would (it
+    reads an int beyond 64 bits as a float, and refuses an escaped lone surrogate) is read by
+    json, so every object is written again to the same bytes."""
     import json
 
     import orjson
@@ -197,8 +197,24 @@ def records_from_bytes(data: bytes) -> list[CodeRecord]:
                 d = json.loads(line)
         except orjson.JSONDecodeError:
             d = json.loads(line)
-        out.append(record_from_json(d))
+        out.append(d)
     return out
+
+
+def records_to_bytes(records: list[CodeRecord]) -> bytes:
+    return lines_to_bytes([record_json(c) for c in records])
+
+
+def records_from_bytes(data: bytes) -> list[CodeRecord]:
+    return [record_from_json(d) for d in lines_from_bytes(data)]
+
+
+def classes_to_bytes(classes: list[ClassRecord]) -> bytes:
+    return lines_to_bytes([dict(vars(c)) for c in classes])
+
+
+def classes_from_bytes(data: bytes) -> list[ClassRecord]:
+    return [ClassRecord(**d) for d in lines_from_bytes(data)]
 
 
 @dataclass
