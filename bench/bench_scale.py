@@ -145,6 +145,26 @@ def zen(*args) -> tuple[subprocess.CompletedProcess, float, float]:
     return r, wall, rss
 
 
+def sha256_rate() -> float:
+    """Bytes per second one core hashes with sha256 here (hashlib, 256 MB from memory)."""
+    import hashlib
+
+    block = bytes(range(256)) * (1 << 16)  # 16 MB
+    h = hashlib.sha256()
+    t = time.perf_counter()
+    for _ in range(16):
+        h.update(block)
+    return 16 * len(block) / (time.perf_counter() - t)
+
+
+def hash_floor(image_bytes: int, model_bytes: int, rate: float) -> float:
+    """Seconds the three sha256 digests of a case take at the least on two cores: the image (one
+    stream, one core at most) and the tensors twice (each tensor's digest and the weights file's),
+    all at `rate`. Recovery cannot be faster than this while the case records those digests."""
+    image, tensors = image_bytes / rate, 2 * model_bytes / rate
+    return max(image, (image + tensors) / 2)
+
+
 def drop_cache(path: Path) -> None:
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
@@ -182,9 +202,11 @@ def bench(name: str, work: Path) -> dict:
     _, recover_s, recover_rss = zen("recover", image, "-o", case)
     recover_cpu = CPU["last"]
     manifest = json.loads((case / "manifest.json").read_text())
+    rate = sha256_rate()
     out = {"name": name, "params": params, "dtype": spec["dtype"], "model_bytes": model_bytes,
            "image_bytes": image.stat().st_size, "deploy": deploy, "acquire": acquire_s, "acquire_rss": acquire_rss,
-           "cold": cold, "recover": recover_s,
+           "cold": cold, "recover": recover_s, "sha256_rate": rate,
+           "hash_floor": hash_floor(image.stat().st_size, model_bytes, rate),
            "recover_rss": recover_rss, "recover_cpu": recover_cpu, "load": load, "stages": manifest["run"]["seconds"],
            "status": manifest["status"]}  # fmt: skip
     image.unlink()
@@ -223,31 +245,36 @@ def tables(rows: list[dict], seconds: float) -> tuple[str, str]:
             "CPU from zen and its wall time grew with it; its CPU time did not).")  # fmt: skip
     small = [r for r in rows if not MODELS[r["name"]]["reuse"]]
     big = [r for r in rows if MODELS[r["name"]]["reuse"]]
-    rec = [head, "", "| process | params | image MB | cold read s | `zen recover` s | ÷ cold read | recover CPU s | ÷ cold read "
-           "| code stage s | peak RSS MB | load avg | stages s |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    rec = [head, "", "| process | params | image MB | cold read s | `zen recover` s | ÷ cold read | sha256 floor s "
+           "| ÷ cold read | recover CPU s | code stage s | peak RSS MB | load avg | stages s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in small:
         rec.append(f"| {r['name']} | {r['params'] / 1e6:,.0f} M | {r['image_bytes'] / 1e6:,.0f} | {r['cold']:.2f} | "
-                   f"{r['recover']:.2f} | **{r['recover'] / r['cold']:.2f}** | {r['recover_cpu']:.2f} | "
-                   f"{r['recover_cpu'] / r['cold']:.2f} | **{r['stages'].get('code', 0):.2f}** | "
+                   f"{r['recover']:.2f} | **{r['recover'] / r['cold']:.2f}** | {r['hash_floor']:.2f} | "
+                   f"{r['hash_floor'] / r['cold']:.2f} | {r['recover_cpu']:.2f} | **{r['stages'].get('code', 0):.2f}** | "
                    f"{r['recover_rss']:,.0f} | {r['load']:.1f} | "
                    f"{', '.join(f'{k} {v}' for k, v in r['stages'].items())} |")  # fmt: skip
     rec += ["", "Targets: `zen recover` ≤ 2× the cold read; the `code` stage (census of code, closure, listings, system "
-            "table, PR/UR) ≤ 1 s."]  # fmt: skip
+            "table, PR/UR) ≤ 1 s. \"recover CPU\" counts zen and the children it forks (image digest, tensor files, "
+            "parts of the code stage). \"sha256 floor\": the time the case's three sha256 digests (the image; each "
+            "tensor; the weights file) take at the least on two cores at this machine's single-core sha256 rate "
+            f"({rows[0]['sha256_rate'] / 1e9 if rows else 0:.2f} GB/s): no recovery that records them is faster."]  # fmt: skip
     sc = [head, "", "| model | params | dtype | model GB | image GB | acquire s (RSS MB) | cold read s | recover s (RSS MB) "
-          "| ÷ cold read | recover CPU s | load avg | `zen reuse` s (RSS MB) | load() s | load_state_dict s "
-          "| ÷ load_state_dict | same logits |",
-          "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+          "| ÷ cold read | sha256 floor s (÷ cold read) | recover CPU s | load avg | `zen reuse` s (RSS MB) | load() s "
+          "| load_state_dict s | ÷ load_state_dict | same logits |",
+          "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in big:
         sc.append(f"| {r['name']} | {r['params'] / 1e9:.2f} B | {r['dtype']} | {r['model_bytes'] / 1e9:.2f} | "
                   f"{r['image_bytes'] / 1e9:.2f} | {r['acquire']:.1f} ({r['acquire_rss']:,.0f}) | {r['cold']:.2f} | "
                   f"{r['recover']:.2f} ({r['recover_rss']:,.0f}) | **{r['recover'] / r['cold']:.2f}** | "
+                  f"{r['hash_floor']:.1f} ({r['hash_floor'] / r['cold']:.2f}) | "
                   f"{r['recover_cpu']:.1f} | {r['load']:.1f} | {r['reuse_cmd']:.1f} ({r['reuse_rss']:,.0f}) | "
                   f"{r['load_s']:.2f} | {r['load_state_dict']:.2f} | "
                   f"**{r['load_s'] / r['load_state_dict']:.2f}** | {r['same_outputs']} |")  # fmt: skip
     sc += ["", "Stages of `zen recover` (s): " + "; ".join(
         f"{r['name']}: " + ", ".join(f"{k} {v}" for k, v in r["stages"].items()) for r in big) + ".", "",
-        "Targets: zen's peak RSS ≤ 2 GB (acquire, recover, reuse: the RSS columns); recover ≤ 2× the cold read; "
+        "Targets: zen's peak RSS ≤ 2 GB (acquire, recover, reuse: the RSS columns; with forked children, the largest "
+        "single zen process); recover ≤ 2× the cold read (\"sha256 floor\": as in the recovery table); "
         "`load()` ≤ 2× `load_state_dict` (median of 2 fresh processes each; `load_state_dict` of the recovered "
         "tensors into a model constructed without initialisers, construction not counted; the loading processes hold "
         "the model: " + ", ".join(f"{r['name']} load() {r['load_rss']:,.0f} MB, load_state_dict {r['lsd_rss']:,.0f} MB"

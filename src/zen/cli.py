@@ -250,7 +250,9 @@ def recover(
     """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs.
 
     The front end follows what the image holds: PyTorch (nn.Module trees) or Keras 3 on TensorFlow (layers, functional
-    graph, every variable keyed by its Keras path, optimizer slots in extra.safetensors)."""
+    graph, every variable keyed by its Keras path, optimizer slots in extra.safetensors). The image's sha256, the tensor
+    files and parts of the code stage are made by forked copies of zen on the other cores (ZEN_FORK=0: all in one
+    process; the case files are the same)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     from zen.recover import recover as do_recover

@@ -3,10 +3,10 @@
 Pipeline: open the evidence, find the interpreter, pick the front end by what the image holds
 (PyTorch, or Keras on TensorFlow: `frontends/keras/stage.py`), load its layout profile, find every
 model and pick the root, build the MR, stream every readable tensor into weights.safetensors,
-recover candidate inputs (PyTorch), write mr.json, the code stage and the manifest, the same case
-contract for both front ends. The image's
-sha256 (for the record) is computed in a background thread while the analysis runs: hashlib
-releases the GIL, so on two cores hashing costs little wall time.
+recover candidate inputs (PyTorch), the code stage (`recover_code`), mr.json and the manifest, the
+same case contract for both front ends. The image's sha256 (for the record) and the tensor files
+are made by forked children while the analysis runs (`recover_jobs`); the analysis itself stays in
+this process, which has the highest priority: it is the longest chain of work.
 """
 
 from __future__ import annotations

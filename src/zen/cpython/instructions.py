@@ -77,6 +77,8 @@ def decode(
     constants' displays with `with_consts`)."""
     out: list[Instruction] = []
     append = out.append
+    new = tuple.__new__  # an Instruction without a call of its Python-level __new__ (hundreds of thousands)
+    I = Instruction  # noqa: E741
     table = _table(ops)
     n = len(code) - 1
     i = 0
@@ -87,45 +89,45 @@ def decode(
     unit = ops.jump_unit
     nnames, nlocals, nconsts = len(names), len(localsplus), len(consts)
     while i < n and len(out) < MAX_INSTRUCTIONS:
-        op, raw = code[i], code[i + 1]
+        op = code[i]
         if op == extended:
-            ext = ((ext | raw) << 8) & 0xFFFFFFFF  # opargs are 32-bit; hostile prefix runs stay bounded
+            ext = ((ext | code[i + 1]) << 8) & 0xFFFFFFFF  # opargs are 32-bit; hostile prefix runs stay bounded
             i += 2
             continue
         name, ncache, how, shift, backward = table[op]
         if op < have_arg:
             ext = 0
-            append(Instruction(i, op, name, None, "none", None))
+            append(new(I, (i, op, name, None, "none", None)))
             i += 2 + 2 * ncache
             continue
-        arg = ext | raw
+        arg = ext | code[i + 1]
         ext = 0
         if how == _NAME:
             idx = arg >> shift
-            ins = Instruction(i, op, name, arg, "name", names[idx] if idx < nnames else f"<name {idx}>")
+            ins = new(I, (i, op, name, arg, "name", names[idx] if idx < nnames else f"<name {idx}>"))
         elif how == _LOCAL:
-            ins = Instruction(i, op, name, arg, "local", localsplus[arg] if arg < nlocals else f"<local {arg}>")
+            ins = new(I, (i, op, name, arg, "local", localsplus[arg] if arg < nlocals else f"<local {arg}>"))
         elif how == _CONST:
-            ins = Instruction(i, op, name, arg, "const", consts[arg] if arg < nconsts else f"<const {arg}>")
+            ins = new(I, (i, op, name, arg, "const", consts[arg] if arg < nconsts else f"<const {arg}>"))
         elif how == _JREL:
             base = i + 2 + (2 * ncache if after_caches else 0)
-            ins = Instruction(i, op, name, arg, "jump", base - unit * arg if backward else base + unit * arg)
+            ins = new(I, (i, op, name, arg, "jump", base - unit * arg if backward else base + unit * arg))
         elif how == _OTHER:
-            ins = Instruction(i, op, name, arg, "other", arg)
+            ins = new(I, (i, op, name, arg, "other", arg))
         elif how == _PAIR:
             a, b = arg >> 4, arg & 15
             pair = (localsplus[a] if a < nlocals else f"<local {a}>", localsplus[b] if b < nlocals else f"<local {b}>")
-            ins = Instruction(i, op, name, arg, "local_pair", pair)
+            ins = new(I, (i, op, name, arg, "local_pair", pair))
         elif how == _FREE:
             j = arg + free_base
-            ins = Instruction(i, op, name, arg, "free", localsplus[j] if j < nlocals else f"<free {arg}>")
+            ins = new(I, (i, op, name, arg, "free", localsplus[j] if j < nlocals else f"<free {arg}>"))
         elif how == _COMPARE:
             idx = arg >> ops.compare_arg_shift
-            ins = Instruction(i, op, name, arg, "compare", ops.cmp_op[idx] if idx < len(ops.cmp_op) else f"<cmp {arg}>")
+            ins = new(I, (i, op, name, arg, "compare", ops.cmp_op[idx] if idx < len(ops.cmp_op) else f"<cmp {arg}>"))
         elif how == _BINOP:
-            ins = Instruction(i, op, name, arg, "binop", ops.binary_ops[arg] if arg < len(ops.binary_ops) else f"<op {arg}>")
+            ins = new(I, (i, op, name, arg, "binop", ops.binary_ops[arg] if arg < len(ops.binary_ops) else f"<op {arg}>"))
         else:  # _JABS
-            ins = Instruction(i, op, name, arg, "jump", unit * arg)
+            ins = new(I, (i, op, name, arg, "jump", unit * arg))
         append(ins)
         i += 2 + 2 * ncache
     return out

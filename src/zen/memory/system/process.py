@@ -19,7 +19,7 @@ import os
 from zen.errors import ImageError
 from zen.memory.elfcore import CoreInfo
 from zen.memory.regions import Region, Source
-from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk
+from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk, resident_bytes
 from zen.memory.system.kernel import Kernel
 from zen.memory.system.tasks import ProcessEntry, process_layer, process_vmas
 
@@ -303,9 +303,12 @@ class SystemProcessSpace(AddressSpace):
                 "the process was swapped out or the image is incomplete; an image taken while the model was serving helps",
             )
 
-    def release(self) -> None:
+    def release(self, *, unless_under: int | None = None) -> None:
         """Drop every image and file page from zen's resident set: one madvise per mapping
-        instead of one per chunk (there are tens of thousands of chunks here)."""
+        instead of one per chunk (there are tens of thousands of chunks here); with
+        `unless_under`, only when the resident set is above that many bytes."""
+        if unless_under is not None and resident_bytes() <= unless_under:
+            return
         for buf in self.chunk_table()[4]:
             if isinstance(buf, mmap.mmap):
                 try:
