@@ -17,7 +17,7 @@ import numpy as np
 
 from zen.cpython.interp import Interpreter
 from zen.errors import ZenError
-from zen.memory.scan import gather_u64
+from zen.memory.scan import Located, gather_u64
 
 _SIZES = {"ptr": 8, "u64": 8, "i64": 8, "i32": 4, "u32": 4, "u16": 2, "i16": 2, "u8": 1, "i8": 1}
 
@@ -28,15 +28,20 @@ def as_array(addrs: Iterable[int] | np.ndarray) -> np.ndarray:
     return np.fromiter(addrs, dtype=np.uint64)
 
 
-def gather_field(ip: Interpreter, addrs: np.ndarray, offset: int, ftype: str) -> tuple[np.ndarray, np.ndarray]:
+def gather_field(ip: Interpreter, addrs: np.ndarray, offset: int, ftype: str,
+                 located: Located | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The field of type `ftype` at `addr + offset` for every address, as int64 (and ok flags).
 
     Fields narrower than a word are taken out of the aligned word that holds them (natural
-    alignment keeps a field inside one word); a misaligned address is reported as not ok."""
+    alignment keeps a field inside one word); a misaligned address is reported as not ok.
+    `located`: the addresses located already (`Located`), for reading several fields of them."""
     size = _SIZES[ftype]
     at = addrs + np.uint64(offset)
     shift = (at & np.uint64(7)).astype(np.int64)
-    word, ok = gather_u64(ip.space, at - shift.astype(np.uint64))
+    if located is not None and not (addrs & np.uint64(7)).any():  # aligned objects: the same aligned word
+        word, ok = located.u64(offset - offset % 8)
+    else:
+        word, ok = gather_u64(ip.space, at - shift.astype(np.uint64))
     ok &= (shift % size) == 0
     if size == 8:
         return (word.view(np.int64) if ftype == "i64" else word.astype(np.int64)), ok
@@ -47,10 +52,12 @@ def gather_field(ip: Interpreter, addrs: np.ndarray, offset: int, ftype: str) ->
     return val, ok
 
 
-def plain_headers(ip: Interpreter, addrs: np.ndarray, type_addr: int) -> np.ndarray:
-    """Mask: `Interpreter.header` accepts the object and its type is exactly `type_addr`."""
-    rc, ok = gather_u64(ip.space, addrs)
-    tp, ok2 = gather_u64(ip.space, addrs + np.uint64(ip.P.object.ob_type))
+def plain_headers(ip: Interpreter, addrs: np.ndarray, type_addr: int, at: Located | None = None) -> np.ndarray:
+    """Mask: `Interpreter.header` accepts the object and its type is exactly `type_addr`. `at`:
+    the addresses located already (`Located`, spanning the header)."""
+    at = at or Located(ip.space, addrs, ip.P.object.ob_type + 8)
+    rc, ok = at.u64(0)
+    tp, ok2 = at.u64(ip.P.object.ob_type)
     rc &= np.uint64(ip.refcnt_mask)
     return ok & ok2 & (addrs > 0) & ((addrs & np.uint64(7)) == 0) & (rc > 0) & (rc <= np.uint64(ip.limits.max_refcnt)) & (
         tp == np.uint64(type_addr)
@@ -90,9 +97,10 @@ def strs(ip: Interpreter, addrs: Sequence[int]) -> dict[int, str | None]:
         arr = as_array(todo)
         U, c = ip.P.unicode, ip.P.constants
         fields = U.fields()
-        good = plain_headers(ip, arr, ip.wk.types["str"])
-        length, ok1 = gather_field(ip, arr, U.length, "i64")
-        state, ok2 = gather_field(ip, arr, U.state, fields["state"][1] if "state" in fields else "u32")
+        at = Located(ip.space, arr, max(U.length, U.state, ip.P.object.ob_type) + 8)  # each header found once
+        good = plain_headers(ip, arr, ip.wk.types["str"], at)
+        length, ok1 = gather_field(ip, arr, U.length, "i64", at)
+        state, ok2 = gather_field(ip, arr, U.state, fields["state"][1] if "state" in fields else "u32", at)
         good &= ok1 & ok2 & (length >= 0) & (length <= ip.limits.max_str)
         good &= ((state >> c["UNICODE_KIND_SHIFT"]) & 7) == 1
         good &= ((state >> c["UNICODE_COMPACT_BIT"]) & 1) == 1
@@ -124,8 +132,9 @@ def kinds(ip: Interpreter, addrs: Sequence[int]) -> list[str | None]:
     if not todo:
         return out
     arr = as_array(addrs[i] for i in todo)
-    rc, ok = gather_u64(ip.space, arr)
-    tp, ok2 = gather_u64(ip.space, arr + np.uint64(ip.P.object.ob_type))
+    at = Located(ip.space, arr, ip.P.object.ob_type + 8)
+    rc, ok = at.u64(0)
+    tp, ok2 = at.u64(ip.P.object.ob_type)
     rc &= np.uint64(ip.refcnt_mask)
     good = ok & ok2 & (arr > 0) & ((arr & np.uint64(7)) == 0) & (rc > 0) & (rc <= np.uint64(ip.limits.max_refcnt))
     good &= (tp != 0) & ((tp & np.uint64(7)) == 0)
@@ -178,17 +187,19 @@ def dict_entries(ip: Interpreter, addrs: Sequence[int]) -> DictEntries:
     if not len(addrs) or K.has("dk_size"):  # before 3.11 (slot counts, no kinds): left to the reader
         return out
     da = as_array(addrs)
-    good = plain_headers(ip, da, ip.wk.types["dict"]) & within_chunk(ip, da, D.ma_values + 8)
-    used, ok1 = gather_field(ip, da, D.ma_used, "i64")
-    keys, ok2 = gather_field(ip, da, D.ma_keys, "ptr")
-    values, ok3 = gather_field(ip, da, D.ma_values, "ptr")
+    at = Located(ip.space, da, max(D.ma_values, D.ma_keys, D.ma_used, ip.P.object.ob_type) + 8)
+    good = plain_headers(ip, da, ip.wk.types["dict"], at) & within_chunk(ip, da, D.ma_values + 8)
+    used, ok1 = gather_field(ip, da, D.ma_used, "i64", at)
+    keys, ok2 = gather_field(ip, da, D.ma_keys, "ptr", at)
+    values, ok3 = gather_field(ip, da, D.ma_values, "ptr", at)
     good &= ok1 & ok2 & ok3 & (used >= 0) & (used <= ip.limits.max_items) & (values == 0)
     ka = keys.astype(np.uint64)
     good &= within_chunk(ip, ka, K.dk_indices)
-    log2 = gather_field(ip, ka, K.dk_log2_size, "u8")[0]
-    log2_ix = gather_field(ip, ka, K.dk_log2_index_bytes, "u8")[0]
-    kind = gather_field(ip, ka, K.dk_kind, "u8")[0]
-    nent = gather_field(ip, ka, K.dk_nentries, "i64")[0]
+    kat = Located(ip.space, ka, max(K.dk_log2_size, K.dk_log2_index_bytes, K.dk_kind, K.dk_nentries) + 8)
+    log2 = gather_field(ip, ka, K.dk_log2_size, "u8", kat)[0]
+    log2_ix = gather_field(ip, ka, K.dk_log2_index_bytes, "u8", kat)[0]
+    kind = gather_field(ip, ka, K.dk_kind, "u8", kat)[0]
+    nent = gather_field(ip, ka, K.dk_nentries, "i64", kat)[0]
     good &= (log2 >= 3) & (log2 <= 40) & (log2_ix <= 60)  # (the shared empty keys: left to the reader)
     size = np.left_shift(np.int64(1), np.clip(log2, 0, 40))
     index_bytes = np.left_shift(np.int64(1), np.clip(log2_ix, 0, 60))
@@ -255,8 +266,9 @@ def tuples(ip: Interpreter, addrs: Sequence[int], limit: int | None = None) -> l
     if not len(addrs):
         return out
     ta = as_array(addrs)
-    good = plain_headers(ip, ta, ip.wk.types["tuple"])
-    n, ok = gather_field(ip, ta, ip.P.varobject.ob_size, "i64")
+    at = Located(ip.space, ta, max(ip.P.varobject.ob_size, ip.P.object.ob_type) + 8)
+    good = plain_headers(ip, ta, ip.wk.types["tuple"], at)
+    n, ok = gather_field(ip, ta, ip.P.varobject.ob_size, "i64", at)
     good &= ok & (n >= 0) & (n <= (limit or ip.limits.max_items))
     first = ta + np.uint64(ip.P.tuple.ob_item)
     good &= within_chunk(ip, first, np.where(good, n * 8, 0))

@@ -35,6 +35,7 @@ from zen.errors import ZenError
 
 EXCLUDED_PACKAGES = frozenset({"torch", "numpy", "builtins", "__future__"}) | frozenset(sys.stdlib_module_names)
 MAX_ITEMS = 200_000
+_CHAIN = frozenset(("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_ATTR", "LOAD_METHOD"))  # the instructions rule 2 follows
 
 
 def excluded(module: str | None) -> bool:
@@ -154,21 +155,20 @@ class Closure:
             self.result.codes_of.setdefault(faddr, []).append(code_addr)
             own = parent is None
             cur: int | None = None
-            for ins in rt.instructions(ci):
-                name = ins.name
-                if name == "LOAD_GLOBAL":
-                    cur = globals_ns.get(ins.argval) or builtins_ns.get(ins.argval)
-                elif name == "LOAD_DEREF":
-                    cur = cells.get(ins.argval) if own else None
-                elif name in ("LOAD_ATTR", "LOAD_METHOD"):
-                    if cur is not None:
-                        cur = rt.lookup_attr(cur, ins.argval)
-                    else:
-                        cur = next((v for o in owners if (v := rt.lookup_attr(o, ins.argval)) is not None), None)
-                else:
+            for _, _, name, _, _, argval in rt.instructions(ci):
+                if name not in _CHAIN:
                     cur = None
                     continue
-                self._resolved(cur)
+                if name == "LOAD_GLOBAL":
+                    cur = globals_ns.get(argval) or builtins_ns.get(argval)
+                elif name == "LOAD_DEREF":
+                    cur = cells.get(argval) if own else None
+                elif cur is not None:  # LOAD_ATTR / LOAD_METHOD after a resolved object
+                    cur = rt.lookup_attr(cur, argval)
+                else:  # ... of `self`: through the classes holding this function
+                    cur = next((v for o in owners if (v := rt.lookup_attr(o, argval)) is not None), None)
+                if cur is not None:
+                    self._resolved(cur)
             for c in ci.consts:
                 if rt.kind(c) == "code":
                     stack.append((c, code_addr))

@@ -67,6 +67,8 @@ MAX_COPY = 4  # CPython 3.12+ copies exit blocks of at most this many instructio
 def _thread_jumps_to_return(instructions: list[Instruction]) -> list[Instruction]:
     """Replace an unconditional jump to a short block that returns by a copy of that block, as
     3.12+ compilers do (3.11 jumps to one shared tail, e.g. the `return` after an if/else)."""
+    if not any(ins.name in _UNCONDITIONAL for ins in instructions):
+        return instructions
     at = {ins.offset: n for n, ins in enumerate(instructions)}
     out: list[Instruction] = []
     copies = 0
@@ -117,16 +119,32 @@ def normalise(instructions: list[Instruction]) -> list[str]:
     conversion = 0  # 3.13: CONVERT_VALUE's conversion, for the FORMAT_* that follows
     after_end_for = False
     comp = _Inlined()
+    append = lines.append
     for ins in instructions:
-        if ins.offset in labels:
-            lines.append(f"{labels[ins.offset]}:")
-        name = ins.name
-        if name in DROP or comp.skip(name):
+        offset, _, name, arg, kind, argval = ins
+        if offset in labels:
+            append(f"{labels[offset]}:")
+        if name in DROP:
+            continue
+        # `comp.skip` changes or decides something only for these (checked first: it is called
+        # for every instruction of every listing)
+        if (comp.prologue or comp.restore or name in _Inlined.WATCH) and comp.skip(name):
             continue
         if after_end_for:
             after_end_for = False
             if name in ("POP_TOP", "POP_ITER"):
                 continue
+        if name not in _SPECIAL and kind != "local_pair":  # the common case: a renamed opcode and its operand
+            name = RENAME.get(name, name)
+            if kind == "jump":
+                append(f"{name} {labels.get(argval, '?')}")
+            elif kind in _OPERAND_KINDS:
+                append(f"{name} {argval}")
+            elif kind == "other" and name in _WITH_ARG:
+                append(f"{name} {arg}")
+            else:
+                append(name)
+            continue
         if name == "END_FOR":
             after_end_for = True
             continue
@@ -162,15 +180,24 @@ def normalise(instructions: list[Instruction]) -> list[str]:
                 lines.pop()
         else:
             name = RENAME.get(name, name)
-            if ins.kind == "jump":
-                lines.append(f"{name} {labels.get(ins.argval, '?')}")
-            elif ins.kind in ("name", "const", "local", "free", "compare", "binop"):
-                lines.append(f"{name} {ins.argval}")
-            elif ins.kind == "other" and name in _WITH_ARG:
-                lines.append(f"{name} {ins.arg}")
+            if kind == "jump":
+                append(f"{name} {labels.get(argval, '?')}")
+            elif kind in _OPERAND_KINDS:
+                append(f"{name} {argval}")
+            elif kind == "other" and name in _WITH_ARG:
+                append(f"{name} {arg}")
             else:
-                lines.append(name)
+                append(name)
     return comp.drop_handlers(lines)
+
+
+_OPERAND_KINDS = frozenset(("name", "const", "local", "free", "compare", "binop"))
+
+
+# opcode names `normalise` treats specially (instructions of a local pair are special by kind)
+_SPECIAL = frozenset(("END_FOR", "RETURN_CONST", "LOAD_SMALL_INT", "MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE",
+                      "CONVERT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC", "LOAD_SUPER_ATTR", "BINARY_OP",
+                      "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP", "STORE_NAME"))  # fmt: skip
 
 
 class _Inlined:
@@ -179,6 +206,8 @@ class _Inlined:
     its loop, the SWAP + STORE_FASTs that restore them after it, and the cleanup handler
     (SWAP, POP_TOP, SWAP, STORE_FAST..., RERAISE). What remains is the comprehension's own
     body, as 3.11 compiled it into a nested code object (which comparisons splice in)."""
+
+    WATCH = frozenset(("LOAD_FAST_AND_CLEAR", "FOR_ITER", "END_FOR"))  # see `normalise`
 
     def __init__(self) -> None:
         self.saved = 0  # variables saved by the comprehension being entered

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zen.cpython import bulk
+from zen.memory.scan import Located
 
 if TYPE_CHECKING:
     from zen.cpython.interp import Interpreter
@@ -69,9 +70,10 @@ def _ascii_keys(ip: Interpreter, keys: np.ndarray) -> tuple[np.ndarray, list[int
         return np.zeros(0, dtype=bool), [], [], []
     U, c = ip.P.unicode, ip.P.constants
     fields = U.fields()
-    good = bulk.plain_headers(ip, keys, ip.wk.types["str"])
-    length, ok1 = bulk.gather_field(ip, keys, U.length, "i64")
-    state, ok2 = bulk.gather_field(ip, keys, U.state, fields["state"][1] if "state" in fields else "u32")
+    at = Located(ip.space, keys, max(U.length, U.state, ip.P.object.ob_type) + 8)  # the header, found once
+    good = bulk.plain_headers(ip, keys, ip.wk.types["str"], at)
+    length, ok1 = bulk.gather_field(ip, keys, U.length, "i64", at)
+    state, ok2 = bulk.gather_field(ip, keys, U.state, fields["state"][1] if "state" in fields else "u32", at)
     good &= ok1 & ok2 & (length >= 0) & (length <= ip.limits.max_str)
     good &= ((state >> c["UNICODE_KIND_SHIFT"]) & 7) == 1
     good &= ((state >> c["UNICODE_COMPACT_BIT"]) & 1) == 1

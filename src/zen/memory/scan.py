@@ -241,9 +241,14 @@ def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> t
     rel = addrs - starts[w]  # no wrap-around: starts[w] <= addr wherever `inside`
     size = ends[w] - starts[w]
     inside &= (rel < size) & (size - rel >= np.uint64(8))
-    backed = inside & (ids[w] >= 0)
-    for b in np.unique(ids[w[backed]]).tolist():
-        sel = np.flatnonzero(backed & (ids[w] == b))
+    bid = ids[w]
+    backed = inside & (bid >= 0)
+    # the buffers the addresses fall in (a core file: one, its mmap; counted, not sorted)
+    used = np.flatnonzero(np.bincount(bid[backed], minlength=len(buffers))) if len(buffers) > 1 else range(len(buffers))
+    for b in used:
+        sel = np.flatnonzero(backed & (bid == b)) if len(buffers) > 1 else np.flatnonzero(backed)
+        if not sel.size:
+            continue
         buf = np.frombuffer(buffers[b], dtype=np.uint8)
         pos = offs[w[sel]] + rel[sel].astype(np.int64)
         if not (pos & 7).any():
@@ -256,6 +261,54 @@ def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> t
     if rest.size:
         _gather_unbacked(space, addrs, w, rest, out, ok)
     return out, ok
+
+
+class Located:
+    """Addresses looked up once in the chunk table, so that words at small offsets from each (the
+    fields of an object) are read without searching again: `gather_u64` searches the chunk table
+    for every address it is given, and census readers ask for several fields of the same objects.
+
+    `u64(offset)` is exactly `gather_u64(space, addrs + offset)`: where [addr, addr + span) is
+    not inside one buffered chunk, that address is read by `gather_u64` itself."""
+
+    def __init__(self, space: AddressSpace, addrs: np.ndarray, span: int) -> None:
+        self.space, self.addrs, self.span = space, np.asarray(addrs, dtype=np.uint64), span
+        starts, ends, ids, offs, self.buffers = space.chunk_table()
+        n = self.addrs.size
+        if not n or not space.chunks:
+            self.ok = np.zeros(n, dtype=bool)
+            self.bid = np.full(n, -1, dtype=np.int64)
+            self.pos = np.zeros(n, dtype=np.int64)
+            return
+        which = np.searchsorted(starts, self.addrs, side="right").astype(np.int64) - 1
+        w = np.maximum(which, 0)
+        rel = self.addrs - starts[w]
+        size = ends[w] - starts[w]
+        self.bid = ids[w]
+        self.ok = (which >= 0) & (rel < size) & (size - rel >= np.uint64(span)) & (self.bid >= 0)
+        self.pos = offs[w] + rel.astype(np.int64)
+
+    def u64(self, offset: int, *, missing: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= offset <= self.span - 8:
+            return gather_u64(self.space, self.addrs + np.uint64(offset), missing=missing)
+        out = np.full(self.addrs.shape, missing, dtype=np.uint64)
+        ok = self.ok.copy()
+        many = len(self.buffers) > 1
+        for b in np.flatnonzero(np.bincount(self.bid[ok], minlength=len(self.buffers))) if many else range(len(self.buffers)):
+            sel = np.flatnonzero(ok & (self.bid == b)) if many else np.flatnonzero(ok)
+            if not sel.size:
+                continue
+            buf = np.frombuffer(self.buffers[b], dtype=np.uint8)
+            pos = self.pos[sel] + offset
+            if not (pos & 7).any():
+                out[sel] = buf[: len(buf) // 8 * 8].view("<u8")[pos >> 3]
+            else:
+                out[sel] = buf[pos[:, None] + np.arange(8, dtype=np.int64)].view("<u8").reshape(-1)
+            _drop_resident(self.buffers[b])
+        rest = np.flatnonzero(~self.ok)
+        if rest.size:  # not located within `span`: as gather_u64 reads them
+            out[rest], ok[rest] = gather_u64(self.space, self.addrs[rest] + np.uint64(offset), missing=missing)
+        return out, ok
 
 
 def _drop_resident(buf) -> None:

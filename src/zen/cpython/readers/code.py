@@ -92,6 +92,11 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
 
     f = C.reader(*_FIELDS).unpack(raw)
     adaptive = raw[C.co_code_adaptive :]
+    # 3.11 quickens code (rewrites opcodes, fills caches) only once its warm-up counter reaches
+    # zero: before that the adaptive bytes are exactly co_code (see read_code_brief)
+    quickened = True
+    if C.has("co_warmup"):
+        quickened = int.from_bytes(raw[C.co_warmup : C.co_warmup + 2], "little", signed=True) >= 0
     names = tuple(ip.str(a) for a in read_tuple(ip, f.co_names))
     lp_names = tuple(ip.str(a) for a in read_tuple(ip, f.co_localsplusnames))
     lp_kinds = read_bytes(ip, f.co_localspluskinds)
@@ -117,7 +122,7 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
         linetable=read_bytes(ip, f.co_linetable),
         exceptiontable=read_bytes(ip, f.co_exceptiontable),
         adaptive=adaptive,
-        code=deoptimize(uninstrumented(ip, addr, adaptive), ip.P.opcodes),
+        code=deoptimize(uninstrumented(ip, addr, adaptive), ip.P.opcodes) if quickened else adaptive,
     )
     if not (0 <= info.argcount <= 1 << 16 and 0 <= info.nlocalsplus <= 1 << 20 and info.nlocalsplus == len(lp_names)):
         raise ObjectError(addr, "implausible code object counts")
