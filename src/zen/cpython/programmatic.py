@@ -277,22 +277,28 @@ def _code_rows(rt: Runtime, module_of_code: dict[int, str]) -> list[list | None]
     C, c = ip.P.code, ip.P.constants
     if C.has("co_code"):  # before 3.11: bytecode in a bytes object, nothing to gather in bulk
         return [_legacy_code_row(rt, a, module_of_code) for a in rt.code_addrs]
+    from zen.memory.scan import Located
+
     types = C.fields()
     ca = bulk.as_array(rt.code_addrs)
-    good = bulk.plain_headers(ip, ca, ip.wk.types["code"])
-    units, ok = bulk.gather_field(ip, ca, ip.P.varobject.ob_size, "i64")
-    good &= ok & (units > 0) & (units <= ip.limits.max_code_units)
-    qual, ok = bulk.gather_field(ip, ca, C.co_qualname, "ptr")
-    good &= ok
-    fname, ok = bulk.gather_field(ip, ca, C.co_filename, "ptr")
-    good &= ok
-    first, ok = bulk.gather_field(ip, ca, C.co_firstlineno, types["co_firstlineno"][1])
-    good &= ok
-    warm = None
+    offsets = [ip.P.object.ob_type, ip.P.varobject.ob_size, C.co_qualname, C.co_filename, C.co_firstlineno]
     if C.has("co_warmup"):
-        warm, ok = bulk.gather_field(ip, ca, C.co_warmup, types["co_warmup"][1])
+        offsets.append(C.co_warmup)
+    at = Located(ip.space, ca, max(offsets) + 8)  # each code object's chunk found once for all its fields
+    good = bulk.plain_headers(ip, ca, ip.wk.types["code"], at)
+    units, ok = bulk.gather_field(ip, ca, ip.P.varobject.ob_size, "i64", at)
+    good &= ok & (units > 0) & (units <= ip.limits.max_code_units)
+    qual, ok = bulk.gather_field(ip, ca, C.co_qualname, "ptr", at)
+    good &= ok
+    fname, ok = bulk.gather_field(ip, ca, C.co_filename, "ptr", at)
+    good &= ok
+    first, ok = bulk.gather_field(ip, ca, C.co_firstlineno, types["co_firstlineno"][1], at)
+    good &= ok
+    quickened = [True] * len(ca)  # 3.11 after warm-up; always from 3.12
+    if C.has("co_warmup"):
+        warm, ok = bulk.gather_field(ip, ca, C.co_warmup, types["co_warmup"][1], at)
         good &= ok
-        warm = warm.tolist()
+        quickened = (warm >= 0).tolist()
     unit = c.get("CODE_UNIT_SIZE", 2)
     adaptive = bulk.byte_slices(ip, ca + np.uint64(C.co_code_adaptive), np.where(good, units * unit, -1))
     good_l = good.tolist()
@@ -300,24 +306,25 @@ def _code_rows(rt: Runtime, module_of_code: dict[int, str]) -> list[list | None]
     qs = bulk.strs(ip, [int(x) for x in qual[sel].tolist()])
     fs = bulk.strs(ip, [int(x) for x in fname[sel].tolist()])
     rows: list[list | None] = []
-    qual_l, fname_l, first_l = qual.tolist(), fname.tolist(), first.tolist()
-    for i, addr in enumerate(rt.code_addrs):
-        code = adaptive[i] if good_l[i] else None
-        if code is None:
+    append, sha256, module = rows.append, hashlib.sha256, module_of_code.get
+    ops = ip.P.opcodes
+    for addr, code, g, q, fn, line, quick in zip(rt.code_addrs, adaptive, good_l, qual.tolist(), fname.tolist(),
+                                                  first.tolist(), quickened):  # fmt: skip
+        if code is None or not g:
             try:
                 qualname, _filename, line, code = read_code_brief(ip, addr)
             except ZenError:
                 continue
         else:
-            qualname, filename, line = qs[qual_l[i]], fs[fname_l[i]], first_l[i]
-            if qualname is None or filename is None:
+            qualname = qs[q]
+            if qualname is None or fs[fn] is None:
                 continue
-            if warm is None or warm[i] >= 0:  # quickened (3.11 after warm-up; always from 3.12)
+            if quick:
                 try:
-                    code = deoptimize(uninstrumented(ip, addr, code), ip.P.opcodes)
+                    code = deoptimize(uninstrumented(ip, addr, code), ops)
                 except ZenError:
                     continue
-        rows.append([f"{addr:#x}", module_of_code.get(addr, "?"), qualname, line, hashlib.sha256(code).hexdigest()[:32]])
+        append([hex(addr), module(addr, "?"), qualname, line, sha256(code).hexdigest()[:32]])
     return rows
 
 
