@@ -10,16 +10,15 @@ model code), the system-wide code table, and the UR. Writes bench/results/code.m
 
     python bench/bench_code.py --image IMAGE [--runs 3] [--no-write]
 
-Times `zen recover`'s code stage on an existing image (e.g. the GPT-2 image of bench_scale.py) in
-CPU seconds (`time.process_time`: the machine is shared, wall time is not a measure), each run in a
-fresh process, the variants interleaved so that they share the machine's state:
-    reference  the code stage without this issue's fast paths: the GC on outside the closure and
-               PR build, every code object read again to rebuild it, no code objects shared
-               between the PR's encoder and code.marshal
-    fast       the code stage as shipped (GC off for the whole stage, cached code records)
-    fast+gc    as fast, with the GC off for the whole `recover` (measures what that would add)
-Every run's pr.json, ur.json and code.marshal must be byte-identical (case bytes do not depend on
-zen's own process state: `zen.cpython.canonical_marshal`). Writes bench/results/code_stage.md.
+Times `zen recover`'s code stage on an existing image (e.g. the GPT-2 image of bench_scale.py),
+each run in a fresh process, the variants interleaved so that they share the machine's state:
+    one process  ZEN_FORK=0: the whole stage (and the image digest and tensor files) in zen's process
+    forked       as shipped: the system table, half of the code records with the class records, and
+                 code.marshal with the UR made by forked copies of zen
+Reported: the stage's wall time (the manifest's), zen's own CPU time in it (`time.process_time`)
+and the CPU time of the children it forked and reaped in it (`RUSAGE_CHILDREN`). Every run's
+pr.json, ur.json, code.marshal and requirements.txt must be byte-identical. Writes
+bench/results/code_stage.md.
 """
 
 from __future__ import annotations
@@ -64,36 +63,32 @@ sys.stdin.read()
 
 # One run of `recover` in a fresh process: argv = variant, image, case directory. Prints JSON.
 STAGE_RUN = r"""
-import gc, json, resource, sys, time
+import json, os, resource, sys, time
 from pathlib import Path
 variant, image, out = sys.argv[1:4]
-if variant == "fast+gc":
-    gc.disable()
+if variant == "one process":
+    os.environ["ZEN_FORK"] = "0"
 import zen.recover as R
-import zen.cpython.codebuild as cb
-if variant == "reference":
-    R._write_code = R._write_code_files  # the GC pause of closure and PR build only
-    rebuild = cb.rebuild_code
-    def plain(ip, addr, _memo=None, _depth=0, read=None):
-        return rebuild(ip, addr, _memo, _depth)  # every code object read again
-    cb.rebuild_code = plain
-    cb.rebuilt_memo = lambda ip: {}
 stage = R._code_stage
-cpu = {}
+got = {}
+def children():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 def timed(*a, **k):
-    t = time.process_time()
+    t, c = time.process_time(), children()
     try:
         return stage(*a, **k)
     finally:
-        cpu["code"] = time.process_time() - t
+        got["code_cpu"], got["children_cpu"] = time.process_time() - t, children() - c
 R._code_stage = timed
-t = time.process_time()
-R.recover(Path(image), None, Path(out))
-cpu["total"] = time.process_time() - t
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"code_cpu": cpu["code"], "total_cpu": cpu["total"], "peak_rss_mb": rss}))
+t = time.perf_counter()
+res = R.recover(Path(image), None, Path(out))
+got["recover"] = time.perf_counter() - t
+got["code_wall"] = res.manifest["run"]["seconds"]["code"]
+got["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(got))
 """
-VARIANTS = ("reference", "fast", "fast+gc")
+VARIANTS = ("one process", "forked")
 COMPARED = ("code.marshal", "pr.json", "ur.json", "requirements.txt")
 
 
@@ -124,21 +119,22 @@ def stage_bench(image: Path, runs: int, write: bool) -> int:
     def med(v: str, k: str) -> float:
         return statistics.median(r[k] for r in results[v])
 
-    def each(v: str) -> str:
-        return ", ".join(f"{r['code_cpu']:.2f}" for r in results[v])
+    def each(v: str, k: str) -> str:
+        return ", ".join(f"{r[k]:.2f}" for r in results[v])
 
     lines = [
-        "# Code stage of `zen recover`: CPU seconds (issue 16)",
+        "# Code stage of `zen recover` (issue 16)",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}. "
-        f"Image: `{image.name}` ({image.stat().st_size / 2**30:.2f} GiB). {runs} runs per variant, each in a fresh "
-        f"process, variants interleaved; CPU time (`time.process_time`), median (all runs). Load average (1 min) "
-        f"{load[0]:.1f} before, {load[1]:.1f} after (other jobs on the machine inflate CPU times too).",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d')}. Image: `{image.name}` ({image.stat().st_size / 2**30:.2f} GiB). {runs} runs per "
+        f"variant, each in a fresh process, variants interleaved; medians (every run in parentheses). Load average "
+        f"(1 min) {load[0]:.1f} before, {load[1]:.1f} after.",
         f"Command: `python bench/bench_code.py --image {image.name} --runs {runs}`",
         "",
-        "| variant | code stage CPU s | recover CPU s | peak RSS MB |",
-        "|---|---:|---:|---:|",
-        *[f"| {v} | {med(v, 'code_cpu'):.2f} ({each(v)}) | {med(v, 'total_cpu'):.2f} | {med(v, 'peak_rss_mb'):.0f} |"
+        "| variant | code stage s (wall) | zen CPU s in it | children's CPU s in it | `recover` s | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|",
+        *[f"| {v} | **{med(v, 'code_wall'):.2f}** ({each(v, 'code_wall')}) | {med(v, 'code_cpu'):.2f} | "
+          f"{med(v, 'children_cpu'):.2f} | {med(v, 'recover'):.2f} ({each(v, 'recover')}) | {med(v, 'peak_rss_mb'):.0f} |"
           for v in VARIANTS],
         "",
         f"code.marshal, pr.json, ur.json, requirements.txt byte-identical across all {runs * len(VARIANTS)} runs: "
