@@ -40,7 +40,7 @@ _OK, _FAILED = b"\x00", b"\x01"
 # longest chain of work in a recovery: parts of the analysis handed to children come next, bulk
 # I/O and hashing (which only has to end before the analysis does) fills the time that is left.
 NICE_ANALYSIS_PART = 2
-NICE_BULK = 8
+NICE_BULK = 19  # the lowest: it only has to end before the analysis does
 try:
     _BASE_NICE = os.getpriority(os.PRIO_PROCESS, 0)
 except (AttributeError, OSError):
