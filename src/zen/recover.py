@@ -28,9 +28,10 @@ from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
 from zen.frontends.pytorch.tensors import TensorReader
+from zen.image_digest import ImageDigest
 from zen.memory import open_space, require_image_file
 from zen.memory.space import RESIDENT_SOFT_LIMIT
-from zen.recover_jobs import ImageDigest, TensorFiles
+from zen.recover_jobs import TensorFiles
 from zen.represent import case, textio
 
 Progress = Callable[[str, int, int], None]
@@ -116,7 +117,7 @@ def recover(
 
 
 def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> RecoverResult:
-    # The image is hashed while it is analysed (`recover_jobs`: by a forked child, else a thread).
+    # The image is hashed while it is analysed (`image_digest`: by a forked child, else a thread).
     hasher = ImageDigest(Path(image)) if image is not None and Path(image).is_file() else None
     try:
         space = open_space(image, pid, symbols=symbols)

@@ -45,7 +45,7 @@ from zen.represent.pr import classes_from_bytes, classes_to_bytes, records_from_
 RECORD_FIXED_COST = 400
 # this process's share of the code records: the child also makes the class records (about a
 # quarter of the records' time on a transformers model), this process the execution context
-PARENT_SHARE = 0.57
+PARENT_SHARE = 0.6
 
 
 def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
@@ -70,7 +70,7 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
     theirs = Forked(lambda: _frame(records_to_bytes(code_records(rt, result, readable[cut:])),
                                    classes_to_bytes(class_records(rt, result))))  # fmt: skip
     # needed last: below the records' child, which this process waits for first
-    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 2)
+    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 8)
     try:
         mine = code_records(rt, result, readable[:cut])
         info = getattr(space, "info", None)

@@ -1,4 +1,5 @@
-"""The work `zen recover` does beside its analysis: the image's sha256 and the tensor files.
+"""The work `zen recover` does beside its analysis: the tensor files (and the image's sha256,
+`zen.image_digest`).
 
 Both are bulk I/O and sha256 over GBs, and neither needs anything the analysis finds after they
 start. Run in threads of zen's own process they would still take the interpreter's lock between
@@ -12,75 +13,20 @@ their result is asked for, giving the same files.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from zen import __version__
 from zen.errors import ZenError
-from zen.forking import NICE_BULK, Forked, background, enabled
+from zen.forking import NICE_BULK, Forked
 from zen.frontends.keras.tensors import TFDataMissing
 from zen.frontends.pytorch.tensors import TensorDataMissing
 from zen.represent import case
 from zen.represent.safetensors_io import Entry, SafetensorsWriter
 
 Progress = Callable[[str, int, int], None]
-HASH_BLOCK = 8 << 20
-
-
-class ImageDigest:
-    """sha256 of the image file, computed while the analysis runs; `result()` -> (hex, error)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._thread: threading.Thread | None = None
-        self._job: Forked | None = None
-        self._digest: str | None = None
-        self._error: str | None = None
-        if enabled():
-            self._job = Forked(self._compute_bytes, timeout=None, nice=NICE_BULK)
-        else:
-            self._thread = threading.Thread(target=self._run_thread, daemon=True, name="zen-image-sha256")
-            self._thread.start()
-
-    def result(self) -> tuple[str | None, str | None]:
-        if self._job is not None:
-            got = json.loads(self._job.result())
-            self._digest, self._error = got["sha256"], got["error"]
-            self._job = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        return self._digest, self._error
-
-    def cancel(self) -> None:
-        if self._job is not None:
-            self._job.cancel()
-
-    def _run_thread(self) -> None:
-        background(NICE_BULK)
-        got = json.loads(self._compute_bytes())
-        self._digest, self._error = got["sha256"], got["error"]
-
-    def _compute_bytes(self) -> bytes:
-        """The digest read through one reused buffer: a fresh 16 MB `bytes` per read would cost a
-        page fault per 4 KB of image. The kernel is told the read is sequential (more readahead)."""
-        try:
-            h = hashlib.sha256()
-            buf = bytearray(HASH_BLOCK)
-            view = memoryview(buf)
-            with open(self.path, "rb", buffering=0) as fh:
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                while n := fh.readinto(buf):
-                    h.update(view[:n])
-            return json.dumps({"sha256": h.hexdigest(), "error": None}).encode()
-        except OSError as exc:
-            return json.dumps({"sha256": None, "error": str(exc)}).encode()
 
 
 class TensorFiles:
