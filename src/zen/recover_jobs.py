@@ -95,7 +95,7 @@ def _write_tensors(path: Path, reader, writable, progress: Progress | None, fmt:
     done = 0
     try:
         for s in writable:
-            s.record.sha256 = w.write(s.key, reader.iter_bytes(s.meta))
+            s.record.sha256 = w.write(s.key, reader.iter_bytes(s.meta), source=reader.file_span(s.meta))
             done += s.meta.nbytes
             if progress:
                 progress(path.stem, done, total)

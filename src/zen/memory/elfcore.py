@@ -126,7 +126,7 @@ class ElfCoreSpace(AddressSpace):
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         if mm is not None:
             self._maps.append(mm)
-        regions, chunks = self._layout(segments, info, mm, size, problems, notes, fill_from_disk, file_root)
+        regions, chunks = self._layout(segments, info, mm, fh.fileno(), size, problems, notes, fill_from_disk, file_root)
         regions = self._label_pseudo(regions, info.acquisition.get("pseudo_regions", []))
         super().__init__(regions, chunks, description=f"ELF core {self.path}")
         self.problems.extend(problems)
@@ -184,7 +184,7 @@ class ElfCoreSpace(AddressSpace):
         return info
 
     # -- memory layout -----------------------------------------------------------------------
-    def _layout(self, segments, info: CoreInfo, mm, file_size, problems, notes, fill_from_disk, file_root):
+    def _layout(self, segments, info: CoreInfo, mm, fd, file_size, problems, notes, fill_from_disk, file_root):
         files = sorted(info.files, key=lambda f: f.start)
         file_starts = [f.start for f in files]
         from bisect import bisect_right
@@ -216,7 +216,7 @@ class ElfCoreSpace(AddressSpace):
                 if have < filesz:
                     truncated += filesz - have
                 if have:
-                    chunks.append(MmapChunk(vaddr, vaddr + have, mm, off, Source.IMAGE))
+                    chunks.append(MmapChunk(vaddr, vaddr + have, mm, off, Source.IMAGE, fd))
             elif filesz:
                 truncated += filesz
             source = Source.IMAGE if have == memsz else (Source.MISSING if have == 0 else Source.IMAGE)

@@ -66,14 +66,15 @@ class Chunk(Protocol):
 class MmapChunk:
     """Bytes that live in an mmap'ed file (a core file's segment, or a file on disk)."""
 
-    __slots__ = ("start", "end", "source", "_mm", "_file_offset")
+    __slots__ = ("start", "end", "source", "_mm", "_file_offset", "_fd")
 
-    def __init__(self, start: int, end: int, mm: mmap.mmap, file_offset: int, source: Source) -> None:
+    def __init__(self, start: int, end: int, mm: mmap.mmap, file_offset: int, source: Source, fd: int | None = None) -> None:
         self.start = start
         self.end = end
         self.source = source
         self._mm = mm
         self._file_offset = file_offset
+        self._fd = fd  # the open file the mapping was made from (kept open by the space), if known
 
     def read(self, offset: int, size: int) -> bytes:
         o = self._file_offset + offset
@@ -86,6 +87,13 @@ class MmapChunk:
 
     def array(self) -> np.ndarray:
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.end - self.start, offset=self._file_offset)
+
+    def file_span(self, offset: int, size: int) -> tuple[int, int] | None:
+        """(file descriptor, file offset) of bytes [offset, offset + size) of this chunk: lets a
+        writer copy them inside the kernel (`os.copy_file_range`) instead of through zen."""
+        if self._fd is None or offset < 0 or offset + size > self.end - self.start:
+            return None
+        return self._fd, self._file_offset + offset
 
     def backing(self) -> tuple[mmap.mmap, int]:
         """The buffer holding this chunk's bytes and the offset of its first byte in it: lets a
@@ -323,6 +331,16 @@ class AddressSpace:
             return
         for c in self._chunks:
             c.release()
+
+    def file_span(self, addr: int, size: int) -> tuple[int, int] | None:
+        """(file descriptor, offset) holding bytes [addr, addr+size) when they lie in one chunk
+        mapped from a file zen keeps open; None otherwise."""
+        i = bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None
+        c = self._chunks[i]
+        get = getattr(c, "file_span", None)
+        return get(addr - c.start, size) if get is not None and addr + size <= c.end else None
 
     def view(self, addr: int, size: int) -> memoryview | bytes:
         """Bytes [addr, addr+size) without copying when they lie in one mmap-backed chunk."""

@@ -10,6 +10,7 @@ with the safetensors library (tests do), which validates them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 OVERLAP = 1 << 20  # blocks at least this large are written while they are hashed
+_COPY = getattr(os, "copy_file_range", None)  # Linux
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ class SafetensorsWriter:
             pos += e.nbytes
         blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
-        self._fh = open(path, "wb")
+        # unbuffered: the file's position is the kernel's, shared by writes and in-kernel copies
+        self._fh = open(path, "wb", buffering=0)
         head = struct.pack("<Q", len(blob)) + blob
-        self._fh.write(head)
+        self._write_all(head)
         # The file's own sha256 (the case manifest records it) is taken from the bytes as they are
         # written: hashing the finished file again would read a multi-GB file a second time.
         self._file_hash = hashlib.sha256(head)
@@ -60,14 +63,21 @@ class SafetensorsWriter:
         self._executor = None
         self.sha256: dict[str, str] = {}
 
-    def write(self, name: str, chunks: Iterable[bytes]) -> str:
-        """Stream one tensor's bytes; returns their sha256. Must follow the entries' order."""
+    def write(self, name: str, chunks: Iterable[bytes], source: tuple[int, int] | None = None) -> str:
+        """Stream one tensor's bytes; returns their sha256. Must follow the entries' order.
+
+        `source`: (file descriptor, offset) of a file that holds exactly these bytes in order (the
+        image, when the tensor lies in one mapped segment): they are then copied into the output
+        inside the kernel (`os.copy_file_range`) while `chunks` (views of the same bytes) are only
+        hashed. That saves copying GBs through zen's address space (a third less system time for
+        a 6.5 GB model here); where the copy is refused, the chunk is written as usual."""
         e = self.entries[self._next]
         if e.name != name:
             raise ValueError(f"safetensors entries must be written in order: expected {e.name}, got {name}")
         h = hashlib.sha256()
         n = 0
         for chunk in chunks:
+            put = self._write_all if source is None else functools.partial(self._copy, source[0], source[1] + n)
             if len(chunk) >= OVERLAP:
                 # write the block, hash it for the file and for the tensor at once: all three
                 # release the GIL, and on a multi-GB model each is seconds of a core or of waiting
@@ -75,12 +85,12 @@ class SafetensorsWriter:
                 # cores to the hashes). The block's jobs end before the next block is read, so
                 # the file hash sees the bytes in order.
                 pool = self._pool()
-                jobs = [pool.submit(self._fh.write, chunk), pool.submit(self._file_hash.update, chunk)]
+                jobs = [pool.submit(put, chunk), pool.submit(self._file_hash.update, chunk)]
                 h.update(chunk)
                 for job in jobs:
                     job.result()
             else:
-                self._fh.write(chunk)
+                put(chunk)
                 h.update(chunk)
                 self._file_hash.update(chunk)
             n += len(chunk)
@@ -89,6 +99,28 @@ class SafetensorsWriter:
         self._next += 1
         self.sha256[name] = h.hexdigest()
         return self.sha256[name]
+
+    def _write_all(self, data) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self._fh.write(view) :]
+
+    def _copy(self, fd: int, offset: int, chunk) -> None:
+        """`chunk`'s bytes, which are the source file's at `offset`, copied in the kernel."""
+        done, n = 0, len(chunk)
+        if _COPY is not None:
+            start = self._fh.tell()
+            try:
+                while done < n:
+                    got = _COPY(fd, self._fh.fileno(), n - done, offset + done)
+                    if got <= 0:
+                        break
+                    done += got
+            except OSError:  # another file system, an old kernel, ...: the position says what was copied
+                done = self._fh.tell() - start
+                self._fh.seek(start + done)
+        if done < n:
+            self._write_all(memoryview(chunk)[done:])
 
     def _pool(self):
         if self._executor is None:

@@ -153,6 +153,13 @@ class TFTensorReader:
                 raise TFDataMissing(meta.addr, f"tensor data not in the image ({exc.reason})") from None
             pos += n
 
+    def file_span(self, meta: TFTensorMeta) -> tuple[int, int] | None:
+        """(file descriptor, offset) of a file holding the tensor's bytes (one mapped segment of
+        the image), for an in-kernel copy; else None."""
+        if not meta.on_cpu or not meta.nbytes:
+            return None
+        return self.ip.space.file_span(meta.data_ptr, meta.nbytes)
+
     def sha256(self, meta: TFTensorMeta) -> str:
         h = hashlib.sha256()
         for chunk in self.iter_bytes(meta):

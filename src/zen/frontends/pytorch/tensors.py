@@ -179,6 +179,13 @@ class TensorReader:
         for pos in range(0, len(data), block):
             yield data[pos : pos + block]
 
+    def file_span(self, meta: TensorMeta) -> tuple[int, int] | None:
+        """(file descriptor, offset) of a file holding the tensor's bytes in C order (a contiguous
+        tensor inside one mapped segment of the image), for an in-kernel copy; else None."""
+        if not meta.on_cpu or not meta.contiguous or not meta.numel:
+            return None
+        return self.ip.space.file_span(meta.data_ptr + meta.storage_offset * meta.itemsize, meta.nbytes)
+
     def _release(self, addr: int, n: int) -> None:
         c = self.ip.space.chunk_of(addr)
         if c is not None and n >= 1 << 20:
