@@ -217,3 +217,23 @@ def test_jobs_write_the_same_case_with_and_without_fork(zoo_image, tmp_path, mon
     assert a["files"] == b["files"]
     for name in a["files"]:
         assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_image_digest(tmp_path, monkeypatch, fork):
+    """The image's sha256 from a mapping released block by block (or read, where the file cannot
+    be mapped: an empty one), in a child or a thread; a file that goes away is an error, not a crash."""
+    import hashlib
+
+    import zen.image_digest as idg
+    from zen.image_digest import ImageDigest
+
+    monkeypatch.setenv("ZEN_FORK", fork)
+    monkeypatch.setattr(idg, "MAP_BLOCK", 1 << 16)  # several blocks
+    data = os.urandom((1 << 18) + 123)
+    for name, content in (("some", data), ("empty", b"")):
+        p = tmp_path / name
+        p.write_bytes(content)
+        assert ImageDigest(p).result() == (hashlib.sha256(content).hexdigest(), None)
+    digest, error = ImageDigest(tmp_path / "gone").result()
+    assert digest is None and "No such file" in error

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import threading
 from pathlib import Path
 
 from zen.forking import NICE_BULK, Forked, background, enabled
 
-HASH_BLOCK = 8 << 20
+HASH_BLOCK = 8 << 20  # bytes read at a time where the image cannot be mapped
+MAP_BLOCK = 64 << 20  # bytes hashed from the mapping, then released, at a time
 
 
 class ImageDigest:
@@ -54,17 +56,41 @@ class ImageDigest:
         self._digest, self._error = got["sha256"], got["error"]
 
     def _compute_bytes(self) -> bytes:
-        """The digest read through one reused buffer: a fresh 16 MB `bytes` per read would cost a
-        page fault per 4 KB of image. The kernel is told the read is sequential (more readahead)."""
+        """The digest of the file's bytes, hashed straight from a read-only mapping, released
+        block by block (no copy through a buffer: a third of the system time on a multi-GB image);
+        where the file cannot be mapped, read through one reused buffer. Either way the kernel is
+        told the reads are sequential (more readahead)."""
         try:
             h = hashlib.sha256()
-            buf = bytearray(HASH_BLOCK)
-            view = memoryview(buf)
             with open(self.path, "rb", buffering=0) as fh:
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                while n := fh.readinto(buf):
-                    h.update(view[:n])
+                size = os.fstat(fh.fileno()).st_size
+                try:
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+                except (OSError, ValueError):
+                    mm = None
+                if mm is not None:
+                    with mm:
+                        _hash_mapped(h, mm)
+                else:
+                    if hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    buf = bytearray(HASH_BLOCK)
+                    view = memoryview(buf)
+                    while n := fh.readinto(buf):
+                        h.update(view[:n])
             return json.dumps({"sha256": h.hexdigest(), "error": None}).encode()
         except OSError as exc:
             return json.dumps({"sha256": None, "error": str(exc)}).encode()
+
+
+def _hash_mapped(h, mm: mmap.mmap) -> None:
+    if hasattr(mm, "madvise"):
+        mm.madvise(mmap.MADV_SEQUENTIAL)
+    n, pos = len(mm), 0
+    while pos < n:
+        end = min(n, pos + MAP_BLOCK)
+        with memoryview(mm)[pos:end] as view:
+            h.update(view)
+        if hasattr(mm, "madvise"):  # not resident in zen: the pages stay in the page cache
+            mm.madvise(mmap.MADV_DONTNEED, pos, end - pos)
+        pos = end
