@@ -3,8 +3,10 @@
     python bench/bench_scale.py [--only NAME ...] [--no-write]
 
 For each model below a real transformers process is deployed (random init, one inference), imaged
-with `zen acquire`, read once sequentially from a cold page cache (the unit of every ratio), then
-recovered with `zen recover` from a cold page cache, and for the billion-parameter models rebuilt
+with `zen acquire`, read sequentially from a cold page cache (the unit of every ratio) and
+recovered with `zen recover` from a cold page cache, three times each, alternated (the ratio is of
+the medians: this machine's virtual disk serves the same file at 0.7-3 GB/s from one minute to
+the next), and for the billion-parameter models rebuilt
 with `zen reuse` and loaded (`PKG.load()`) in a fresh process, against `load_state_dict` of the
 same recovered tensors into a constructed model. Every zen command runs under GNU time: its peak
 RSS is that zen process's own (the deployed and the loading processes hold the model and are
@@ -121,6 +123,7 @@ print(json.dumps({"seconds": elapsed, "build": build, "sha": hashlib.sha256(y.fl
 """
 
 
+REPEATS = 3  # cold reads and cold recoveries per model, alternated; medians reported
 CPU: dict[str, float] = {}  # CPU seconds (user + system) of the last process `timed` ran, by command
 
 
@@ -194,20 +197,27 @@ def bench(name: str, work: Path) -> dict:
     finally:
         proc.stdin.close()
         proc.wait()
-    drop_cache(image)
-    cold = sequential_read(image, cold=True)
+    # The virtual disk here serves the same file at 0.7-3 GB/s from one minute to the next: cold
+    # reads and cold recoveries alternate, and the ratio is of their medians.
     case = work / f"{name}-case"
-    drop_cache(image)  # recover starts from a cold page cache too
+    colds, runs = [], []
     load = os.getloadavg()[0]
-    _, recover_s, recover_rss = zen("recover", image, "-o", case)
-    recover_cpu = CPU["last"]
-    manifest = json.loads((case / "manifest.json").read_text())
+    for _ in range(REPEATS):
+        drop_cache(image)
+        colds.append(sequential_read(image, cold=True))
+        shutil.rmtree(case, ignore_errors=True)
+        drop_cache(image)  # recover starts from a cold page cache too
+        _, recover_s, recover_rss = zen("recover", image, "-o", case)
+        manifest = json.loads((case / "manifest.json").read_text())
+        runs.append({"recover": recover_s, "rss": recover_rss, "cpu": CPU["last"], "stages": manifest["run"]["seconds"]})
+    mid = sorted(runs, key=lambda r: r["recover"])[len(runs) // 2]
     rate = sha256_rate()
     out = {"name": name, "params": params, "dtype": spec["dtype"], "model_bytes": model_bytes,
            "image_bytes": image.stat().st_size, "deploy": deploy, "acquire": acquire_s, "acquire_rss": acquire_rss,
-           "cold": cold, "recover": recover_s, "sha256_rate": rate,
+           "cold": statistics.median(colds), "colds": colds, "recover": mid["recover"],
+           "recovers": [r["recover"] for r in runs], "sha256_rate": rate,
            "hash_floor": hash_floor(image.stat().st_size, model_bytes, rate),
-           "recover_rss": recover_rss, "recover_cpu": recover_cpu, "load": load, "stages": manifest["run"]["seconds"],
+           "recover_rss": max(r["rss"] for r in runs), "recover_cpu": mid["cpu"], "load": load, "stages": mid["stages"],
            "status": manifest["status"]}  # fmt: skip
     image.unlink()
     if spec["reuse"]:
@@ -236,11 +246,17 @@ def reuse(work: Path, case: Path, spec: dict) -> dict:
             "same_outputs": len({x["sha"] for rs in runs.values() for x in rs}) == 1}  # fmt: skip
 
 
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
 def tables(rows: list[dict], seconds: float) -> tuple[str, str]:
     head = (f"One run of `python bench/bench_scale.py` on {time.strftime('%Y-%m-%d')}: {platform.machine()}, "
             f"{os.cpu_count()} cores, Python {platform.python_version()}, {seconds:.0f} s in all. Images: `zen acquire` "
             "(all readable mappings); the cold read and `zen recover` both start from a cold page cache of the image "
-            "(`posix_fadvise(DONTNEED)`); recover's wall time includes its interpreter start-up and imports. The machine is "
+            f"(`posix_fadvise(DONTNEED)`), {REPEATS} of each, alternated: medians (range in parentheses; the virtual disk "
+            "serves the same file at very different speeds from one minute to the next), the ratio of the medians; "
+            "recover's wall time includes its interpreter start-up and imports. The machine is "
             "shared: \"load avg\" is the 1-minute load average when recover started (2 cores; above 2, other work took "
             "CPU from zen and its wall time grew with it; its CPU time did not).")  # fmt: skip
     small = [r for r in rows if not MODELS[r["name"]]["reuse"]]
@@ -249,8 +265,9 @@ def tables(rows: list[dict], seconds: float) -> tuple[str, str]:
            "| ÷ cold read | recover CPU s | code stage s | peak RSS MB | load avg | stages s |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in small:
-        rec.append(f"| {r['name']} | {r['params'] / 1e6:,.0f} M | {r['image_bytes'] / 1e6:,.0f} | {r['cold']:.2f} | "
-                   f"{r['recover']:.2f} | **{r['recover'] / r['cold']:.2f}** | {r['hash_floor']:.2f} | "
+        rec.append(f"| {r['name']} | {r['params'] / 1e6:,.0f} M | {r['image_bytes'] / 1e6:,.0f} | {r['cold']:.2f} "
+                   f"({_span(r['colds'])}) | {r['recover']:.2f} ({_span(r['recovers'])}) | **{r['recover'] / r['cold']:.2f}** | "
+                   f"{r['hash_floor']:.2f} | "
                    f"{r['hash_floor'] / r['cold']:.2f} | {r['recover_cpu']:.2f} | **{r['stages'].get('code', 0):.2f}** | "
                    f"{r['recover_rss']:,.0f} | {r['load']:.1f} | "
                    f"{', '.join(f'{k} {v}' for k, v in r['stages'].items())} |")  # fmt: skip
@@ -265,8 +282,9 @@ def tables(rows: list[dict], seconds: float) -> tuple[str, str]:
           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in big:
         sc.append(f"| {r['name']} | {r['params'] / 1e9:.2f} B | {r['dtype']} | {r['model_bytes'] / 1e9:.2f} | "
-                  f"{r['image_bytes'] / 1e9:.2f} | {r['acquire']:.1f} ({r['acquire_rss']:,.0f}) | {r['cold']:.2f} | "
-                  f"{r['recover']:.2f} ({r['recover_rss']:,.0f}) | **{r['recover'] / r['cold']:.2f}** | "
+                  f"{r['image_bytes'] / 1e9:.2f} | {r['acquire']:.1f} ({r['acquire_rss']:,.0f}) | {r['cold']:.2f} "
+                  f"({_span(r['colds'])}) | {r['recover']:.2f} ({_span(r['recovers'])}; {r['recover_rss']:,.0f}) | "
+                  f"**{r['recover'] / r['cold']:.2f}** | "
                   f"{r['hash_floor']:.1f} ({r['hash_floor'] / r['cold']:.2f}) | "
                   f"{r['recover_cpu']:.1f} | {r['load']:.1f} | {r['reuse_cmd']:.1f} ({r['reuse_rss']:,.0f}) | "
                   f"{r['load_s']:.2f} | {r['load_state_dict']:.2f} | "
