@@ -237,3 +237,20 @@ def test_image_digest(tmp_path, monkeypatch, fork):
         assert ImageDigest(p).result() == (hashlib.sha256(content).hexdigest(), None)
     digest, error = ImageDigest(tmp_path / "gone").result()
     assert digest is None and "No such file" in error
+
+
+def test_dropped_job_leaves_no_child():
+    def fn() -> bytes:
+        time.sleep(60)
+        return b""
+
+    job = Forked(fn, fork=True)
+    pid = job.pid
+    if pid is None:
+        pytest.skip("fork failed")
+    del job
+    import gc
+
+    gc.collect()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -49,7 +49,7 @@ except (AttributeError, OSError):
 
 def background(level: int = NICE_BULK) -> None:
     """Run the calling thread `level` nice steps below zen's own priority (Linux: per thread;
-    elsewhere nothing); the threads it starts can follow (`is_background`)."""
+    elsewhere nothing); the threads it starts can follow (`background_level`)."""
     _state.level = level
     try:  # on Linux, PRIO_PROCESS with 0 (the calling thread) sets one thread's nice
         os.setpriority(os.PRIO_PROCESS, 0, min(19, _BASE_NICE + level))
@@ -95,7 +95,8 @@ class Forked:
         self.timeout = timeout
         self.progress = progress
         self.pid: int | None = None
-        self.how = "in-process"  # or "child": how the result was obtained (for the manifest's timings)
+        self._owner = os.getpid()  # a copy of this object in another forked child must not kill our child
+        self.how = "in-process"  # or "child": how the result was obtained (tests look)
         self._file = None
         self._reader: threading.Thread | None = None
         if not (enabled() if fork is None else fork):
@@ -146,6 +147,14 @@ class Forked:
             self.how = "child"
             return data[1:]
         return self.fn(self.progress) if self.progress is not None else self.fn()
+
+    def __del__(self) -> None:
+        # a job dropped without result() or cancel() (an error path): no child left running or unreaped
+        try:
+            if os.getpid() == self._owner:
+                self.cancel()
+        except Exception:  # noqa: BLE001 - at interpreter shutdown anything may be gone
+            pass
 
     def cancel(self) -> None:
         """Stop and reap the child (the caller failed and will not ask for the result)."""
