@@ -115,9 +115,7 @@ def normalise(instructions: list[Instruction]) -> list[str]:
     targets = sorted({i.argval for i in instructions if i.kind == "jump" and isinstance(i.argval, int)})
     labels = {off: f"L{n}" for n, off in enumerate(targets, 1)}
     lines: list[str] = []
-    make_function = -1  # index of the last MAKE_FUNCTION line (3.13 sets its attributes after it)
-    conversion = 0  # 3.13: CONVERT_VALUE's conversion, for the FORMAT_* that follows
-    after_end_for = False
+    state = _State()
     comp = _Inlined()
     append = lines.append
     for ins in instructions:
@@ -130,65 +128,75 @@ def normalise(instructions: list[Instruction]) -> list[str]:
         # for every instruction of every listing)
         if (comp.prologue or comp.restore or name in _Inlined.WATCH) and comp.skip(name):
             continue
-        if after_end_for:
-            after_end_for = False
+        if state.after_end_for:
+            state.after_end_for = False
             if name in ("POP_TOP", "POP_ITER"):
                 continue
-        if name not in _SPECIAL and kind != "local_pair":  # the common case: a renamed opcode and its operand
-            name = RENAME.get(name, name)
-            if kind == "jump":
-                append(f"{name} {labels.get(argval, '?')}")
-            elif kind in _OPERAND_KINDS:
-                append(f"{name} {argval}")
-            elif kind == "other" and name in _WITH_ARG:
-                append(f"{name} {arg}")
-            else:
-                append(name)
+        if (name in _SPECIAL or kind == "local_pair") and _special(ins, lines, labels, state):
             continue
-        if name == "END_FOR":
-            after_end_for = True
-            continue
-        if name == "RETURN_CONST":  # 3.12: LOAD_CONST + RETURN_VALUE in one instruction
-            lines += [f"LOAD_CONST {ins.argval}", "RETURN_VALUE"]
-        elif ins.kind == "local_pair":
-            for part, local in zip(pair_parts(name) or (name, name), ins.argval):
-                lines.append(f"{RENAME.get(part, part)} {local}")
-        elif name == "LOAD_SMALL_INT":
-            lines.append(f"LOAD_CONST {ins.arg}")
-        elif name == "MAKE_FUNCTION":
-            make_function = len(lines)
-            lines.append(f"MAKE_FUNCTION {ins.arg or 0}")
-        elif name == "SET_FUNCTION_ATTRIBUTE" and make_function >= 0:
-            flags = int(lines[make_function].split()[1]) | (ins.arg or 0)
-            lines[make_function] = f"MAKE_FUNCTION {flags}"
-        elif name == "CONVERT_VALUE":
-            conversion = ins.arg or 0
-        elif name in ("FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
-            lines.append(f"FORMAT_VALUE {conversion | (4 if name == 'FORMAT_WITH_SPEC' else 0)}")
-            conversion = 0
-        elif name == "LOAD_SUPER_ATTR":
-            two_args = bool((ins.arg or 0) & 2)
-            if not two_args and len(lines) >= 2:  # zero-argument super(): __class__ and self are implicit
-                del lines[-2:]
-            lines += [f"CALL {2 if two_args else 0}", f"LOAD_ATTR {ins.argval}"]
-        elif name == "BINARY_OP" and ins.argval == "[]":
-            lines.append("BINARY_SUBSCR")
-        elif name in _OR_POP:  # 3.11; 3.12 compiles COPY, POP_JUMP_IF_*, POP_TOP
-            lines += ["COPY", f"{_OR_POP[name]} {labels.get(ins.argval, '?')}", "POP_TOP"]
-        elif name == "STORE_NAME" and ins.argval in _CLASS_BOOKKEEPING:
-            if lines and lines[-1].startswith("LOAD_CONST "):  # 3.13 records these in every class body
-                lines.pop()
+        # the common case: a renamed opcode and its operand
+        name = RENAME.get(name, name)
+        if kind == "jump":
+            append(f"{name} {labels.get(argval, '?')}")
+        elif kind in _OPERAND_KINDS:
+            append(f"{name} {argval}")
+        elif kind == "other" and name in _WITH_ARG:
+            append(f"{name} {arg}")
         else:
-            name = RENAME.get(name, name)
-            if kind == "jump":
-                append(f"{name} {labels.get(argval, '?')}")
-            elif kind in _OPERAND_KINDS:
-                append(f"{name} {argval}")
-            elif kind == "other" and name in _WITH_ARG:
-                append(f"{name} {arg}")
-            else:
-                append(name)
+            append(name)
     return comp.drop_handlers(lines)
+
+
+class _State:
+    """What `normalise` carries from one instruction to a later one."""
+
+    __slots__ = ("after_end_for", "conversion", "make_function")
+
+    def __init__(self) -> None:
+        self.make_function = -1  # index of the last MAKE_FUNCTION line (3.13 sets its attributes after it)
+        self.conversion = 0  # 3.13: CONVERT_VALUE's conversion, for the FORMAT_* that follows
+        self.after_end_for = False  # 3.12: the END_FOR just dropped (3.13 follows it with a POP_TOP)
+
+
+def _special(ins: Instruction, lines: list[str], labels: dict[int, str], state: _State) -> bool:
+    """Append the lines of an instruction that minor versions changed (see `normalise`); False
+    where it is an ordinary one after all (its lines are then the common case's)."""
+    name = ins.name
+    if name == "END_FOR":
+        state.after_end_for = True
+    elif name == "RETURN_CONST":  # 3.12: LOAD_CONST + RETURN_VALUE in one instruction
+        lines += [f"LOAD_CONST {ins.argval}", "RETURN_VALUE"]
+    elif ins.kind == "local_pair":
+        for part, local in zip(pair_parts(name) or (name, name), ins.argval):
+            lines.append(f"{RENAME.get(part, part)} {local}")
+    elif name == "LOAD_SMALL_INT":
+        lines.append(f"LOAD_CONST {ins.arg}")
+    elif name == "MAKE_FUNCTION":
+        state.make_function = len(lines)
+        lines.append(f"MAKE_FUNCTION {ins.arg or 0}")
+    elif name == "SET_FUNCTION_ATTRIBUTE" and state.make_function >= 0:
+        flags = int(lines[state.make_function].split()[1]) | (ins.arg or 0)
+        lines[state.make_function] = f"MAKE_FUNCTION {flags}"
+    elif name == "CONVERT_VALUE":
+        state.conversion = ins.arg or 0
+    elif name in ("FORMAT_SIMPLE", "FORMAT_WITH_SPEC"):
+        lines.append(f"FORMAT_VALUE {state.conversion | (4 if name == 'FORMAT_WITH_SPEC' else 0)}")
+        state.conversion = 0
+    elif name == "LOAD_SUPER_ATTR":
+        two_args = bool((ins.arg or 0) & 2)
+        if not two_args and len(lines) >= 2:  # zero-argument super(): __class__ and self are implicit
+            del lines[-2:]
+        lines += [f"CALL {2 if two_args else 0}", f"LOAD_ATTR {ins.argval}"]
+    elif name == "BINARY_OP" and ins.argval == "[]":
+        lines.append("BINARY_SUBSCR")
+    elif name in _OR_POP:  # 3.11; 3.12 compiles COPY, POP_JUMP_IF_*, POP_TOP
+        lines += ["COPY", f"{_OR_POP[name]} {labels.get(ins.argval, '?')}", "POP_TOP"]
+    elif name == "STORE_NAME" and ins.argval in _CLASS_BOOKKEEPING:
+        if lines and lines[-1].startswith("LOAD_CONST "):  # 3.13 records these in every class body
+            lines.pop()
+    else:
+        return False
+    return True
 
 
 _OPERAND_KINDS = frozenset(("name", "const", "local", "free", "compare", "binop"))
