@@ -216,8 +216,7 @@ def dict_entries(ip: Interpreter, addrs: Sequence[int]) -> DictEntries:
     if not sel.size:
         return out
     counts = nent[sel]
-    first = np.concatenate(([0], np.cumsum(counts)))
-    j = np.arange(first[-1], dtype=np.int64) - np.repeat(first[:-1], counts)
+    first, j = _ragged(counts)
     base = np.repeat(at[sel], counts) + (j * np.repeat(esize[sel], counts)).astype(np.uint64)
     k, ok_k = gather_u64(ip.space, base + np.repeat(np.where(general[sel], Eg.me_key, Eu.me_key), counts).astype(np.uint64))
     v, ok_v = gather_u64(ip.space, base + np.repeat(np.where(general[sel], Eg.me_value, Eu.me_value), counts).astype(np.uint64))
@@ -248,6 +247,13 @@ def dict_items(ip: Interpreter, addrs: Sequence[int]) -> list[list[tuple[int, in
     return out
 
 
+def _ragged(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For items laid out as runs of `counts`: where each run starts in the flat order (and the
+    total at the end), and each item's index within its run."""
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    return starts, np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], counts)
+
+
 def within_chunk(ip: Interpreter, addrs: np.ndarray, size: int | np.ndarray) -> np.ndarray:
     """Mask: [addr, addr+size) lies inside one captured chunk (so `space.read` of it succeeds)."""
     space = ip.space
@@ -276,8 +282,7 @@ def tuples(ip: Interpreter, addrs: Sequence[int], limit: int | None = None) -> l
     if not sel.size:
         return out
     counts = n[sel]
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    j = np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], counts)
+    starts, j = _ragged(counts)
     items, ok = gather_u64(ip.space, np.repeat(first[sel], counts) + (j * 8).astype(np.uint64))
     if not ok.all():
         return out
