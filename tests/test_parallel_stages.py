@@ -13,6 +13,7 @@ Byte-identity of whole cases with the forked children on and off is checked on a
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -86,7 +87,10 @@ def test_fork_off_computes_in_process(monkeypatch):
     assert job.pid is None and job.result() == str(PARENT).encode()
 
 
-def test_cancel_kills_and_reaps_the_child():
+@pytest.mark.parametrize("how", ["cancel", "dropped"])
+def test_cancel_or_drop_kills_and_reaps_the_child(how):
+    """cancel(), or a job dropped without result() (an error path), leaves no child running or unreaped."""
+
     def fn() -> bytes:
         time.sleep(60)
         return b""
@@ -95,7 +99,11 @@ def test_cancel_kills_and_reaps_the_child():
     pid = job.pid
     if pid is None:
         pytest.skip("fork failed")
-    job.cancel()
+    if how == "cancel":
+        job.cancel()
+    else:
+        del job
+        gc.collect()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
 
@@ -238,19 +246,3 @@ def test_image_digest(tmp_path, monkeypatch, fork):
     digest, error = ImageDigest(tmp_path / "gone").result()
     assert digest is None and "No such file" in error
 
-
-def test_dropped_job_leaves_no_child():
-    def fn() -> bytes:
-        time.sleep(60)
-        return b""
-
-    job = Forked(fn, fork=True)
-    pid = job.pid
-    if pid is None:
-        pytest.skip("fork failed")
-    del job
-    import gc
-
-    gc.collect()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
