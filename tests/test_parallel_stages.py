@@ -245,4 +245,3 @@ def test_image_digest(tmp_path, monkeypatch, fork):
         assert ImageDigest(p).result() == (hashlib.sha256(content).hexdigest(), None)
     digest, error = ImageDigest(tmp_path / "gone").result()
     assert digest is None and "No such file" in error
-
