@@ -243,20 +243,8 @@ def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> t
     inside &= (rel < size) & (size - rel >= np.uint64(8))
     bid = ids[w]
     backed = inside & (bid >= 0)
-    # the buffers the addresses fall in (a core file: one, its mmap; counted, not sorted)
-    used = np.flatnonzero(np.bincount(bid[backed], minlength=len(buffers))) if len(buffers) > 1 else range(len(buffers))
-    for b in used:
-        sel = np.flatnonzero(backed & (bid == b)) if len(buffers) > 1 else np.flatnonzero(backed)
-        if not sel.size:
-            continue
-        buf = np.frombuffer(buffers[b], dtype=np.uint8)
-        pos = offs[w[sel]] + rel[sel].astype(np.int64)
-        if not (pos & 7).any():
-            out[sel] = buf[: len(buf) // 8 * 8].view("<u8")[pos >> 3]
-        else:
-            out[sel] = buf[pos[:, None] + np.arange(8, dtype=np.int64)].view("<u8").reshape(-1)
-        ok[sel] = True
-        _drop_resident(buffers[b])
+    _read_words(buffers, bid, offs[w] + rel.astype(np.int64), backed, out)
+    ok |= backed
     rest = np.flatnonzero(inside & ~backed)
     if rest.size:
         _gather_unbacked(space, addrs, w, rest, out, ok)
@@ -293,22 +281,30 @@ class Located:
             return gather_u64(self.space, self.addrs + np.uint64(offset), missing=missing)
         out = np.full(self.addrs.shape, missing, dtype=np.uint64)
         ok = self.ok.copy()
-        many = len(self.buffers) > 1
-        for b in np.flatnonzero(np.bincount(self.bid[ok], minlength=len(self.buffers))) if many else range(len(self.buffers)):
-            sel = np.flatnonzero(ok & (self.bid == b)) if many else np.flatnonzero(ok)
-            if not sel.size:
-                continue
-            buf = np.frombuffer(self.buffers[b], dtype=np.uint8)
-            pos = self.pos[sel] + offset
-            if not (pos & 7).any():
-                out[sel] = buf[: len(buf) // 8 * 8].view("<u8")[pos >> 3]
-            else:
-                out[sel] = buf[pos[:, None] + np.arange(8, dtype=np.int64)].view("<u8").reshape(-1)
-            _drop_resident(self.buffers[b])
+        _read_words(self.buffers, self.bid, self.pos + offset, ok, out)
         rest = np.flatnonzero(~self.ok)
         if rest.size:  # not located within `span`: as gather_u64 reads them
             out[rest], ok[rest] = gather_u64(self.space, self.addrs[rest] + np.uint64(offset), missing=missing)
         return out, ok
+
+
+def _read_words(buffers: Sequence, bid: np.ndarray, pos: np.ndarray, sel_mask: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = the little-endian word at byte `pos[i]` of buffer `bid[i]`, wherever `sel_mask`
+    (the caller has checked that all 8 bytes lie in the buffer). Each buffer used is indexed once
+    (a core file has one, its mmap: the buffers are counted, not sorted)."""
+    many = len(buffers) > 1
+    used = np.flatnonzero(np.bincount(bid[sel_mask], minlength=len(buffers))) if many else range(len(buffers))
+    for b in used:
+        sel = np.flatnonzero(sel_mask & (bid == b)) if many else np.flatnonzero(sel_mask)
+        if not sel.size:
+            continue
+        buf = np.frombuffer(buffers[b], dtype=np.uint8)
+        p = pos[sel]
+        if not (p & 7).any():
+            out[sel] = buf[: len(buf) // 8 * 8].view("<u8")[p >> 3]
+        else:
+            out[sel] = buf[p[:, None] + np.arange(8, dtype=np.int64)].view("<u8").reshape(-1)
+        _drop_resident(buffers[b])
 
 
 def _drop_resident(buf) -> None:

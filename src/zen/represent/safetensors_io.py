@@ -155,4 +155,3 @@ class SafetensorsWriter:
             os.unlink(self.path)
         except OSError:
             pass
-
