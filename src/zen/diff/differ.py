@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapidfuzz import fuzz
+
 from zen.attribute.algorithm import primary_modules
 from zen.attribute.pr_similarity import code_similarity, views
 from zen.represent.mr import ModelMR
@@ -30,6 +32,18 @@ from zen.represent.pr import ClassRecord, CodeRecord, ProgrammaticRepresentation
 
 CLASS_VOTE_MIN = 0.6
 CHANGE_MIN = 0.5
+
+
+def _elected(name: str, votes: Counter, weight: Counter) -> str:
+    """The base class most of a recovered class's matched methods vote for. Ties (a class with
+    two methods matched into two base classes) go to the closer class name, then to the higher
+    summed score, then to the name: never to the order of the matched pairs, which follows the
+    addresses of the code objects and so changes from one image of the same program to the next
+    (the suspected cause of one CI run where Qwen2ForCausalLM was rebuilt as LlamaAttention).
+    The name comes before the score: a helper copied into several classes matches exactly
+    wherever it is, and says less about which class this is than the name does."""
+    short = name.rpartition(".")[2]
+    return max(votes, key=lambda b: (votes[b], fuzz.ratio(short, b.rpartition(".")[2]), round(weight[b], 9), b))
 
 
 def _cls_key(full: str, records: dict[str, ClassRecord]) -> str:
@@ -131,6 +145,7 @@ def diff(mr: ModelMR, pr: ProgrammaticRepresentation, base_name: str, base_mr: M
     rec_codes = [v.rec for v in rec_views]
     # -- class and module maps, from the code ----------------------------------------------------
     votes: dict[str, Counter] = {}
+    weight: dict[str, Counter] = {}  # the same votes' summed scores (to choose among tied counts)
     mod_votes: dict[str, Counter] = {}
     for p in match.pairs:
         if p.score < CLASS_VOTE_MIN:
@@ -138,13 +153,14 @@ def diff(mr: ModelMR, pr: ProgrammaticRepresentation, base_name: str, base_mr: M
         mod_votes.setdefault(p.recovered.module, Counter())[p.base.module] += 1
         if p.recovered.owner_class and p.base.owner_class:
             votes.setdefault(p.recovered.owner_class, Counter())[p.base.owner_class] += 1
+            weight.setdefault(p.recovered.owner_class, Counter())[p.base.owner_class] += p.score
     methods = Counter(c.owner_class for c in rec_codes if c.owner_class)
     class_map: dict[str, str] = {}
     added_classes: list[ClassRecord] = []
     for name, rec in sorted(rec_classes.items()):
         v = votes.get(name)
-        if v and v.most_common(1)[0][1] * 2 >= max(1, methods[name]):
-            class_map[f"{rec.module}:{rec.qualname}"] = _cls_key(v.most_common(1)[0][0], base_classes)
+        if v and max(v.values()) * 2 >= max(1, methods[name]):
+            class_map[f"{rec.module}:{rec.qualname}"] = _cls_key(_elected(name, v, weight[name]), base_classes)
         elif name in base_classes:
             class_map[f"{rec.module}:{rec.qualname}"] = f"{rec.module}:{rec.qualname}"
         else:
