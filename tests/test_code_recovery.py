@@ -85,6 +85,33 @@ def test_transformers_code(hf_image, workdir, name):
             assert f"{pkg}=={version.split('+')[0]}" in req, req
 
 
+def _instance_key(owner, attr, module, qualname, model_classes):
+    rank = 2 if owner is None else 0 if owner in model_classes else 1
+    return rank, (owner or "", attr or "", module or "", qualname or "")
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_shared_code_recorded_by_the_same_function_in_every_image(hf_image, workdir, name):
+    """A code object that several functions share (a decorator's wrapper) is recorded by the one a
+    model class holds, the first by names: never by the lowest address, which changes between images
+    and once rebuilt Qwen2ForCausalLM as LlamaAttention (its record voted for the wrong class)."""
+    image, t = hf_image
+    case, mr, _, _ = recovered(image, t, name, workdir)
+    pr = load_pr(case)
+    model_classes = {f"{m['cls_module']}.{m['cls_qualname']}" for m in mr["modules"]}
+    contested = 0
+    for c in pr["codes"]:
+        if c["parent"] is not None or not c["others"]:
+            continue
+        mine = _instance_key(c["owner_class"], c["attr"], c["module"], None, model_classes)
+        held = [o for o in c["others"] if o["owner"] in model_classes] + ([c] if c["owner_class"] in model_classes else [])
+        contested += len(held) > 1
+        for o in c["others"]:
+            theirs = _instance_key(o["owner"], o["attr"], o["module"], None, model_classes)
+            assert mine <= theirs, (c["qualname"], mine, theirs)
+    assert contested, "no code object shared by two model classes' functions: the check above decided nothing"
+
+
 def test_obfuscated_fork_matched_by_code(family_images, workdir):
     """Module and class names renamed at run time: the same code is found, and it is the same code."""
     plain_img, plain_t = family_images["convnet"]

@@ -54,6 +54,7 @@ class ClosureResult:
     # the reference graph: ("class"|"function", addr) -> what it adds; ("function", addr) -> its codes
     edges: dict[tuple[str, int], set[tuple[str, int]]] = field(default_factory=dict)
     codes_of: dict[int, list[int]] = field(default_factory=dict)
+    seeds: set[int] = field(default_factory=set)  # the classes the closure started from (the model's)
 
     def reach(self, seeds: list[tuple[str, int]]) -> ClosureResult:
         """The closure of a subset of seeds, by reachability in the recorded graph (no re-reading)."""

@@ -375,6 +375,9 @@ def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = N
     fns_of_code: dict[int, list[int]] = {}
     for f, c in sorted(result.code_of_function.items()):
         fns_of_code.setdefault(c, []).append(f)  # decorators make many functions share one code object
+    for c, fns in fns_of_code.items():
+        if len(fns) > 1:
+            fns.sort(key=lambda f: _instance_rank(rt, f, result.seeds))
     children: dict[int, list[int]] = {}
     for c, parent in result.codes.items():
         if parent:
@@ -389,6 +392,21 @@ def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = N
                 rec.others = [other_function(rt, f) for f in fns[1:]]
                 codes.append(rec)
     return codes
+
+
+def _instance_rank(rt: Runtime, f: int, seeds: set[int]) -> tuple:
+    """Which of the functions sharing a code object its record describes (the first; the others
+    go to `others`): one held by a model class, else by any class, else none, then by names. Not by
+    address: the lowest address changes from one image of a program to the next, and with it the
+    record's owner class and module (transformers' `deprecate_kwarg` wrapper runs both
+    `Qwen2Attention.forward` and `Qwen2ForCausalLM.forward`), and so the diff's class votes."""
+    held = rt.holders(f)
+    t = rt.type(held[0][0]) if held else None
+    fi = rt.function(f)
+    rank = 2 if t is None else 0 if t.addr in seeds else 1
+    names = (t.full_name if t else "", held[0][1] if held else "", (rt.module_name(fi) or "") if fi else "",
+             fi.qualname if fi else "")  # fmt: skip
+    return rank, names, f
 
 
 def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool, records: list[CodeRecord] | None,
@@ -494,4 +512,6 @@ def model_closure(rt: Runtime, class_addrs: list[int]) -> ClosureResult:
     for t in class_addrs:
         cl.add_class(t)
     with gc_paused():
-        return cl.run()
+        result = cl.run()
+    result.seeds = set(class_addrs)
+    return result
