@@ -227,6 +227,33 @@ def test_jobs_write_the_same_case_with_and_without_fork(zoo_image, tmp_path, mon
         assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "inline" / name).read_bytes(), name
 
 
+def test_code_stage_leaves_no_cycles_for_the_collector(zoo_image, tmp_path, monkeypatch):
+    """The code stage's runtime (its caches hold every decoded instruction) is freed by reference
+    counting when the stage ends: no cycle through it (the owner index, an encoder and its value
+    hook, canonical marshal's emitter) leaves it to a pass of the cyclic collector."""
+    import zen.recover as R
+
+    image, _ = zoo_image
+    monkeypatch.setenv("ZEN_FORK", "0")  # every part of the stage in this process
+    gc.collect()
+    gc.disable()
+    try:
+        R.recover(Path(image), None, tmp_path / "case")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = {f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage}
+        emitters = [o for o in gc.garbage if getattr(o, "__qualname__", "").startswith("_Rewriter.")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert (tmp_path / "case" / "pr.json").is_file() and (tmp_path / "case" / "code.marshal").is_file()
+    code_stage = {"zen.cpython.runtime.Runtime", "zen.cpython.owners.OwnerIndex", "zen.cpython.instructions.Instruction",
+                  "zen.cpython.readers.code.CodeInfo", "zen.cpython.namespaces.NamespaceTable"}  # fmt: skip
+    assert not left & code_stage, sorted(left & code_stage)
+    assert not emitters
+
+
 @pytest.mark.parametrize("fork", ["1", "0"])
 def test_image_digest(tmp_path, monkeypatch, fork):
     """The image's sha256 from a mapping released block by block (or read, where the file cannot

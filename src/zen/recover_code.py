@@ -21,6 +21,7 @@ on it (`canonical_marshal`).
 from __future__ import annotations
 
 import struct
+from functools import partial
 from pathlib import Path
 
 from zen.cpython.codebuild import can_rebuild
@@ -49,13 +50,21 @@ PARENT_SHARE = 0.6
 
 
 def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
+    """The collector stays off for the whole stage, and the runtime (its caches: a few hundred
+    thousand decoded instructions and records) is dropped before it is back on. Its first pass then
+    has next to nothing to look at, instead of 0.05 s over objects about to be freed anyway."""
     with gc_paused():
         rt = Runtime(ip, heap, found)
-        system = Forked(lambda: compact(system_table(rt)))
+        system = Forked(partial(_system_table_bytes, rt))
         try:
             _write(out, ip, rt, index, mr, space, system)
         finally:
             system.cancel()
+            del rt, system  # freed here by reference counting, while the collector is off
+
+
+def _system_table_bytes(rt: Runtime) -> bytes:
+    return compact(system_table(rt))
 
 
 def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None:

@@ -272,5 +272,8 @@ class _Rewriter:
                 else:
                     put(k)
 
-        emit(root)
+        try:
+            emit(root)
+        finally:
+            emit = None  # it refers to itself: no cycle (holding every node) left for the collector
         return b"".join(out)

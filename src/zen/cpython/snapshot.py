@@ -25,6 +25,7 @@ Depth and size are bounded; unreadable objects become {"unsupported": ...}, neve
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +67,7 @@ class Encoder:
             from zen.cpython.values import ValueKinds
 
             kinds = ValueKinds(ip, containers=False)
-            kinds.encoder = self
+            kinds.encoder = weakref.proxy(self)  # no cycle: thousands of encoders are made and dropped
             value = kinds
         self.value_hook = value  # values the plain forms miss (partials, a torch.device), after the tensor/module hooks
         self._ids: dict[int, int] = {}
