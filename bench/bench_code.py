@@ -13,7 +13,7 @@ model code), the system-wide code table, and the UR. Writes bench/results/code.m
 Times `zen recover`'s code stage on an existing image (e.g. the GPT-2 image of bench_scale.py),
 each run in a fresh process, the variants interleaved so that they share the machine's state:
     one process  ZEN_FORK=0: the whole stage (and the image digest and tensor files) in zen's process
-    forked       as shipped: the system table, half of the code records with the class records, and
+    forked       as shipped: the system table, part of the code records with the class records, and
                  code.marshal with the UR made by forked copies of zen
 Reported: the stage's wall time (the manifest's), zen's own CPU time in it (`time.process_time`)
 and the CPU time of the children it forked and reaped in it (`RUSAGE_CHILDREN`). Every run's

@@ -71,11 +71,15 @@ def enabled() -> bool:
         return False
     if not hasattr(os, "fork"):
         return False
+    return cores() >= 2
+
+
+def cores() -> int:
+    """The cores this process may run on."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores >= 2
+        return os.cpu_count() or 1
 
 
 Progress = Callable[[str, int, int], None]

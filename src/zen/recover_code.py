@@ -5,7 +5,8 @@ this process and forked copies of it (`zen.forking`), each starting with everyth
 
     child 1 (from the start)  the system-wide code table (needs no closure)
     child 2 (after the walk)  the classes' records and part of the code records (by estimated
-                              cost, so that both processes are done about together)
+                              cost, so that both processes are done about together; with two
+                              cores only a tenth: the child shares its core with the others)
     child 3 (after the walk)  code.marshal and the UR (at a lower priority: needed last)
     this process              the other code records and the context, then the module globals
                               (in the order of all records) and pr.json
@@ -37,16 +38,19 @@ from zen.cpython.programmatic import (
 )
 from zen.cpython.runtime import Runtime
 from zen.errors import ZenError
-from zen.forking import NICE_ANALYSIS_PART, Forked
+from zen.forking import NICE_ANALYSIS_PART, Forked, cores
 from zen.represent import case, textio
 from zen.represent.jsontext import compact
 from zen.represent.pr import classes_from_bytes, classes_to_bytes, records_from_bytes, records_to_bytes
 
 # cost estimate of one code record: a fixed part plus its bytecode (listing, constants)
 RECORD_FIXED_COST = 400
-# this process's share of the code records: the child also makes the class records (about a
-# quarter of the records' time on a transformers model), this process the execution context
-PARENT_SHARE = 0.6
+# This process's share of the code records. The child also makes the class records (about a
+# quarter of the records' time on a transformers model), this process the execution context: with
+# a core each, 0.6 balances the two. With two cores the child shares its core with the other
+# children (system table, code.marshal, the image digest and the tensor files) and ran behind:
+# gpt2's stage took 1.41 s at 0.6, 1.33 s at 0.8, 1.30 s at 0.9, 1.32 s at 1.0 (medians of four).
+PARENT_SHARE, PARENT_SHARE_TWO_CORES = 0.6, 0.9
 
 
 def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
@@ -103,9 +107,11 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
 
 def _balanced_cut(rt: Runtime, addrs: list[int]) -> int:
     """Where to split the code records between this process and the child that also makes the
-    class records: this process takes `PARENT_SHARE` of their estimated cost."""
+    class records: this process takes `PARENT_SHARE` (`PARENT_SHARE_TWO_CORES`) of their
+    estimated cost."""
     costs = [RECORD_FIXED_COST + len(rt.code(a).code) for a in addrs]  # type: ignore[union-attr]
-    mine, acc = sum(costs) * PARENT_SHARE, 0
+    share = PARENT_SHARE_TWO_CORES if cores() <= 2 else PARENT_SHARE
+    mine, acc = sum(costs) * share, 0
     for i, c in enumerate(costs):
         acc += c
         if acc >= mine:
