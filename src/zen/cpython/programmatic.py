@@ -375,8 +375,9 @@ def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = N
     fns_of_code: dict[int, list[int]] = {}
     for f, c in sorted(result.code_of_function.items()):
         fns_of_code.setdefault(c, []).append(f)  # decorators make many functions share one code object
-    for fns in fns_of_code.values():
-        if len(fns) > 1:
+    for c in sorted(result.codes) if addrs is None else addrs:  # only the groups this call records
+        fns = fns_of_code.get(c)
+        if fns is not None and len(fns) > 1:
             fns.sort(key=lambda f: _instance_rank(rt, f, result.seeds))
     children: dict[int, list[int]] = {}
     for c, parent in result.codes.items():
