@@ -87,6 +87,34 @@ def zen(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Comp
     return res
 
 
+# Modules an attacker would plant where the evidence lies: each writes a marker file when imported.
+TRAPS = ("depyf", "bisect", "numpy", "torch", "sitecustomize", "usercustomize", "zen", "tvm", "safetensors", "json",
+         "runpy", "keras", "tensorflow", "typer", "rich", "transformers", "tomllib", "marshal_helpers")
+
+
+def booby_trapped(where: Path) -> tuple[Path, Path]:
+    """(evidence dir full of trap modules, dir where a trap that ran leaves its marker)."""
+    evidence, markers = where / "evidence", where / "markers"
+    evidence.mkdir(parents=True)
+    markers.mkdir()
+    for name in TRAPS:
+        (evidence / f"{name}.py").write_text(f"open({str(markers / name)!r}, 'w').write('imported')\n")
+    (evidence / "zen").mkdir()  # a package, too: `python -m zen` from here would run it
+    (evidence / "zen" / "__init__.py").write_text(f"open({str(markers / 'zen-package')!r}, 'w').write('imported')\n")
+    (evidence / "zen" / "__main__.py").write_text(f"open({str(markers / 'zen-main')!r}, 'w').write('ran')\n")
+    return evidence, markers
+
+
+def zen_command(*args, cwd: Path, check: bool = True, timeout: float = 600, env: dict | None = None):
+    """Run the installed `zen` command (as a user types it) in `cwd`."""
+    exe = Path(sys.executable).parent / "zen"
+    res = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                         env={**(env or os.environ), "COLUMNS": "200"})  # fmt: skip
+    if check and res.returncode != 0:
+        raise AssertionError(f"zen {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
+
+
 def find_python(minor: str) -> str | None:
     """A working interpreter of CPython `minor` on this machine: on PATH, or in a pyenv tree."""
     cands = [shutil.which(f"python{minor}")]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import booby_trapped, zen_command
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -399,3 +400,14 @@ def test_int8_model_rebuilt_with_scales_and_weights(name, built, decompiled):
         assert set(truth["dequantized_sha256"].values()) <= hashes
     else:
         assert set(truth["int8_sha256"].values()) | {truth["w2_scale_sha256"]} <= hashes
+
+
+def test_probing_children_import_nothing_from_the_working_directory(built, tmp_path):
+    """`zen decompile` run where the evidence lies, among planted `tvm.py`, `numpy.py`, `bisect.py`,
+    `sitecustomize.py`...: probing and the equivalence check still run (in isolated children) and no trap fires
+    (issue 38: a `bisect.py` here used to run)."""
+    evidence, markers = booby_trapped(tmp_path)
+    zen_command("decompile", built / "mlp.so", "-o", tmp_path / "pkg", cwd=evidence, timeout=900)
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["rebuilt"] and manifest["equivalence"]["max_abs_diff"] < 1e-5
+    assert sorted(p.name for p in markers.iterdir()) == []

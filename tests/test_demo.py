@@ -1,12 +1,21 @@
-"""The README's second command: the demo runs end to end and checks itself against the processes."""
+"""The README's second command: the demo runs end to end and checks itself against the processes.
+
+It is run as an investigator would run it where evidence lies: the `zen` command in a directory full of
+booby-trapped modules (`depyf.py`, `numpy.py`, `torch.py`, `sitecustomize.py`, a `zen/` package, ...). The demo
+starts three child interpreters (the base and deployed model processes and the verifier) and `zen diff` one more
+(depyf): none may import anything from the working directory (issue 38).
+"""
 
 from __future__ import annotations
 
-from conftest import zen
+import json
+
+from conftest import booby_trapped, zen_command
 
 
 def test_demo_runs(tmp_path):
-    res = zen("demo", "--dir", tmp_path / "demo")
+    evidence, markers = booby_trapped(tmp_path)
+    res = zen_command("demo", "--dir", tmp_path / "demo", cwd=evidence)
     out = " ".join(res.stdout.split())  # rich wraps long lines
     assert "OK: demo finished" in out
     assert "module classes match: True" in out
@@ -21,3 +30,12 @@ def test_demo_runs(tmp_path):
     assert "tiny-base" in report and "bit-identical" in report and "channel_shuffle" in report
     assert not (tmp_path / "demo" / "deployed.core").exists()  # images are not left behind
     assert not (tmp_path / "demo" / "base.core").exists()
+    assert sorted(p.name for p in markers.iterdir()) == []
+
+    # zen diff decompiles changed functions with depyf in a child: it must run (source, not the listing
+    # fallback a failed child gives) and import nothing from here
+    res = zen_command("diff", tmp_path / "demo" / "case", "--base", "tiny-base", "--library",
+                      tmp_path / "demo" / "library.sqlite", "--json", cwd=evidence)  # fmt: skip
+    views = json.loads(res.stdout)["functions"]
+    assert views and {v["shown_as"] for v in views} == {"source"}, [(v["target"], v["shown_as"]) for v in views]
+    assert sorted(p.name for p in markers.iterdir()) == []

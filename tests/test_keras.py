@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import recovered, start_target, zen
+from conftest import booby_trapped, recovered, start_target, zen, zen_command
 
 MODELS = ("cnn", "branches", "block", "mobilenet", "nested")
 
@@ -238,6 +238,20 @@ def test_reuse_outputs_bit_identical(keras_image, workdir, tfpy, name):
     if name == "block":  # the subclassed model's classes come from the recovered code, not from an import
         assert rep["patch"]["synthesised"] == ["zen_rebuilt.__main__"] and rep["patch"]["created"] >= 4
     assert json.loads((pkg / "verify.json").read_text())["results"][0]["equal"] is True
+
+
+def test_verify_in_a_booby_trapped_directory(keras_image, workdir, tfpy, tmp_path):
+    """The TF environment's verifier child, started where planted `keras.py`, `tensorflow.py`, `numpy.py`,
+    `sitecustomize.py`, a `zen/` package ... lie, imports none of them and still verifies (issue 38)."""
+    image, t = keras_image
+    case, _, _, _ = recovered(image, t, "cnn", workdir)
+    pkg = tmp_path / "keras_reuse_trap"
+    zen("reuse", case, "-o", pkg)
+    evidence, markers = booby_trapped(tmp_path)
+    res = zen_command("verify", pkg, "--python", tfpy, "--inputs", t.outdir / "cnn-inputs.safetensors", "--expect",
+                      t.outdir / "cnn-outputs.safetensors", "--json", cwd=evidence)  # fmt: skip
+    assert json.loads(res.stdout)["ok"]
+    assert sorted(p.name for p in markers.iterdir()) == []
 
 
 def test_reuse_package_loads_in_tf(keras_image, workdir, tfpy):

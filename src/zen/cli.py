@@ -436,12 +436,12 @@ def _run_calibrator(python: str, module: str) -> tuple[dict, str]:
 
     The target interpreter imports it in isolated mode without needing zen's dependencies.
     """
-    import zen
+    from zen import childproc
 
-    src = str(Path(zen.__file__).resolve().parent.parent)
-    boot = f"import sys; sys.path.insert(0, {src!r}); from {module} import main; sys.exit(main())"
+    boot = f"import sys; from {module} import main; sys.exit(main())"
     try:
-        proc = subprocess.run([python, "-I", "-c", boot], capture_output=True, text=True, timeout=300)
+        proc = childproc.run(childproc.code_argv(boot, python=python, with_pythonpath=False), capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
     except FileNotFoundError:
         raise ZenError(f"interpreter not found: {python}") from None
     except subprocess.TimeoutExpired:

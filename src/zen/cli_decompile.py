@@ -7,7 +7,6 @@ executable run the library's code, so they run in child processes (zen.compiled.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -23,13 +22,12 @@ EXIT_PARTIAL = 5
 
 def compare(library: Path, package: Path, timeout: float = 600.0) -> dict:
     """Max abs difference between the executable's and the rebuilt model's outputs (child process)."""
+    from zen import childproc
     from zen.compiled.probing import tvm_python
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = childproc.module_argv("zen.compiled.check", [Path(library).resolve(), Path(package).resolve()], python=tvm_python())
     try:
-        proc = subprocess.run([tvm_python(), "-m", "zen.compiled.check", str(library), str(package)],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+        proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"comparison did not finish in {timeout:.0f} s"}
     try:

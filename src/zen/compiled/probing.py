@@ -1,6 +1,6 @@
 """Parent side of probing: build the request from the static graph, run the child, read its answer.
 
-The child (`python -m zen.compiled.probe`) imports TVM and runs the library's kernels; zen's own
+The child (`zen.compiled.probe`, isolated: see zen.childproc) imports TVM and runs the library's kernels; zen's own
 process never does. Its interpreter defaults to the one running zen, and can be another Python
 environment that has TVM and torch (ZEN_TVM_PYTHON).
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zen import childproc
 from zen.compiled.errors import ExecutableError
 from zen.compiled.graph import Graph
 
@@ -27,7 +28,8 @@ def tvm_python() -> str:
 def tvm_available(python: str | None = None) -> bool:
     """Whether the probing interpreter can import tvm and torch (checked in a child, never here)."""
     try:
-        proc = subprocess.run([python or tvm_python(), "-c", "import tvm, torch"], capture_output=True, timeout=120)
+        proc = childproc.run(childproc.code_argv("import tvm, torch", python=python or tvm_python()), capture_output=True,
+                             timeout=120)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
@@ -96,12 +98,9 @@ def _load_folded(fold_dir: Path, node: int, output: int, spec: dict) -> np.ndarr
 
 
 def _run_child(req: dict, timeout: float) -> dict[int, dict]:
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     try:
-        proc = subprocess.run([tvm_python(), "-m", "zen.compiled.probe"], input=json.dumps(req), capture_output=True,
-                              text=True, timeout=timeout, env=env)
+        proc = childproc.run(childproc.module_argv("zen.compiled.probe", python=tvm_python()), input=json.dumps(req),
+                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         raise ExecutableError(f"probing the kernels did not finish in {timeout:.0f} s") from None
     except OSError as exc:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from zen import childproc
 from zen.errors import ZenError
 from zen.represent import textio
 
@@ -37,8 +37,8 @@ def _serve_and_image(cmd: list[str], outdir: Path, image: Path, console: Console
     from zen.acquire import acquire
 
     outdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(cmd + [str(outdir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(cmd + [str(outdir.resolve())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=outdir)  # fmt: skip
     try:
         with console.status(f"starting the {what} process (imports torch, builds the model, serves a request)..."):
             line = proc.stdout.readline().strip()
@@ -61,7 +61,7 @@ def _library(workdir: Path, console: Console, keep: bool) -> Path:
 
     console.rule("[bold]1. the public base model, into a base-model library")
     image = workdir / "base.core"
-    _serve_and_image([sys.executable, "-c", "import sys; from zen.demo.tiny_base import serve; serve(sys.argv[1])"],
+    _serve_and_image(childproc.code_argv("import sys; from zen.demo.tiny_base import serve; serve(sys.argv[1])"),
                      workdir / "base-process", image, console, "base model")  # fmt: skip
     res = recover(image, None, workdir / "base-case")
     if not keep:
@@ -79,7 +79,7 @@ def _recover(workdir: Path, console: Console, keep: bool):
 
     console.rule("[bold]2. the deployed model process, recovered from its image alone")
     image = workdir / "deployed.core"
-    truth = _serve_and_image([sys.executable, str(Path(__file__).with_name("deployed_model.py"))], workdir / "deployed-process",
+    truth = _serve_and_image(childproc.script_argv(Path(__file__).with_name("deployed_model.py")), workdir / "deployed-process",
                              image, console, "deployed model")  # fmt: skip
     case_dir = workdir / "case"
     res = recover(image, None, case_dir)
@@ -135,10 +135,10 @@ def _rebuild(case_dir: Path, workdir: Path, patch: dict, d, truth_dir: Path, con
     pkg = write_package(case_dir, workdir / "rebuilt_model", patch, d.summary())
     console.print(f"wrote the package {pkg} (import rebuilt_model; rebuilt_model.load())")
     console.print("[yellow]running it EXECUTES code recovered from the image: done in a separate process[/yellow]")
-    cmd = [sys.executable, "-m", "zen", "verify", str(pkg), "--inputs", str(truth_dir / "request.safetensors"),
-           "--expect", str(truth_dir / "response.safetensors"), "--json"]  # fmt: skip
+    cmd = childproc.module_argv("zen", ["verify", pkg.resolve(), "--inputs", (truth_dir / "request.safetensors").resolve(),
+                                        "--expect", (truth_dir / "response.safetensors").resolve(), "--json"])  # fmt: skip
     env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = childproc.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     try:
         res = json.loads(proc.stdout)
     except ValueError:

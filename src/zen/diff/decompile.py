@@ -1,7 +1,7 @@
 """Decompile code objects to Python source with depyf, in a separate process with a time limit.
 
 Decompilation never runs the code, but a decompiler can loop or crash on unusual bytecode, so it
-runs in a child process (`python -m zen.diff.decompile`) fed marshalled code objects on stdin and
+runs in an isolated child process (`python -I`, `zen.diff.decompile`; see zen.childproc) fed marshalled code objects on stdin and
 answering JSON on stdout. depyf is optional (`pip install 'zen-forensics[decompile]'`); without it,
 or when it fails or times out, callers fall back to normalised listings.
 """
@@ -13,6 +13,8 @@ import marshal
 import subprocess
 import sys
 from typing import Any
+
+from zen import childproc
 
 
 def available() -> bool:
@@ -26,8 +28,8 @@ def decompile_many(codes: dict[str, Any], timeout: float = 60.0) -> dict[str, st
     if not codes or not available():
         return {}
     try:
-        proc = subprocess.run([sys.executable, "-m", "zen.diff.decompile"], input=marshal.dumps(codes), capture_output=True,
-                              timeout=timeout)  # fmt: skip
+        proc = childproc.run(childproc.module_argv("zen.diff.decompile", with_pythonpath=False), input=marshal.dumps(codes),
+                             capture_output=True, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {}
     if proc.returncode != 0:

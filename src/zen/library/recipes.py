@@ -23,12 +23,12 @@ image is ever executed here.
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+from zen import childproc
 from zen.errors import ZenError
 from zen.library.store import Library
 
@@ -85,7 +85,9 @@ def build(recipe: Path, library: Library, *, only: list[str] | None = None, repl
             runner = work / "deploy.py"
             runner.write_text(RUNNER.format(paths=paths, code=str(code), name=f"<recipe {name}>"))
             log(f"{name}: deploying")
-            proc = subprocess.Popen([sys.executable, str(runner)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            # isolated (zen.childproc): the recipe's own sys_path and the caller's PYTHONPATH are importable,
+            # the directory zen was started in is not
+            proc = subprocess.Popen(childproc.script_argv(runner), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, cwd=work)  # fmt: skip
             try:
                 line = proc.stdout.readline().strip()

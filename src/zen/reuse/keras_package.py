@@ -119,11 +119,12 @@ def run_verify(pkg: Path, python: str, inputs: Path, expect: Path | None, save: 
                timeout: float = 600.0) -> dict:  # fmt: skip
     """Verify a Keras package in a child process of the TF environment's `python` (zen never imports TF).
 
-    The child gets this zen's modules on PYTHONPATH; it prints one `ZEN-RESULT {json}` line."""
+    The child runs isolated (zen.childproc): zen's modules and the caller's PYTHONPATH are put on its
+    sys.path, the working directory is not; it prints one `ZEN-RESULT {json}` line."""
     import os
     import subprocess
 
-    import zen
+    from zen import childproc
 
     exe = shutil.which(python) or python
     if not Path(exe).is_file():
@@ -131,16 +132,15 @@ def run_verify(pkg: Path, python: str, inputs: Path, expect: Path | None, save: 
     if not Path(inputs).is_file():
         raise ZenError(f"no input file {inputs}", "pass --inputs FILE.safetensors (the inputs the deployed model ran on)")
     env = dict(os.environ)
-    root = str(Path(zen.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    cmd = [exe, "-m", "zen.reuse.keras_runtime", "verify", str(Path(pkg).resolve()), "--inputs", str(Path(inputs).resolve())]
+    args = ["verify", str(Path(pkg).resolve()), "--inputs", str(Path(inputs).resolve())]
     if expect is not None:
-        cmd += ["--expect", str(Path(expect).resolve())]
+        args += ["--expect", str(Path(expect).resolve())]
     if save is not None:
-        cmd += ["--save", str(Path(save).resolve())]
+        args += ["--save", str(Path(save).resolve())]
+    cmd = childproc.module_argv("zen.reuse.keras_runtime", args, python=exe)
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        res = childproc.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
         raise ZenError(f"verifying {pkg} took more than {timeout:.0f} s", "raise --timeout") from None
     except OSError as exc:
