@@ -105,13 +105,15 @@ def acquire(
     *,
     lean: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    note: dict | None = None,
 ) -> AcquireResult:
     """Write an ELF core of process `pid` to `output`.
 
     lean=True skips the bytes of read-only file-backed mappings that were never written (they stay
     listed, with the first page of each file kept so readers can verify the file on disk before using
     it to fill the gap). Mappings with copy-on-write pages (RELRO) are always copied.
-    `progress(done, total)` is called as bytes are copied.
+    `progress(done, total)` is called as bytes are copied; `note` adds fields to the ZEN note (the
+    GPU evidence planned for the same process).
     """
     out = Path(output)
     if pid <= 0:
@@ -134,7 +136,7 @@ def acquire(
                 f"cannot open memory of PID {pid}: {exc.strerror}", "run zen as root or as the process owner"
             ) from None
         try:
-            return _write(pid, out, regions, mem_fd, lean, progress, t0)
+            return _write(pid, out, regions, mem_fd, lean, progress, t0, note or {})
         finally:
             os.close(mem_fd)
 
@@ -177,7 +179,7 @@ def _plan(regions: list[Region], lean: bool, written: dict[int, int] | None = No
     return plan
 
 
-def _write(pid, out: Path, regions, mem_fd, lean, progress, t0) -> AcquireResult:
+def _write(pid, out: Path, regions, mem_fd, lean, progress, t0, extra: dict) -> AcquireResult:
     plan = _plan(regions, lean, written_pages(pid) if lean else None)
     total = sum(n for _, _, n in plan)
     threads = thread_ids(pid)
@@ -201,6 +203,7 @@ def _write(pid, out: Path, regions, mem_fd, lean, progress, t0) -> AcquireResult
         "threads": len(threads),
         # NT_FILE only names real files; keep [heap], [stack], [vdso]... for the record.
         "pseudo_regions": [[r.start, r.end, r.path] for r in regions if r.path.startswith("[")],
+        **extra,
     }
     notes = [_note("CORE", NT_PRSTATUS, _prstatus(pid, ppid, t, _thread_registers(pid, t))) for t in threads]
     notes.append(_note("CORE", NT_PRPSINFO, _prpsinfo(pid, ppid, comm, cmdline, "T")))

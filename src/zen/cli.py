@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zen import __version__, cli_decompile, cli_library, cli_reuse, cli_symbols, cli_system
+from zen import __version__, cli_acquire, cli_decompile, cli_gpu, cli_library, cli_reuse, cli_symbols, cli_system
 from zen.console import consoles
 from zen.errors import ZenError
 
@@ -40,6 +40,7 @@ app.command("report")(cli_reuse.report)
 app.command("ps")(cli_system.ps)
 app.command("symbols")(cli_symbols.symbols)
 app.command("decompile")(cli_decompile.decompile)
+app.command("acquire")(cli_acquire.acquire)
 
 out, err = consoles()
 
@@ -49,14 +50,15 @@ EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see t
 IMAGE_HELP = "Memory image: a process core (zen acquire, gcore, kernel core) or a whole-machine image (LiME, AVML, raw, ELF)."
 PID_HELP = "With IMAGE: a process of a whole-machine image (default: the one Python process with torch). Alone: a live process."
 SYMBOLS_HELP = "Kernel symbols (ISF file or directory) for a whole-machine image; repeatable. Default: zen's symbol cache."
+GPU_HELP = "GPU core of the same process (device memory; `zen acquire --pid` writes IMAGE.gpu0.nvcudmp); repeatable."
 
 
-def _open(image: Path | None, pid: int | None, symbols: list[Path] | None = None):
+def _open(image: Path | None, pid: int | None, symbols: list[Path] | None = None, gpu: list[Path] | None = None):
     from zen.memory import open_space
 
     if image is None and pid is None:
         raise ZenError("give an image file or --pid PID", "see `zen COMMAND --help`")
-    return open_space(image, pid, symbols=symbols)
+    return open_space(image, pid, symbols=symbols, gpu=gpu)
 
 
 def _print_problems(space) -> None:
@@ -73,57 +75,27 @@ def version() -> None:
 
 
 @app.command()
-def acquire(
-    pid: int = typer.Option(..., "--pid", help="PID of the process to image."),
-    output: Path = typer.Option(..., "-o", "--output", help="Where to write the ELF core file."),
-    lean: bool = typer.Option(
-        False,
-        "--lean/--all",
-        help="--lean skips unwritten read-only file mappings (readers take them from disk); "
-        "--all (default) copies every mapping.",
-    ),
-) -> None:
-    """Image a live process into an ELF core file (the process is stopped while it is read)."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    from zen.acquire import acquire as do_acquire
-
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    ) as prog:
-        task = prog.add_task(f"imaging PID {pid}", total=None)
-
-        def tick(done: int, total: int) -> None:
-            prog.update(task, completed=done, total=total)
-
-        res = do_acquire(pid, output, lean=lean, progress=tick)
-    out.print(f"wrote {res.path} ({res.bytes_written:,} bytes of {res.regions} mappings, mode {res.mode}) in {res.seconds:.2f} s")
-    if res.failed_regions:
-        for f in res.failed_regions:
-            err.print(f"[yellow]unreadable: {f}[/yellow]")
-
-
-@app.command()
 def info(
     image: Path | None = typer.Argument(None, help=IMAGE_HELP),
     pid: int | None = typer.Option(None, "--pid", help=PID_HELP),
     symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
+    gpu: list[Path] | None = typer.Option(None, "--gpu", help=GPU_HELP),
     top: int = typer.Option(25, help="How many types to list in the census."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     census: bool = typer.Option(True, "--census/--no-census", help="Count objects by type (a scan of the whole heap)."),
 ) -> None:
-    """Versions, memory regions, interpreter address, object counts by type, threads."""
+    """Versions, memory regions, interpreter address, object counts by type, threads; for a GPU core, its devices,
+    contexts and global memory segments."""
     from zen.info import image_info
 
-    space = _open(image, pid, symbols)
+    if image is not None and cli_gpu.is_gpu_core(image):
+        cli_gpu.info(image, as_json)
+        return
+    space = _open(image, pid, symbols, gpu)
     with space:
         res = _frozen(image, pid, lambda: image_info(space, top=top, census=census))
+        if space.devices:
+            res["gpu"] = space.device_evidence
         if as_json:
             out.print_json(json.dumps(res, default=str))
         else:
@@ -197,6 +169,7 @@ def objects(
     type_name: str = typer.Option(..., "--type", help="Type name: 'function', 'dict', 'torch.nn.modules.linear.Linear', ..."),
     pid: int | None = typer.Option(None, "--pid", help=PID_HELP),
     symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
+    gpu: list[Path] | None = typer.Option(None, "--gpu", help=GPU_HELP),
     limit: int = typer.Option(20, "--limit", help="Show at most this many objects (0: count only)."),
     subclasses: bool = typer.Option(False, "--subclasses", help="Include instances of subclasses."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -206,7 +179,7 @@ def objects(
     from zen.cpython.heap import Heap
     from zen.cpython.interp import Interpreter
 
-    space = _open(image, pid, symbols)
+    space = _open(image, pid, symbols, gpu)
     with space:
 
         def run():
@@ -243,6 +216,7 @@ def recover(
     output: Path = typer.Option(..., "-o", "--output", help="Case directory to write (created if needed)."),
     pid: int | None = typer.Option(None, "--pid", help=PID_HELP + " (A live process is stopped while read.)"),
     symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
+    gpu: list[Path] | None = typer.Option(None, "--gpu", help=GPU_HELP),
     model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
     limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on what is read "
                                            "from the image (max_str, max_items, max_module_depth, ...; see README)."),
@@ -267,7 +241,7 @@ def recover(
             prog.update(task, description=stage, completed=done, total=total)
 
         res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, progress=tick, symbols=symbols,
-                                                         limits=limit))
+                                                         limits=limit, gpu=gpu))
     _render_recover(res)
     if res.status != "complete":
         raise typer.Exit(EXIT_PARTIAL)

@@ -222,6 +222,8 @@ def verify(
     save: Path | None = typer.Option(None, "-o", "--save", help="Write the outputs here (safetensors)."),
     threads: int = typer.Option(1, "--threads", help="torch threads (1 makes CPU results reproducible)."),
     as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+    device: str = typer.Option("cpu", "--device", help="PyTorch packages: run the model on this device (cpu, cuda:0); "
+                               "inputs are moved there, outputs compared on the CPU."),
     python: str | None = typer.Option(
         None,
         "--python",
@@ -244,8 +246,9 @@ def verify(
     err.print(f"[yellow]warning:[/yellow] {EXECUTES}")
     torch.set_num_threads(threads)
     pkg = import_package(package)
-    model, report = pkg.load_with_report()
-    xs = load_tensors(inputs if inputs is not None else Path(package) / "inputs.safetensors")
+    model, report = pkg.load_with_report(device=device) if device != "cpu" else pkg.load_with_report()
+    given = load_tensors(inputs if inputs is not None else Path(package) / "inputs.safetensors")
+    xs = {k: v.to(device) for k, v in given.items()}
     if not xs:
         raise ZenError("no input tensors to run", "pass --inputs FILE.safetensors")
     want = load_tensors(expect) if expect is not None else {}
@@ -254,6 +257,7 @@ def verify(
         try:
             with torch.no_grad():
                 y = first_tensor(model(xs[key]))
+                y = y.cpu() if y is not None else None
         except Exception as exc:  # noqa: BLE001 - recovered code or a wrong input: report, don't crash
             rows.append({"input": key, "error": f"{type(exc).__name__}: {exc}"})
             continue

@@ -96,34 +96,35 @@ def recover(
     progress: Progress | None = None,
     symbols: list[Path] | None = None,
     limits: list[str] | None = None,
+    gpu: list[Path] | None = None,
 ) -> RecoverResult:
     """Recover the model of an image (or live PID) into the case directory `out`.
 
-    `limits` are `NAME=VALUE` overrides of the bounds in `zen.limits` (parsed before anything runs)."""
+    `limits` are `NAME=VALUE` overrides of the bounds in `zen.limits` (parsed before anything runs);
+    `gpu` names GPU cores of the process (tensors on cuda:N are read from them)."""
     from zen import limits as zl
 
     bounds = zl.parse(limits)
     t0 = time.perf_counter()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    if image is not None:
-        require_image_file(image)  # before anything is created: a FIFO or device is refused cleanly
+    for f in [image, *(gpu or [])] if image is not None else list(gpu or []):
+        require_image_file(f)  # before anything is created: a FIFO or device is refused cleanly
     created = not Path(out).exists()
     out = case.prepare(out)
     try:
-        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds)
+        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []))
     except BaseException:
         case.discard(out, remove_dir=created)  # a failed run leaves no half-written case behind
         raise
 
 
-def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> RecoverResult:
-    # The image is hashed while it is analysed (`image_digest`: by a forked child, else a thread).
-    hasher = ImageDigest(Path(image)) if image is not None and Path(image).is_file() else None
+def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu) -> RecoverResult:
+    # The image (and each GPU image) is hashed while it is analysed (`image_digest`: a forked child, else a thread).
+    hasher = Digests(image, gpu)
     try:
-        space = open_space(image, pid, symbols=symbols)
+        space = open_space(image, pid, symbols=symbols, gpu=gpu)
     except BaseException:
-        if hasher is not None:
-            hasher.cancel()
+        hasher.cancel()
         raise
     timings: dict[str, float] = {}
     if getattr(space, "system", None) is not None:
@@ -197,8 +198,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds) -> 
     except BaseException:
         if tensors_out is not None:
             tensors_out.cancel()
-        if hasher is not None:
-            hasher.cancel()
+        hasher.cancel()
         space.close()
         raise
     sections = {"torch": {"version": tv}}
@@ -315,12 +315,40 @@ def _submodule_root(index, reader, choice, refs):
     return root_record(index, reader, addr, refs.get(addr, []))
 
 
-def _evidence(space, image, pid, hasher) -> dict:
+class Digests:
+    """The sha256 of the host image and of each GPU image, computed beside the analysis."""
+
+    def __init__(self, image: Path | None, gpu: list[Path]) -> None:
+        self.host = ImageDigest(Path(image)) if image is not None and Path(image).is_file() else None
+        self.gpu = [ImageDigest(Path(g)) for g in gpu]
+
+    def cancel(self) -> None:
+        for h in [self.host, *self.gpu]:
+            if h is not None:
+                h.cancel()
+
+    def result(self) -> tuple[str | None, str | None]:
+        return self.host.result() if self.host else (None, None)
+
+
+def _gpu_evidence(space, hasher: Digests) -> list[dict]:
+    out = []
+    for ev, h in zip(space.device_evidence, hasher.gpu):
+        digest, error = h.result()
+        out.append({**ev, "sha256": digest, **({"sha256_error": error} if error else {})})
+    return out
+
+
+def _evidence(space, image, pid, hasher: Digests) -> dict:
+    gpu = _gpu_evidence(space, hasher) if getattr(space, "device_evidence", None) else []
     if image is None:
-        return {"live_pid": pid, "note": "read from a live process (stopped while read); no image file to hash"}
+        ev = {"live_pid": pid, "note": "read from a live process (stopped while read); no image file to hash"}
+        return {**ev, "gpu": gpu} if gpu else ev
     p = Path(image)
-    digest, error = hasher.result() if hasher else (None, None)
+    digest, error = hasher.result()
     ev = {"image": str(p.resolve()), "size": p.stat().st_size, "sha256": digest}
+    if gpu:
+        ev["gpu"] = gpu
     info = getattr(space, "info", None)
     if info is not None:
         ev.update(producer=info.producer, pid=info.pid, command=info.command, acquisition=info.acquisition)

@@ -70,15 +70,15 @@ class TensorFiles:
 
 def _writable(reader, slots) -> list:
     """The slots whose tensor data is in the image; the others are marked missing."""
-    space = reader.ip.space
     writable = []
     for s in slots:
         m, rec = s.meta, s.record
         if m is None or rec.status != "ok":
             continue
         lo, hi = m.extent()
-        if m.numel and not space.is_readable(m.data_ptr + lo * m.itemsize, (hi - lo) * m.itemsize):
-            rec.status, rec.note = "missing", "tensor data pages are not in the image"
+        start, size = m.data_ptr + lo * m.itemsize, (hi - lo) * m.itemsize
+        if m.numel and not reader.space_of(m).is_readable(start, size):
+            rec.status, rec.note = "missing", reader.missing_range_note(m, start, size)
             continue
         writable.append(s)
     return writable

@@ -50,14 +50,37 @@ def open_space(
     *,
     file_root: str | None = None,
     symbols: list[str | os.PathLike] | None = None,
+    gpu: list[str | os.PathLike] | None = None,
 ) -> AddressSpace:
     """Open a process: a core file, one process of a whole-machine image, or a live process.
 
     With an image, `pid` chooses a process of a whole-machine image (LiME, AVML, raw, ELF
     physical dump; default: the one Python process with torch loaded) and must match the
-    process of a core file; without one, `pid` is a live process on this machine.
+    process of a core file; without one, `pid` is a live process on this machine. `gpu` names
+    GPU cores of the same process (zen.memory.gpu): their device memory is attached to it.
     """
+    from zen.errors import ImageError
 
+    if image is not None:
+        from zen.memory.gpu import sniff_gpu_core
+
+        if sniff_gpu_core(require_image_file(image)):
+            raise ImageError(f"{image} is a GPU core (device memory of a CUDA process), not a host image",
+                             f"give the process's host image and this file with --gpu {image}; `zen info {image}` "
+                             "describes it")  # fmt: skip
+    space = _open_host(image, pid, file_root=file_root, symbols=symbols)
+    if gpu:
+        from zen.memory.gpu import attach_gpu_images
+
+        try:
+            attach_gpu_images(space, gpu)
+        except BaseException:
+            space.close()
+            raise
+    return space
+
+
+def _open_host(image, pid, *, file_root, symbols) -> AddressSpace:
     from zen.errors import ImageError, ZenError
 
     if image is None and pid is None:

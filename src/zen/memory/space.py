@@ -405,14 +405,39 @@ class AddressSpace:
             pos += n
         raise MemoryReadError(addr, limit, f"no string terminator within {limit} bytes")
 
+    # -- memory of devices (GPUs) ---------------------------------------------------------------
+    def attach_devices(self, spaces: dict[str, AddressSpace], evidence: list[dict]) -> None:
+        """Give this (host) space the memory of its devices: {"cuda:0": space, ...}; "cuda" stands for
+        every CUDA device (a GPU image without a device table). `evidence` describes the files."""
+        self._devices = dict(spaces)
+        self.device_evidence = list(evidence)
+
+    def device_space(self, device: str) -> AddressSpace | None:
+        """Where the bytes of memory on `device` are: this space for "cpu", an attached device space,
+        or None when no evidence of that device's memory was given."""
+        if device == "cpu":
+            return self
+        devices = getattr(self, "_devices", None) or {}
+        return devices.get(device) or devices.get(device.split(":", 1)[0])
+
+    @property
+    def devices(self) -> dict[str, AddressSpace]:
+        return dict(getattr(self, "_devices", None) or {})
+
     def close(self) -> None:
         """Release file handles; subclasses own them."""
+
+    def close_all(self) -> None:
+        """Close this space and the device spaces attached to it."""
+        self.close()
+        for d in {id(s): s for s in self.devices.values()}.values():
+            d.close()
 
     def __enter__(self) -> AddressSpace:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close_all()
 
     @property
     def captured_bytes(self) -> int:

@@ -38,16 +38,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def load(*, eval_mode=True):
-    """The rebuilt model (an nn.Module; in eval mode unless eval_mode=False)."""
-    return load_with_report(eval_mode=eval_mode)[0]
+def load(*, eval_mode=True, device="cpu"):
+    """The rebuilt model (an nn.Module; in eval mode unless eval_mode=False), on `device` ("cpu", or
+    "cuda:0" where a GPU is present; the deployed model's device is in mr.json)."""
+    return load_with_report(eval_mode=eval_mode, device=device)[0]
 
 
-def load_with_report(*, eval_mode=True):
+def load_with_report(*, eval_mode=True, device="cpu"):
     """(model, report): what the patch created/replaced/verified and what could not be restored."""
     from zen.reuse.runtime import load_package
 
-    return load_package(HERE, eval_mode=eval_mode)
+    return load_package(HERE, eval_mode=eval_mode, device=device)
 
 
 def inputs():

@@ -28,8 +28,10 @@ def load_tensors(path: Path) -> dict:
     return {k: v.clone() for k, v in loaded.items()}
 
 
-def load_package(pkg_dir: Path, *, eval_mode: bool = True) -> tuple[Any, dict]:
-    """(model, report). Verifies the patch (hashes, Python version) before anything runs."""
+def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu") -> tuple[Any, dict]:
+    """(model, report). Verifies the patch (hashes, Python version) before anything runs. The model is
+    rebuilt on the CPU, then moved to `device` (parameters and buffers; tensors the model keeps in plain
+    attributes stay where they are and are named in the report)."""
     from zen.patch.apply import apply_patch
     from zen.patch.format import read_patch
     from zen.reuse.graph import rebuild
@@ -39,6 +41,7 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True) -> tuple[Any, dict]:
     applied = apply_patch(patch)
     mr = package_mr(pkg_dir)
     model, graph = rebuild(mr, applied.resolver, pkg_dir, eval_mode=eval_mode)
+    placed = _place(model, device)
     problems = graph.problems() + [f"class {m}" for m in applied.mro_mismatch]
     if problems:  # said at load time too, not only in the report: a placeholder fails only when used
         import warnings
@@ -46,7 +49,25 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True) -> tuple[Any, dict]:
         more = f" (and {len(problems) - 5} more; see load_with_report())" if len(problems) > 5 else ""
         warnings.warn(f"zen: {len(problems)} value(s) of the recovered model could not be rebuilt: "
                       + "; ".join(problems[:5]) + more, stacklevel=3)  # fmt: skip
-    return model, {"patch": applied.to_json(), "graph": graph.to_json(), "problems": problems}
+    return model, {"patch": applied.to_json(), "graph": graph.to_json(), "problems": problems, "device": placed}
+
+
+def _place(model: Any, device: str) -> dict:
+    """Move the rebuilt model to `device`; what was moved and what stayed behind."""
+    import torch
+
+    if str(device) == "cpu":
+        return {"device": "cpu"}
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ZenError(f"unknown device {device!r}: {exc}", "use cpu, cuda or cuda:N") from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ZenError(f"device {device} requested but this torch has no usable GPU", "load(device='cpu')")
+    model.to(target)
+    held = [f"{name}.{k}" if name else k for name, m in model.named_modules() for k, v in vars(m).items()
+            if isinstance(v, torch.Tensor) and not k.startswith("_") and v.device != target]  # fmt: skip
+    return {"device": str(target), "tensors_left_in_attributes": held[:100]}
 
 
 def package_mr(pkg_dir: Path):

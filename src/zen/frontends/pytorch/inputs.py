@@ -45,7 +45,7 @@ def first_layer(mr: ModelMR):
 
 def _score(meta: TensorMeta, kind: str, size: int, dims: int, weight_dtype: str, reader: TensorReader) -> int | None:
     shape = meta.shape
-    if not meta.on_cpu or meta.numel == 0:
+    if not reader.has_data(meta) or meta.numel == 0:
         return None
     if kind == "conv":
         if len(shape) == dims + 2 and shape[1] == size:

@@ -132,7 +132,8 @@ def state_items(index: ModuleIndex, root: int, limits: ModelLimits | None = None
     return out
 
 
-def tensor_record(key: str, kind: str, addr: int, meta: TensorMeta | None, error: str = "") -> TensorRecord:
+def tensor_record(key: str, kind: str, addr: int, meta: TensorMeta | None, error: str = "",
+                  reader: TensorReader | None = None) -> TensorRecord:  # fmt: skip
     if meta is None:
         return TensorRecord(key, kind, "?", [], [], 0, "?", False, 0, f"{addr:#x}", "0x0", "?", status="unreadable", note=error)
     rec = TensorRecord(
@@ -141,8 +142,8 @@ def tensor_record(key: str, kind: str, addr: int, meta: TensorMeta | None, error
         address=f"{addr:#x}", storage=f"{meta.storage:#x}", python_type=meta.python_type,
         data_address=f"{meta.data_ptr + meta.storage_offset * meta.itemsize:#x}",
     )  # fmt: skip
-    if not meta.on_cpu:
-        rec.status, rec.note = "on-device", f"data on device {meta.device}, not in this image"
+    if not meta.on_cpu and (reader is None or not reader.has_data(meta)):
+        rec.status, rec.note = "on-device", TensorReader.missing_device_note(meta)
     elif meta.safetensors is None:
         rec.status, rec.note = "unrepresentable", f"dtype {meta.dtype} has no safetensors encoding"
     return rec
@@ -175,7 +176,7 @@ def build_mr(ip: Interpreter, index: ModuleIndex, reader: TensorReader, root: Ro
     for key, kind, addr in state_items(index, raddr, limits, problems):
         try:
             meta = reader.meta(addr)
-            rec = tensor_record(key, kind, addr, meta)
+            rec = tensor_record(key, kind, addr, meta, reader=reader)
         except ZenError as exc:
             meta = None
             rec = tensor_record(key, kind, addr, None, str(exc))

@@ -56,7 +56,7 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
             used_keys.add(key)
             try:
                 meta = reader.meta(addr)
-                rec = tensor_record(key, "extra", addr, meta)
+                rec = tensor_record(key, "extra", addr, meta, reader=reader)
             except ZenError as exc:
                 meta, rec = None, tensor_record(key, "extra", addr, None, str(exc))
             extra_key[addr] = key

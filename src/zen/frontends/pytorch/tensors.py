@@ -144,16 +144,31 @@ class TensorReader:
             meta.python_type = ip.type_name(addr)
         except ObjectError:
             pass
-        if meta.on_cpu and meta.numel:
+        if meta.numel and (meta.on_cpu or data_ptr):  # a meta-device tensor has no bytes to bound
             lo, hi = meta.extent()
             if lo < 0 or hi * meta.itemsize > nbytes:
                 raise ObjectError(addr, f"tensor extent {lo}..{hi} exceeds its storage of {nbytes} bytes")
         return meta
 
+    def space_of(self, meta: TensorMeta):
+        """The address space holding the tensor's bytes: the image for CPU tensors, the attached
+        GPU image for CUDA tensors (zen.memory.gpu), None when that device's memory was not given."""
+        return self.ip.space.device_space(meta.device)
+
+    def has_data(self, meta: TensorMeta) -> bool:
+        return self.space_of(meta) is not None
+
+    @staticmethod
+    def missing_device_note(meta: TensorMeta) -> str:
+        if meta.device.startswith("cuda"):
+            return (f"data on device {meta.device}, not in this image: give the GPU image of the process "
+                    "(`zen recover IMAGE --gpu GPU_CORE`; `zen acquire --pid N` collects one, see README 'Models on GPUs')")
+        return f"data on device {meta.device}, not in this image"
+
     def iter_bytes(self, meta: TensorMeta, block: int = BLOCK) -> Iterator[bytes | memoryview]:
         """The tensor's data in C order, in blocks of at most `block` bytes (contiguous case)."""
-        if not meta.on_cpu:
-            raise TensorDataMissing(meta.addr, f"data is on device {meta.device}, not in this image")
+        if not self.has_data(meta):
+            raise TensorDataMissing(meta.addr, self.missing_device_note(meta))
         if meta.numel == 0:
             return
         start = meta.data_ptr + meta.storage_offset * meta.itemsize
@@ -163,7 +178,7 @@ class TensorReader:
             while pos < total:
                 n = min(block, total - pos)
                 yield self._read(meta, start + pos, n)
-                self._release(start + pos, n)
+                self._release(meta, start + pos, n)
                 pos += n
             return
         # Strided: gather from the storage span the view touches (bounded by the storage size).
@@ -182,20 +197,32 @@ class TensorReader:
     def file_span(self, meta: TensorMeta) -> tuple[int, int] | None:
         """(file descriptor, offset) of a file holding the tensor's bytes in C order (a contiguous
         tensor inside one mapped segment of the image), for an in-kernel copy; else None."""
-        if not meta.on_cpu or not meta.contiguous or not meta.numel:
+        space = self.space_of(meta)
+        if space is None or not meta.contiguous or not meta.numel:
             return None
-        return self.ip.space.file_span(meta.data_ptr + meta.storage_offset * meta.itemsize, meta.nbytes)
+        return space.file_span(meta.data_ptr + meta.storage_offset * meta.itemsize, meta.nbytes)
 
-    def _release(self, addr: int, n: int) -> None:
-        c = self.ip.space.chunk_of(addr)
+    def _release(self, meta: TensorMeta, addr: int, n: int) -> None:
+        c = self.space_of(meta).chunk_of(addr)
         if c is not None and n >= 1 << 20:
             c.release(addr - c.start, min(n, c.end - addr))
 
     def _read(self, meta: TensorMeta, addr: int, n: int) -> bytes | memoryview:
+        space = self.space_of(meta)
         try:
-            return self.ip.space.view(addr, n)
+            return space.view(addr, n)
         except MemoryReadError as exc:
-            raise TensorDataMissing(meta.addr, f"tensor data not in the image ({exc.reason})") from None
+            raise TensorDataMissing(meta.addr, self.missing_range_note(meta, addr, n, exc.reason)) from None
+
+    def missing_range_note(self, meta: TensorMeta, addr: int, n: int, reason: str = "") -> str:
+        """Why [addr, addr+n) of the tensor's data is not readable; for device memory, which
+        segments of the GPU image lie nearest."""
+        space = self.space_of(meta)
+        near = getattr(space, "near", None)
+        if meta.on_cpu or near is None:
+            return f"tensor data not in the image ({reason})" if reason else "tensor data pages are not in the image"
+        return (f"device range {addr:#x}-{addr + n:#x} ({n:,} bytes on {meta.device}) is not in the GPU image; "
+                f"{near(addr, n)}")
 
     def sha256(self, meta: TensorMeta) -> str:
         h = hashlib.sha256()

@@ -1,0 +1,158 @@
+"""GPU memory images (issue 31): the real CUDA GPU core of an H200 process, constructed cores, and fuzzing.
+
+`../shared/fixtures/gpu-h200-cnn/` holds a GPU core the CUDA driver wrote for a deployed CNN on an NVIDIA H200 and
+that process's own record of every tensor (device address, size, sha256). zen must find all 18 tensors at their
+addresses, bit-exact, and describe the devices and segments; a corrupt, truncated or hostile core is one clear
+error (exit 2) or a problem (exit 5), never a traceback, a hang or a read outside the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import zen
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zen.errors import ImageError
+from zen.memory.gpu import GpuCoreSpace
+from zen.memory.gpu.writer import Range, write_gpu_core
+
+FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "gpu-h200-cnn"
+UNPACKED_SHA = "b2be313af4a143bc06e16aadbba352a5cf951ad81a39a388cd11bf5928f50e6b"
+
+
+@pytest.fixture(scope="module")
+def h200():
+    core = FIXTURE / "gpucore.nvcudmp.gz"
+    if not core.is_file():
+        pytest.skip(f"the shared GPU fixture is not beside the repository ({FIXTURE})")
+    return core, json.loads((FIXTURE / "truth.json").read_text())
+
+
+def test_real_h200_core_every_tensor_bit_exact(h200):
+    core, truth = h200
+    with GpuCoreSpace(core) as g:
+        assert g.unpacked is not None and g.unpacked.sha256 == UNPACKED_SHA
+        assert not g.problems
+        found = 0
+        for key, t in truth["tensors"].items():
+            data = bytes(g.view(t["ptr"], t["nbytes"]))
+            assert hashlib.sha256(data).hexdigest() == t["sha256"], key
+            assert data[:16].hex() == t["head"], key
+            found += 1
+        assert found == 18
+        (dev,) = g.core.devices
+        assert (dev.name, dev.sm_type, dev.fields["numSMs"]) == ("NVIDIA H200", "sm_90", 132)
+        assert len(dev.contexts) == 1 and dev.contexts[0].modules == 22 and dev.contexts[0].images == 22
+        assert g.core.meta["driverVersionMajor"] == 580 and "skip_abort" in g.core.generation_flags()
+        assert len(g.core.segments) == 16 and g.core.global_bytes == 136_581_120
+
+
+def test_zen_info_names_devices_and_segments(h200):
+    core, _ = h200
+    res = zen("info", core, "--json")
+    data = json.loads(res.stdout)
+    assert data["kind"] == "cuda-gpu-core" and data["compression"]["unpacked_sha256"] == UNPACKED_SHA
+    assert data["devices"][0]["name"] == "NVIDIA H200" and data["devices"][0]["sm_version"] == "9.0"
+    assert data["global_memory"]["segments"] == 16 and len(data["global_memory"]["ranges"]) == 16
+    text = " ".join(zen("info", core).stdout.split())
+    assert "CUDA GPU core" in text and "NVIDIA" in text and "136,581,120 bytes" in text
+    res = zen("recover", core, "-o", core.parent / "never-written", check=False)
+    assert res.returncode == 2 and "is a GPU core" in res.stderr and "--gpu" in res.stderr
+    assert "Traceback" not in res.stderr and not (core.parent / "never-written").exists()
+
+
+def _small_core(path: Path, **kw) -> dict[int, bytes]:
+    data = {0x7F00_0000_0000: os.urandom(4096), 0x7F00_0020_0000: os.urandom(100_000), 0x7F00_0040_0000: b"\x01" * 64}
+    write_gpu_core(path, [Range(a, len(b), b) for a, b in data.items()], **kw)
+    return data
+
+
+def test_constructed_core_round_trip_with_devices_and_note(tmp_path):
+    p = tmp_path / "c.nvcudmp"
+    data = _small_core(p, devices=[{"devName": "Sim A", "smType": "sm_80", "numSMs": 4, "smMajor": 8},
+                                   {"devName": "Sim B", "smType": "sm_90", "numSMs": 8, "smMajor": 9}],
+                       note={"route": "test"})  # fmt: skip
+    with GpuCoreSpace(p) as g:
+        assert [d.name for d in g.core.devices] == ["Sim A", "Sim B"] and g.core.zen_note == {"route": "test"}
+        for a, b in data.items():
+            assert g.read(a, len(b)) == b
+        assert not g.is_readable(0x7F00_0000_0000 + 4096, 1)  # between segments: not device memory we have
+    gz = tmp_path / "c.nvcudmp.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes()))
+    with GpuCoreSpace(gz) as g:
+        assert g.read(0x7F00_0040_0000, 64) == b"\x01" * 64
+
+
+def _section_table(raw: bytes) -> tuple[int, int]:
+    shoff = struct.unpack_from("<Q", raw, 40)[0]
+    shnum = struct.unpack_from("<H", raw, 60)[0]
+    return shoff, shnum
+
+
+def test_damaged_cores_are_clear_errors_or_problems(tmp_path):
+    p = tmp_path / "c.nvcudmp"
+    _small_core(p)
+    raw = p.read_bytes()
+    shoff, shnum = _section_table(raw)
+    cases = {
+        "truncated": raw[: len(raw) // 2],
+        "header-only": raw[:64],
+        "not-cuda": raw[:18] + struct.pack("<H", 62) + raw[20:],
+        "sections-past-end": raw[:60] + struct.pack("<H", 60000) + raw[62:],
+    }
+    # a global section claiming 2^63 bytes, and one overlapping its neighbour
+    huge = bytearray(raw)
+    struct.pack_into("<Q", huge, shoff + 64 + 32, 1 << 63)
+    cases["huge-section"] = bytes(huge)
+    overlap = bytearray(raw)
+    struct.pack_into("<Q", overlap, shoff + 2 * 64 + 16, 0x7F00_0000_0010)
+    cases["overlapping"] = bytes(overlap)
+    for name, blob in cases.items():
+        f = tmp_path / f"{name}.nvcudmp"
+        f.write_bytes(blob)
+        res = zen("info", f, "--json", check=False)
+        assert res.returncode in (2, 5), (name, res.returncode, res.stderr[-500:])
+        assert "Traceback" not in res.stderr, name
+        if name in ("huge-section", "overlapping"):
+            assert res.returncode == 5 and ("past the end" in res.stderr or "overlaps" in res.stderr), name
+        if name == "truncated":
+            assert "truncated GPU core" in res.stderr and "missing" in res.stderr
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_fuzzed_section_tables_never_escape(tmp_path, data):
+    """Random bytes written over the ELF header and the section header table: the parser either opens the core
+    (every segment it keeps lies inside the file) or raises ImageError."""
+    p = tmp_path / "base.nvcudmp"
+    if not p.exists():
+        _small_core(p, devices=[{"devName": "Sim"}], note={"route": "fuzz"})
+    raw = bytearray(p.read_bytes())
+    shoff, shnum = _section_table(bytes(raw))
+    for _ in range(data.draw(st.integers(1, 8))):
+        where = data.draw(st.sampled_from(["header", "table"]))
+        lo, hi = (0, 64) if where == "header" else (shoff, shoff + shnum * 64)
+        pos = data.draw(st.integers(lo, hi - 1))
+        chunk = data.draw(st.binary(min_size=1, max_size=8))
+        raw[pos : pos + len(chunk)] = chunk
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    f = tmp_path / "fuzz.nvcudmp"
+    f.write_bytes(bytes(raw))
+    try:
+        g = GpuCoreSpace(f)
+    except ImageError:
+        return
+    with g:
+        for s in g.core.segments:
+            assert s.offset + s.size <= len(raw)
+            g.read(s.address, min(s.size, 64))
+        json.dumps(g.core.to_json())
