@@ -40,11 +40,11 @@ def _fake_cuda_gdb(where: Path) -> Path:
     return exe
 
 
-def _start(work: Path, name: str, env: dict | None = None):
+def _start(work: Path, name: str, env: dict | None = None, mode: str = "--simulate-cuda"):
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
-        return start_target("gpu_layout_target.py", work / name, "--simulate-cuda")
+        return start_target("gpu_layout_target.py", work / name, mode)
     finally:
         os.environ.clear()
         os.environ.update(old)
@@ -180,3 +180,16 @@ def test_refusals_and_missing_gpu_side(tmp_path):
         assert (tmp_path / "b.core").exists() and "Traceback" not in res.stderr
     finally:
         t.stop()
+
+
+def test_cuda_loaded_but_no_tensor_on_a_gpu_needs_no_gpu_evidence(tmp_path):
+    """A CUDA build of torch maps libcuda even when the model runs on the CPU: nothing to collect, exit 0."""
+    t = _start(tmp_path, "cpu-model", mode="--libcuda-only")
+    try:
+        res = _zen("acquire", "--pid", t.pid, "-o", tmp_path / "c.core", "--lean", "--cuda-gdb", _fake_cuda_gdb(tmp_path),
+                   env={"ZEN_FAKE_DEVICE_MEMORY": "/nonexistent"})  # fmt: skip
+    finally:
+        t.stop()
+    assert res.returncode == 0, res.stderr[-1500:]
+    assert "no tensor of the process is on a GPU" in " ".join(res.stderr.split())
+    assert not Path(f"{tmp_path / 'c.core'}.gpu0.nvcudmp").exists()

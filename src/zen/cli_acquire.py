@@ -64,6 +64,9 @@ def acquire(
     except ZenError as exc:  # the host image stands: the GPU side is what is missing (exit 5, not 2)
         got = acquire_gpu.GpuResult(None, None, missing=f"GPU memory not collected: {exc.message}"
                                     + (f" ({exc.hint})" if exc.hint else ""))  # fmt: skip
+    if got.path is None and not got.missing:
+        err.print(f"[dim]note: {escape(got.note)}[/dim]", soft_wrap=True)
+        return
     if got.path is None:
         err.print(f"[yellow]problem: {escape(got.missing)}[/yellow]", soft_wrap=True)
         raise typer.Exit(EXIT_PARTIAL)

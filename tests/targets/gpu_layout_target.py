@@ -1,6 +1,6 @@
 """A deployed model that looks like a CUDA deployment to a memory reader, with its ground truth.
 
-Run: python gpu_layout_target.py OUTDIR [--simulate-cuda]
+Run: python gpu_layout_target.py OUTDIR [--simulate-cuda | --libcuda-only]
 The model has what GPU deployments have: fp32 convolutions and linears, a bf16 embedding, an fp16 linear, an int64
 buffer, tied weights (one Parameter under two keys), and a buffer that is a view at an offset into another tensor's
 storage. It serves one request and writes OUTDIR/truth.json (every state_dict tensor's sha256, dtype, shape, and
@@ -99,12 +99,17 @@ def simulate_cuda(tensors: dict) -> None:
     for v in tensors.values():
         ctypes.c_uint8.from_address(v["impl"] + P.tensorimpl.device_type).value = 1  # DeviceType::CUDA
         ctypes.c_int8.from_address(v["impl"] + P.tensorimpl.device_index).value = 0
+    map_libcuda()
+    if os.environ.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") == "1":
+        threading.Thread(target=driver, daemon=True).start()
+
+
+def map_libcuda() -> None:
+    """A CUDA process maps the driver library (a CUDA build of torch maps it even when no tensor is on a GPU)."""
     with open(os.path.join(OUT, "libcuda.so.1"), "wb") as fh:
         fh.write(b"\0" * mmap.PAGESIZE)
     with open(os.path.join(OUT, "libcuda.so.1"), "rb") as fh:
         globals()["_libcuda_map"] = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
-    if os.environ.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") == "1":
-        threading.Thread(target=driver, daemon=True).start()
 
 
 def driver() -> None:
@@ -147,5 +152,7 @@ with open(os.path.join(OUT, "truth.json"), "w") as fh:
 if SIMULATE:
     simulate_cuda(tensors)
     shutil.copy(os.path.join(OUT, "device-memory.nvcudmp"), os.path.join(OUT, "device-memory.copy"))
+elif "--libcuda-only" in sys.argv:
+    map_libcuda()
 print("READY", flush=True)
 sys.stdin.read()

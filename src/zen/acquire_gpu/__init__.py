@@ -44,7 +44,8 @@ class GpuResult:
     path: Path | None
     sha256: str | None
     record: dict = field(default_factory=dict)
-    missing: str = ""  # why there is no GPU evidence (exit 5), empty when there is
+    missing: str = ""  # why there is no GPU evidence although there should be (exit 5)
+    note: str = ""  # why no GPU evidence is needed
 
 
 def plan(pid: int, image: Path, route: str = "auto", cuda_gdb: str | None = None, allow_abort: bool = False) -> GpuPlan:
@@ -97,9 +98,9 @@ def collect(p: GpuPlan, image: Path, *, allow_abort: bool = False, timeout: floa
         from zen.acquire_gpu.ranges import cuda_ranges
 
         ranges, summary = cuda_ranges(image)
-        if not ranges:
-            return GpuResult(None, None, missing=f"the host image shows no CUDA tensor ({summary['tensors']} found): "
-                                                 "no device memory to copy")  # fmt: skip
+        if not ranges:  # CUDA is loaded (a CUDA build of torch maps libcuda) but no tensor lives on a GPU
+            return GpuResult(None, None, note="no tensor of the process is on a GPU (the host image shows none): "
+                                              "no device memory to copy")  # fmt: skip
         record = dump(p.settings.pid, ranges, p.dest, p.cuda_gdb, timeout=timeout,
                       note={"pid": p.settings.pid, "host_image": str(image), "tensors": summary})  # fmt: skip
     record["host_image_sha256"] = _sha256(image)

@@ -93,9 +93,18 @@ def dump(pid: int, ranges: list[DeviceRange], dest: Path, cuda_gdb: str, *, time
 
 
 def _section(stdout: str, _label: str) -> str:
-    """cuda-gdb's `info cuda devices` table as printed (kept verbatim for the record)."""
-    lines = [ln for ln in stdout.splitlines() if ln.strip()]
-    return "\n".join(lines[:40])
+    """cuda-gdb's `info cuda devices` table as printed (its header and device rows, kept verbatim for the record;
+    the thread notices gdb prints while attaching are left out)."""
+    lines = stdout.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "Dev" in ln and "Name" in ln), None)
+    if start is None:
+        return ""
+    rows = [lines[start]]
+    for ln in lines[start + 1 : start + 65]:
+        if not re.match(r"^\s*\*?\s*\d+\s", ln):
+            break
+        rows.append(ln)
+    return "\n".join(rows)
 
 
 _DEVICE_ROW = re.compile(r"^\s*\*?\s*(\d+)\s+\S+\s+(.*?)\s+(sm_\d+[a-z]?)\s+(\d+)\s")
