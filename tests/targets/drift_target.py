@@ -7,7 +7,8 @@ last resumed, stops between two steps, saves the state_dict it holds at that ins
 OUTDIR/snap_I.safetensors, prints `SAVED I` and stays stopped (the test acquires it now); `resume`
 lets training go on (printing `RESUMED`). `embed` is frozen throughout; `hidden` is frozen until
 the first `resume` after snapshot 1, so it first changes at snapshot 2; `norm`'s running
-statistics and `head` change at every snapshot. `activations` is a model with no weights at all.
+statistics and `head` change at every snapshot. `activations` is a model with no weights at all, and
+`other` a model with weights but another architecture (for the refusals).
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ def main(outdir: str) -> None:
     model.embed.requires_grad_(False)
     model.hidden.requires_grad_(False)
     activations = nn.Sequential(nn.ReLU(), nn.Tanh())
-    globals().update(model=model, activations=activations)
+    other = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    globals().update(model=model, activations=activations, other=other)
     trainer = Trainer(model)
-    truth = {"pid": os.getpid(), "models": {"model": {"id": id(model)}, "activations": {"id": id(activations)}}, "snapshots": []}
+    truth = {"pid": os.getpid(), "models": {"model": {"id": id(model)}, "activations": {"id": id(activations)},
+                                            "other": {"id": id(other)}}, "snapshots": []}  # fmt: skip
     with open(os.path.join(outdir, "truth.json"), "w") as fh:
         json.dump(truth, fh)
     trainer.start()

@@ -85,7 +85,8 @@ def _metrics(base: Sums, step: Sums) -> dict[str, Any]:
     return {
         "l2": l2,
         "relative": (l2 / na) if na > 0 else (0.0 if l2 == 0 else None),
-        "cosine": (base.ab / (na * nb)) if na > 0 and nb > 0 else None,
+        # bit-identical vectors are exactly parallel (the float quotient of equal sums can miss 1 by an ulp)
+        "cosine": (1.0 if base.changed == 0 else base.ab / (na * nb)) if na > 0 and nb > 0 else None,
         "changed": (base.changed / base.numel) if base.numel else 0.0,
         "step_l2": math.sqrt(step.dd),
         "step_changed": (step.changed / step.numel) if step.numel else 0.0,

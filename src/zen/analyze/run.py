@@ -149,7 +149,8 @@ def _document(subject, plan: dict, req: dict, result: dict) -> dict[str, Any]:
     return {
         "kind": "zen-analysis", "format": 1, "tool": f"zen {__version__}",
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "subject": {"kind": subject.kind, **subject.provenance, "model": subject.mr.root.cls},
+        "subject": {"kind": subject.kind, **subject.provenance, "model": subject.mr.root.cls,
+                    "root_address": subject.mr.root.address},
         "executed_recovered_code": True, "where": "a child process (isolated interpreter, scratch working directory)",
         "versions": {"torch": result.get("torch"), "art": result.get("art")},
         "model": {"classes": result["classes"], "input_shape": result["input_shape"]},

@@ -67,14 +67,18 @@ def _figure(folder: Path, name: Any, recorded: dict, problems: list[str]) -> dic
     return {"name": name, "png_base64": base64.b64encode(data).decode()}
 
 
-def analysis(folder: Path, evidence_sha256: str | None) -> dict[str, Any]:
-    """The `zen analyze` section: subject, inputs, robustness, Neural Cleanse, figures, problems."""
+def analysis(folder: Path, evidence_sha256: str | None, root_address: str | None = None) -> dict[str, Any]:
+    """The `zen analyze` section: subject, inputs, robustness, Neural Cleanse, figures, problems. The
+    analysed model must be this case's: same image, same model object in it (one image may hold several)."""
     folder = Path(folder)
     doc = _load(folder / "analysis.json", "zen-analysis", "zen analyze CASE -o DIR")
     files, problems = _dict(doc.get("files")), []
     subj = _dict(doc.get("subject"))
     if evidence_sha256 and subj.get("evidence_sha256") not in (evidence_sha256, None):
         problems.append(f"the analysis is of a model from another image (sha256 {_str(subj.get('evidence_sha256'))})")
+    elif root_address and subj.get("root_address") not in (root_address, None):
+        problems.append(f"the analysis is of another model of the same image (at {_str(subj.get('root_address'))}, "
+                        f"this case's is at {root_address})")
     rob = _dict(doc.get("robustness"))
     robustness = None
     if rob:
@@ -104,7 +108,8 @@ def analysis(folder: Path, evidence_sha256: str | None) -> dict[str, Any]:
     inputs, model, params = _dict(doc.get("inputs")), _dict(doc.get("model")), _dict(doc.get("parameters"))
     return {
         "dir": str(folder.resolve()), "generated": _str(doc.get("generated")), "tool": _str(doc.get("tool")),
-        "subject": {k: _str(subj.get(k)) for k in ("kind", "model", "case", "package", "evidence_sha256", "mode")},
+        "subject": {k: _str(subj.get(k)) for k in ("kind", "model", "case", "package", "evidence_sha256", "root_address",
+                                                    "mode")},
         "inputs": _str(inputs.get("describe")), "inputs_sha256": _str(inputs.get("sha256_data")),
         "classes": _num(model.get("classes")), "input_shape": _str(model.get("input_shape")),
         "versions": {k: _str(v) for k, v in list(_dict(doc.get("versions")).items())[:5]},

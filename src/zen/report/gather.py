@@ -113,7 +113,7 @@ def gather(case_dir: Path, *, library: Path | None = None, base: str | None = No
         from zen.report import findings
 
         if analysis_dir is not None:
-            data["analysis"] = findings.analysis(Path(analysis_dir), data["evidence"].get("sha256"))
+            data["analysis"] = findings.analysis(Path(analysis_dir), data["evidence"].get("sha256"), mr.root.address)
         if drift_dir is not None:
             data["drift"] = findings.drift(Path(drift_dir), data["evidence"].get("sha256"))
     return data
