@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import TARGETS, start_target, zen
+from conftest import TARGETS, booby_trapped, start_target, zen, zen_command
 from safetensors.torch import load_file, save_file
 
 pytest.importorskip("art")
@@ -139,7 +139,10 @@ def test_inputs_from_the_input_spec_and_refusals(analysis_cases, tmp_path):
     zen("reuse", cases["clean_model"], "-o", pkg)
     (pkg / "inputs.safetensors").unlink()
     out = tmp_path / "spec"
-    zen("analyze", pkg, "-o", out, "--attack", "fgsm", "--eps", "0.05", "--samples", "8")
+    # run where the evidence lies, beside modules planted to be imported: the child must import none of them
+    evidence, markers = booby_trapped(tmp_path / "traps")
+    zen_command("analyze", pkg, "-o", out, "--attack", "fgsm", "--eps", "0.05", "--samples", "8", cwd=evidence)
+    assert sorted(p.name for p in markers.iterdir()) == []
     doc = _analysis(out)
     assert doc["inputs"]["source"] == "spec" and doc["inputs"]["sample_shape"] == [1, am.SIDE, am.SIDE]
     assert doc["inputs"]["probed_sides"][-1] == am.SIDE and 224 in doc["inputs"]["probed_sides"]

@@ -34,8 +34,8 @@ def analyze(
     batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the attacks and of Neural Cleanse."),
     pgd_steps: int = typer.Option(10, "--pgd-steps", help="PGD iterations (step size eps/4, one random start)."),
     nc_steps: int = typer.Option(100, "--nc-steps", help="Neural Cleanse: most optimisation epochs per class."),
-    input_shape: str | None = typer.Option(None, "--input-shape", help="C,H,W (or F): the shape of one sample, for inputs "
-                                           "made from the spec."),
+    input_shape: str | None = typer.Option(None, "--input-shape", help="C,H,W (or F): make inputs of this sample shape "
+                                           "(instead of recovered ones)."),
     samples: int = typer.Option(16, "--samples", help="How many inputs to make from the spec."),
     threads: int = typer.Option(1, "--threads", help="torch threads (1 makes CPU results reproducible)."),
     device: str = typer.Option("cpu", "--device", help="Run the model on this device (cpu, cuda:0)."),
@@ -51,9 +51,12 @@ def analyze(
 
     shape = None
     if input_shape is not None:
-        shape = [int(v) for v in parse_floats(input_shape, "--input-shape")]
-        if any(v < 1 for v in shape):
-            raise ZenError(f"--input-shape {input_shape}: sizes must be positive")
+        try:
+            shape = [int(v) for v in input_shape.split(",") if v.strip()]
+        except ValueError:
+            shape = []
+        if not shape or any(v < 1 for v in shape):
+            raise ZenError(f"--input-shape {input_shape!r}: give positive integers, e.g. 3,32,32")
     doc = do_analyze(target, output, inputs=inputs, attacks=parse_attacks(attack), eps=parse_floats(eps, "--eps"),
                      backdoor=backdoor, seed=seed, clip=parse_floats(clip, "--clip", 2) if clip else None,
                      batch_size=batch_size, pgd_steps=pgd_steps, nc_steps=nc_steps, input_shape=shape, samples=samples,

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -130,6 +132,8 @@ def _run_child(work: Path, timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         raise ZenError(f"the analysis did not finish in {timeout:g} s", "raise --timeout, or lower --nc-steps") from None
     result_path = work / "result.json"
+    if os.environ.get("ZEN_DEBUG") == "1" and proc.stderr:
+        sys.stderr.write(proc.stderr)
     if proc.returncode != 0 or not result_path.is_file():
         lines = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()]
         raise AnalysisCrash(f"the analysis process failed (exit {proc.returncode}): {lines[-1] if lines else 'no message'}",
