@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -167,6 +168,12 @@ def test_inputs_from_the_input_spec_and_refusals(analysis_cases, tmp_path):
     refused(pkg, "-o", tmp_path / "x2", "--inputs", ids, says="are integers (token ids?)")
     refused(tmp_path, "-o", tmp_path / "x3", says="is neither a zen case nor a reuse package")
     refused(pkg, "-o", tmp_path / "x4", "--attack", "cw", says="unknown attack 'cw'")
+    # without ART (Python's own mark for a module that cannot be imported): what to install, exit 2
+    boot = (f"import sys; sys.modules['art'] = None; sys.argv = ['zen', 'analyze', {str(pkg)!r}, '-o', "
+            f"{str(tmp_path / 'x6')!r}]; from zen.cli import main; main()")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", boot], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "needs adversarial-robustness-toolbox" in res.stderr, res.stderr
+    assert "pip install 'zen-forensics[analysis]'" in res.stderr and not (tmp_path / "x6").exists()
     # inputs of the wrong shape fail inside the child: still one line and exit 2
     wrong = tmp_path / "wrong.safetensors"
     save_file({"x": torch.zeros(4, 3, 8, 8)}, str(wrong))

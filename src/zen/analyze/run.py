@@ -50,9 +50,16 @@ class AnalysisCrash(ZenError):
     exit_code = 70
 
 
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules[name] is None, Python's mark for "not importable"
+        return False
+
+
 def require_extra() -> None:
-    """ART, torch and safetensors are the `analysis` extra: say how to get them before anything starts."""
-    missing = [m for m in ("art", "torch", "safetensors") if importlib.util.find_spec(m) is None]
+    """ART, torch and safetensors are the `analysis` extra: say how to get them before the child starts."""
+    missing = [m for m in ("art", "torch", "safetensors") if not _installed(m)]
     if missing:
         names = {"art": "adversarial-robustness-toolbox"}
         raise ZenError(f"zen analyze needs {', '.join(names.get(m, m) for m in missing)}, which is not installed", EXTRA_HINT)
@@ -102,12 +109,12 @@ def analyze(target: Path, out: Path, *, inputs: Path | None = None, attacks: lis
         raise ZenError("epsilons, batch size, steps, samples and threads must be positive")
     if clip is not None and clip[0] >= clip[1]:
         raise ZenError(f"--clip {clip[0]},{clip[1]}: the minimum must be below the maximum")
-    require_extra()
     out = Path(out)
     work = Path(tempfile.mkdtemp(prefix="zen-analyze-"))
     try:
         subject = open_subject(Path(target), work)
         plan = plan_inputs(subject, inputs, input_shape, samples)
+        require_extra()
         _prepare_out(out)
         req = {"package": str(subject.package.resolve()), "inputs": plan, "attacks": attacks, "eps": eps, "backdoor": backdoor,
                "seed": seed, "clip": clip, "batch_size": batch_size, "pgd_steps": pgd_steps, "nc_steps": nc_steps,
