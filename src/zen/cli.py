@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zen import __version__, cli_acquire, cli_decompile, cli_gpu, cli_library, cli_reuse, cli_symbols, cli_system
+from zen import __version__, cli_acquire, cli_analyze, cli_decompile, cli_gpu, cli_library, cli_reuse, cli_symbols, cli_system
 from zen.console import consoles
 from zen.errors import ZenError
 
@@ -41,6 +41,8 @@ app.command("ps")(cli_system.ps)
 app.command("symbols")(cli_symbols.symbols)
 app.command("decompile")(cli_decompile.decompile)
 app.command("acquire")(cli_acquire.acquire)
+app.command("analyze")(cli_analyze.analyze)
+app.command("drift")(cli_analyze.drift)
 
 out, err = consoles()
 

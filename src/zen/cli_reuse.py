@@ -293,8 +293,11 @@ def report(
     reuse_dir: Path | None = typer.Option(None, "--reuse", help="A reuse package (its verify.json is reported)."),
     attribute: bool = typer.Option(True, "--attribute/--no-attribute", help="Attribute against the library."),
     source: bool = typer.Option(True, "--source/--listing", help="Diff decompiled source (depyf) where possible."),
+    analysis_dir: Path | None = typer.Option(None, "--analysis", help="A `zen analyze` output directory (ART results)."),
+    drift_dir: Path | None = typer.Option(None, "--drift", help="A `zen drift -o` directory (weight drift)."),
 ) -> None:
-    """Write a forensic report: evidence, model, attribution, shared artefacts, changes, reuse verification."""
+    """Write a forensic report: evidence, model, attribution, shared artefacts, changes, reuse verification, and
+    (--analysis, --drift) white-box analysis and weight drift."""
     from zen.report.gather import gather
 
     suffix = output.suffix.lower()
@@ -305,7 +308,8 @@ def report(
         from zen.library.store import default_library_path
 
         lib = default_library_path() if default_library_path().exists() else None
-    data = gather(case_dir, library=lib, base=base if lib is not None else None, reuse_dir=reuse_dir, decompile=source)
+    data = gather(case_dir, library=lib, base=base if lib is not None else None, reuse_dir=reuse_dir, decompile=source,
+                  analysis_dir=analysis_dir, drift_dir=drift_dir)  # fmt: skip
     if suffix == ".md":
         from zen.report.markdown import render as render_md
 
@@ -323,5 +327,8 @@ def report(
     integ = data["evidence"].get("integrity") or {}
     for p in integ.get("problems", []):
         err.print(f"[yellow]problem with the case (shown in the report): {escape(p)}[/yellow]", soft_wrap=True)
+    for section in ("analysis", "drift"):
+        for p in (data.get(section) or {}).get("problems", []):
+            err.print(f"[yellow]problem with the {section} (shown in the report): {escape(str(p))}[/yellow]", soft_wrap=True)
     if not integ.get("verified", True):
         raise typer.Exit(EXIT_PARTIAL)

@@ -93,7 +93,8 @@ def _artefacts(pr, base_pr, pairs) -> dict:
 
 
 def gather(case_dir: Path, *, library: Path | None = None, base: str | None = None, reuse_dir: Path | None = None,
-           decompile: bool = True, timeout: float = 60.0) -> dict[str, Any]:  # fmt: skip
+           decompile: bool = True, timeout: float = 60.0, analysis_dir: Path | None = None,
+           drift_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
     case_dir = Path(case_dir)
     manifest = case.load_manifest(case_dir)
     mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
@@ -102,12 +103,19 @@ def gather(case_dir: Path, *, library: Path | None = None, base: str | None = No
         "tool": f"zen {__version__}", "evidence": _evidence(case_dir, manifest), "summary": _summary(mr, pr),
         "modules": _modules(mr), "modules_total": len(mr.modules), "context": pr.context,
         "requirements": (pr.context or {}).get("requirements", []), "attribution": None, "diff": None,
-        "artefacts": None, "verification": None,
+        "artefacts": None, "verification": None, "analysis": None, "drift": None,
     }  # fmt: skip
     if library is not None or base is not None:
         _attribution(data, case_dir, mr, pr, library, base, decompile, timeout)
     if reuse_dir is not None:
         data["verification"] = _verification(Path(reuse_dir), data["evidence"].get("sha256"))
+    if analysis_dir is not None or drift_dir is not None:
+        from zen.report import findings
+
+        if analysis_dir is not None:
+            data["analysis"] = findings.analysis(Path(analysis_dir), data["evidence"].get("sha256"), mr.root.address)
+        if drift_dir is not None:
+            data["drift"] = findings.drift(Path(drift_dir), data["evidence"].get("sha256"))
     return data
 
 

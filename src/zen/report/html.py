@@ -202,6 +202,80 @@ def _verification(d: dict) -> str:
     return html
 
 
+def _f(v: Any, fmt: str = ".3f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _fig(fig: dict | None, alt: str) -> str:
+    if not fig:
+        return ""
+    return f'<img alt="{_t(alt)}" style="max-width:100%" src="data:image/png;base64,{_t(fig["png_base64"])}">'
+
+
+def _problems(items: list) -> str:
+    return "".join(f'<div class="warn"><span class="bad">{_t(p)}</span></div>' for p in items)
+
+
+def _analysis(d: dict) -> str:
+    """`zen analyze`: ART's attacks and Neural Cleanse on the rebuilt model (run in a child process)."""
+    a = d["analysis"]
+    s = a["subject"]
+    html = _problems(a["problems"])
+    html += _kv([("analysed", _t(f"{s.get('model')} ({s.get('kind')}: {s.get('case') or s.get('package')})")),
+                 ("model", _t(f"{_f(a['classes'], '.0f')} classes, input {a['input_shape']}")),
+                 ("inputs", _t(a["inputs"])), ("inputs sha256", f"<code>{_t(a['inputs_sha256'])}</code>"),
+                 ("parameters", _t(", ".join(f"{k}={v}" for k, v in a["parameters"].items()))),
+                 ("versions", _t(", ".join(f"{k} {v}" for k, v in a["versions"].items()))),
+                 ("run", _t(f"{a['generated']} by {a['tool']}, in a child process: it executed code recovered from the "
+                            "image"))])  # fmt: skip
+    rob = a.get("robustness")
+    if rob:
+        lab = rob["labelled"]
+        html += "<h3>robustness (FGSM, PGD)</h3>"
+        rows = [["clean", "0", _f(rob["clean_accuracy"]), "", ""]] if lab else []
+        rows += [[_t(str(r["attack"]).upper()), _f(r["eps"], "g"), _f(r["accuracy"] if lab else r["changed"]),
+                  _f(r["max_linf"], ".4g"), _f(r["mean_l2"], ".4g")] for r in rob["rows"]]  # fmt: skip
+        html += _table(["attack", "eps", "accuracy" if lab else "predictions changed", "max |δ|", "mean L2"], rows, {1, 2, 3, 4})
+        html += _fig(rob.get("figure"), "accuracy against epsilon")
+    bd = a.get("backdoor")
+    if bd:
+        flagged = ", ".join(bd["flagged"])
+        verdict = (f'<span class="bad">backdoor suspected at class {_t(flagged)}</span>' if flagged else
+                   '<span class="ok">no class flagged</span>')  # fmt: skip
+        html += (f"<h3>hidden behaviour ({_t(bd['detector'])})</h3><div class=box>{verdict} (anomaly index above "
+                 f"{_f(bd['threshold'], 'g')} with a trigger smaller than the median)</div>")  # fmt: skip
+        html += _fig(bd.get("figure"), "anomaly index per class")
+        for t in bd["triggers"]:
+            html += _fig(t, f"reverse-engineered trigger, {t['label']}")
+        rows = [[_t(c["class"]), _f(c["l1"], ".2f"), _f(c["anomaly_index"], ".2f"), '<span class="bad">flagged</span>'
+                 if c["flagged"] else ""] for c in bd["classes"]]  # fmt: skip
+        html += _table(["class", "trigger L1", "anomaly index", ""], rows, {1, 2})
+    for p in a["load_problems"]:
+        html += f'<div class="warn">not rebuildable: {_t(p)}</div>'
+    return html
+
+
+def _drift(d: dict) -> str:
+    """`zen drift`: the weights of one model across memory snapshots (AiP Table 4)."""
+    r = d["drift"]
+    html = _problems(r["problems"])
+    html += _table(["snapshot", "case", "acquired", "image sha256"], [[_f(s["index"], ".0f"), f"<code>{_t(s['case'])}</code>",
+                   _t(s["acquired_at"]), f"<code>{_t(s['image_sha256'])}</code>"] for s in r["snapshots"]])  # fmt: skip
+    first = lambda v: "never" if v is None else f"snapshot {v:.0f}"  # noqa: E731
+    rows = [[_t(x["name"]), _f(x["elements"], ",.0f"), _f(x["l2"], ".4g"), _f(x["relative"], ".4g"), _f(x["cosine"], ".6f"),
+             "-" if x["changed"] is None else f"{100 * x['changed']:.1f}%", first(x["first_changed"])]
+            for x in [r["model_drift"]] + r["layers"] + r["counters"]]  # fmt: skip
+    html += ("<p class=sub>Last snapshot against the first; layers aggregate their floating-point tensors, integer tensors "
+             "(counters) follow them.</p>")  # fmt: skip
+    html += _table(["layer / tensor", "elements", "L2", "relative", "cosine", "elements changed", "first changed"], rows,
+                   {1, 2, 3, 4, 5})  # fmt: skip
+    html += _fig(r.get("figure"), "weight drift timeline")
+    for h in r["hyperparameters_changed"]:
+        html += f"<p>hyper-parameter changed: {_t(h)}</p>"
+    html += f"<p>optimizer: {_t(r['optimizer'])}</p>"
+    return html
+
+
 def _modules(d: dict) -> str:
     rows = [[_t(m["path"]), f"<code>{_t(m['class'])}</code>", _t(", ".join(f"{k}={v}" for k, v in m["hyperparameters"].items())),
              _t(", ".join(m["parameters"] + m["buffers"]))] for m in d["modules"]]  # fmt: skip
@@ -231,6 +305,10 @@ def render(d: dict, *, charts: bool = True) -> str:
                 ("Attribution", _attribution(d, charts)), ("Incriminating artefacts", _artefacts(d)),
                 ("Changes relative to the base (Algorithm 2)", _changes(d)), ("Reuse verification", _verification(d)),
                 ("Module tree (mathematical representation)", _modules(d)), ("Execution context", _context(d))]  # fmt: skip
+    if d.get("analysis"):
+        sections.insert(6, ("White-box analysis (ART)", _analysis(d)))
+    if d.get("drift"):
+        sections.insert(7 if d.get("analysis") else 6, ("Weight drift across snapshots", _drift(d)))
     nav = " · ".join(f'<a href="#s{i}">{_t(name)}</a>' for i, (name, _) in enumerate(sections))
     body = "".join(f'<h2 id="s{i}">{i + 1}. {_t(name)}</h2>{html}' for i, (name, html) in enumerate(sections))
     head = f'<head><meta charset="utf-8">{CSP}<title>{_t(title)}</title><style>{CSS}</style></head>'

@@ -130,10 +130,69 @@ def render(d: dict) -> str:
                          for r in v["verify"]["results"]])  # fmt: skip
     elif v:
         lines += [_txt(v.get("note", "")), ""]
-    lines += ["## 7. Module tree", ""]
+    n = 7
+    if d.get("analysis"):
+        lines += [f"## {n}. White-box analysis (ART)", "", *_analysis(d["analysis"])]
+        n += 1
+    if d.get("drift"):
+        lines += [f"## {n}. Weight drift across snapshots", "", *_drift(d["drift"])]
+        n += 1
+    lines += [f"## {n}. Module tree", ""]
     lines += _table(["path", "class", "hyper-parameters"],
                     [[m["path"], _code(m["class"]), ", ".join(f"{k}={x}" for k, x in m["hyperparameters"].items())]
                      for m in d["modules"]])  # fmt: skip
     if d.get("requirements"):
-        lines += ["## 8. Execution context (requirements.txt)", "", *_fence("", d["requirements"])]
+        lines += [f"## {n + 1}. Execution context (requirements.txt)", "", *_fence("", d["requirements"])]
     return "\n".join(lines) + "\n"
+
+
+def _f(v: Any, fmt: str = ".3f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _figures(folder: str, figs: list) -> list[str]:
+    """Figures are files beside the JSON (checked against its hashes); Markdown names them rather than embeds."""
+    names = [f["name"] for f in figs if f]
+    return [f"Figures in {_code(folder)}: " + ", ".join(_code(n) for n in names), ""] if names else []
+
+
+def _analysis(a: dict) -> list[str]:
+    s = a["subject"]
+    lines = [f"**warning: {_txt(p)}**" for p in a["problems"]] + [""] if a["problems"] else []
+    lines += _table(["", ""], [["analysed", f"{s.get('model')} ({s.get('kind')}: {s.get('case') or s.get('package')})"],
+                               ["inputs", a["inputs"]], ["inputs sha256", _code(a["inputs_sha256"])],
+                               ["parameters", ", ".join(f"{k}={v}" for k, v in a["parameters"].items())],
+                               ["run", f"{a['generated']} by {a['tool']}, in a child process (executed recovered "
+                                       "code)"]])  # fmt: skip
+    rob, figs = a.get("robustness"), []
+    if rob:
+        lab = rob["labelled"]
+        rows = [["clean", "0", _f(rob["clean_accuracy"]), ""]] if lab else []
+        rows += [[str(r["attack"]).upper(), _f(r["eps"], "g"), _f(r["accuracy"] if lab else r["changed"]),
+                  _f(r["max_linf"], ".4g")] for r in rob["rows"]]  # fmt: skip
+        lines += _table(["attack", "eps", "accuracy" if lab else "predictions changed", "max abs delta"], rows)
+        figs.append(rob.get("figure"))
+    bd = a.get("backdoor")
+    if bd:
+        flagged = ", ".join(bd["flagged"])
+        lines += [f"**{'backdoor suspected at class ' + _txt(flagged) if flagged else 'no class flagged'}** by "
+                  f"{_txt(bd['detector'])} (anomaly index above {_f(bd['threshold'], 'g')}).", ""]
+        lines += _table(["class", "trigger L1", "anomaly index", "flagged"],
+                        [[c["class"], _f(c["l1"], ".2f"), _f(c["anomaly_index"], ".2f"), "yes" if c["flagged"] else ""]
+                         for c in bd["classes"]])  # fmt: skip
+        figs += [bd.get("figure"), *bd["triggers"]]
+    return lines + _figures(a["dir"], figs)
+
+
+def _drift(r: dict) -> list[str]:
+    lines = [f"**warning: {_txt(p)}**" for p in r["problems"]] + [""] if r["problems"] else []
+    lines += _table(["snapshot", "case", "acquired", "image sha256"], [[_f(s["index"], ".0f"), _code(s["case"]), s["acquired_at"],
+                    _code(s["image_sha256"])] for s in r["snapshots"]])  # fmt: skip
+    lines += _table(["layer / tensor", "elements", "L2", "relative", "cosine", "changed", "first changed"],
+                    [[x["name"], _f(x["elements"], ",.0f"), _f(x["l2"], ".4g"), _f(x["relative"], ".4g"),
+                      _f(x["cosine"], ".6f"), "-" if x["changed"] is None else f"{100 * x['changed']:.1f}%",
+                      "never" if x["first_changed"] is None else f"snapshot {x['first_changed']:.0f}"]
+                     for x in [r["model_drift"]] + r["layers"] + r["counters"]])  # fmt: skip
+    lines += [f"- hyper-parameter changed: {_txt(h)}" for h in r["hyperparameters_changed"]]
+    lines += [f"Optimizer: {_txt(r['optimizer'])}", ""]
+    return lines + _figures(r["dir"], [r.get("figure")])
