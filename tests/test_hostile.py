@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -212,7 +213,7 @@ def test_altered_case_is_never_accepted_silently(intact, how, tmp_path):
             assert res.returncode == 5, (cmd, how, res.returncode, res.stderr)
         assert changed in res.stderr, (cmd, res.stderr)
     md = tmp_path / "r.md"
-    assert md.exists() and "THE CASE FILES DO NOT MATCH THE MANIFEST" in md.read_text()
+    assert md.exists() and "THE CASE FILES FAIL VERIFICATION" in md.read_text()
 
 
 CRAFTED = {
@@ -248,6 +249,73 @@ def test_crafted_case_files_fail_clearly(intact, how, tmp_path):
         assert name in res.stderr, (cmd, res.stderr)
     if how == "mr-field-type":
         assert "modules[0].hyperparameters: expected an object, found a list" in res.stderr
+
+
+def _flip_last_tensor_byte(c: Path) -> None:
+    raw = bytearray((c / "weights.safetensors").read_bytes())
+    raw[-1] ^= 1
+    (c / "weights.safetensors").write_bytes(bytes(raw))
+
+
+def _absurd_shape(c: Path) -> None:
+    mr = json.loads((c / "mr.json").read_text())
+    t = next(t for t in mr["tensors"] if t["status"] == "ok")
+    t["shape"], t["nbytes"] = [10**12, 10**12], 1728
+    (c / "mr.json").write_text(json.dumps(mr))
+
+
+# Lies: each file replaced by something zen never writes, and the manifest's hash rewritten to match (issue 38).
+LIES = {
+    "ur-truncated": ("ur.json", lambda c: (c / "ur.json").write_bytes((c / "ur.json").read_bytes()[:100])),
+    "ur-deep": ("ur.json", lambda c: (c / "ur.json").write_text("[" * 200_000 + "]" * 200_000)),
+    "weights-garbage": ("weights.safetensors", lambda c: (c / "weights.safetensors").write_bytes(os.urandom(5000))),
+    "weights-8eib-header": ("weights.safetensors",
+                            lambda c: (c / "weights.safetensors").write_bytes(struct.pack("<Q", 8 << 60) + b"{}")),
+    "weights-one-bit": ("weights.safetensors", _flip_last_tensor_byte),  # well formed, but not the bytes read from the image
+    "mr-absurd-shape": ("mr.json", _absurd_shape),
+    "code-random": ("code.marshal", lambda c: (c / "code.marshal").write_bytes(os.urandom(3000))),
+    "mr-huge-string": ("mr.json", lambda c: (c / "mr.json").write_text(
+        (c / "mr.json").read_text().replace('"format"', '"x": "' + "a" * 3_000_000 + '", "format"', 1))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", sorted(LIES))
+def test_lying_case_files_are_caught_although_the_hashes_match(intact, how, tmp_path):
+    case, lib = intact
+    c = _copy(case, tmp_path)
+    name, lie = LIES[how]
+    lie(c)
+    _rehash(c, name)
+    for cmd in COMMANDS:
+        res = _run(cmd, c, lib, tmp_path)
+        assert res.returncode in (2, 5), (cmd, how, res.returncode, res.stderr[-600:])  # never exit 0 on a lie
+        assert "Traceback" not in res.stderr and "internal error" not in res.stderr, (cmd, res.stderr)
+        assert name in res.stderr, (cmd, how, res.stderr[-600:])
+    res = zen("verify-case", c, "--json", check=False)
+    got = json.loads(res.stdout)
+    assert res.returncode == 1 and not got["ok"] and got["files"][name]["status"] in ("malformed", "inconsistent")
+    for n, v in got["files"].items():  # the others are sound (a tensor file cannot agree with a lying mr.json)
+        assert n == name or v["status"] in ("ok", "missing") or (name == "mr.json" and v["status"] == "inconsistent"), (n, v)
+
+
+def test_signed_case_detects_a_rewritten_manifest(intact, tmp_path):
+    case, _ = intact
+    c = _copy(case, tmp_path)
+    key = tmp_path / "lab-key"
+    zen("keygen", "-o", key)
+    zen("sign", c, "--key", key)
+    ok = json.loads(zen("verify-case", c, "--key", f"{key}.pub", "--json").stdout)
+    assert ok["ok"] and ok["signature"]["status"] == "valid"
+    zen("keygen", "-o", tmp_path / "other")
+    res = zen("verify-case", c, "--key", tmp_path / "other.pub", "--json", check=False)
+    assert res.returncode == 1 and json.loads(res.stdout)["signature"]["status"] == "untrusted"
+    man = json.loads((c / "manifest.json").read_text())
+    man["evidence"]["sha256"] = "0" * 64  # a lie about the evidence, every file hash still right
+    (c / "manifest.json").write_text(json.dumps(man))
+    res = zen("verify-case", c, "--json", check=False)
+    assert res.returncode == 1 and json.loads(res.stdout)["signature"]["status"] == "invalid"
+    zen("report", c, "-o", tmp_path / "r.md", "--no-attribute", "--listing", check=False)
+    assert "signature: **invalid**" in (tmp_path / "r.md").read_text()
 
 
 def test_missing_manifest_fails_every_command(intact, tmp_path):

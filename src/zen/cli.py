@@ -17,7 +17,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zen import __version__, cli_acquire, cli_analyze, cli_decompile, cli_gpu, cli_library, cli_reuse, cli_symbols, cli_system
+from zen import (
+    __version__,
+    cli_acquire,
+    cli_analyze,
+    cli_case,
+    cli_decompile,
+    cli_gpu,
+    cli_library,
+    cli_reuse,
+    cli_symbols,
+    cli_system,
+)
 from zen.console import consoles
 from zen.errors import ZenError
 
@@ -43,6 +54,9 @@ app.command("decompile")(cli_decompile.decompile)
 app.command("acquire")(cli_acquire.acquire)
 app.command("analyze")(cli_analyze.analyze)
 app.command("drift")(cli_analyze.drift)
+app.command("verify-case")(cli_case.verify_case)
+app.command("sign")(cli_case.sign)
+app.command("keygen")(cli_case.keygen)
 
 out, err = consoles()
 
@@ -222,6 +236,7 @@ def recover(
     model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
     limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on what is read "
                                            "from the image (max_str, max_items, max_module_depth, ...; see README)."),
+    sign: Path | None = typer.Option(None, "--sign", help="Sign the manifest with this Ed25519 key (manifest.sig)."),
 ) -> None:
     """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs.
 
@@ -245,6 +260,10 @@ def recover(
         res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, progress=tick, symbols=symbols,
                                                          limits=limit, gpu=gpu))
     _render_recover(res)
+    if sign is not None:
+        from zen.represent.signature import sign_case
+
+        out.print(f"signed manifest.json with {sign_case(res.case_dir, sign)['key_fingerprint']}")
     if res.status != "complete":
         raise typer.Exit(EXIT_PARTIAL)
 

@@ -28,7 +28,7 @@ def check_case(case_dir: Path) -> list[str]:
     do not depend on them, finishes with exit code 5."""
     from zen.represent import case
 
-    problems = case.integrity(case_dir, case.load_manifest(case_dir))
+    problems = case.integrity(case_dir, case.load_manifest(case_dir), code=True)
     for p in problems:
         err.print(f"[yellow]problem with the case: {escape(p)}[/yellow]", soft_wrap=True)
     return problems

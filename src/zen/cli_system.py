@@ -31,6 +31,13 @@ def ps(
     require_image_file(image)
     fmt = sniff(image)
     if fmt is None:
+        with open(image, "rb") as fh:
+            head = fh.read(18)
+        e_type = int.from_bytes(head[16:18], "little") if len(head) == 18 else 0
+        kind = {1: "an ELF object file", 2: "an ELF executable", 3: "an ELF shared object (library or PIE executable)"}
+        if e_type in kind:
+            raise ImageError(f"{image} is {kind[e_type]}, not a memory image",
+                             "`zen ps` lists the processes of LiME/AVML/raw/ELF RAM images")  # fmt: skip
         raise ImageError(
             f"{image} is a core of one process, not a whole-machine image",
             "`zen info IMAGE` describes a process core; `zen ps` lists the processes of LiME/AVML/raw/ELF RAM images",

@@ -48,6 +48,13 @@ class InterpreterNotFound(ZenError):
     exit_code = 3
 
 
+class TruncatedImage(ZenError):
+    """The image is cut short and what is missing is what the analysis needs first (the interpreter's state):
+    the evidence is incomplete (exit 5), not absent."""
+
+    exit_code = 5
+
+
 class ProfileError(ZenError):
     """No layout profile exists for the interpreter version, or a profile file is unusable."""
 

@@ -22,7 +22,7 @@ from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
-from zen.errors import ObjectError, ZenError
+from zen.errors import ObjectError, TruncatedImage, ZenError
 from zen.frontends.common import NoModelFound, references
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
@@ -195,11 +195,15 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         timings["weights"] = tensors_out.seconds
         mr.summary = summarize(mr)
         textio.write_text(out / case.MR_FILE, mr.dumps())
-    except BaseException:
+    except BaseException as exc:
         if tensors_out is not None:
             tensors_out.cancel()
         hasher.cancel()
         space.close()
+        cut = space.truncation()
+        if cut and isinstance(exc, ZenError) and not isinstance(exc, TruncatedImage) and exc.exit_code in (2, 3, 6):
+            raise TruncatedImage(f"{cut}; what is left does not hold the model ({exc.message})",
+                                 "acquire the image again, or find a complete copy") from None  # fmt: skip
         raise
     sections = {"torch": {"version": tv}}
     return _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings,

@@ -60,8 +60,8 @@ def read_environ(pid: int) -> dict[str, str]:
 def uses_cuda(pid: int) -> bool:
     """Whether the process has the CUDA driver library mapped."""
     try:
-        with open(f"/proc/{pid}/maps") as fh:
-            return any("libcuda.so" in line for line in fh)
+        with open(f"/proc/{pid}/maps", "rb") as fh:  # bytes: mapped file names need not be UTF-8
+            return any(b"libcuda.so" in line for line in fh)
     except OSError:
         return False
 

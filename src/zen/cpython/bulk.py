@@ -17,15 +17,13 @@ import numpy as np
 
 from zen.cpython.interp import Interpreter
 from zen.errors import ZenError
-from zen.memory.scan import Located, gather_u64
+from zen.memory.scan import Located, gather_u64, u64_array
 
 _SIZES = {"ptr": 8, "u64": 8, "i64": 8, "i32": 4, "u32": 4, "u16": 2, "i16": 2, "u8": 1, "i8": 1}
 
 
 def as_array(addrs: Iterable[int] | np.ndarray) -> np.ndarray:
-    if isinstance(addrs, np.ndarray):
-        return addrs.astype(np.uint64, copy=False)
-    return np.fromiter(addrs, dtype=np.uint64)
+    return u64_array(addrs)
 
 
 def gather_field(ip: Interpreter, addrs: np.ndarray, offset: int, ftype: str,

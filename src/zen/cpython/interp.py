@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from zen.cpython.discover import InterpreterInfo, discover
 from zen.cpython.profile import Profile, load_profile
 from zen.cpython.wellknown import WellKnown, resolve
-from zen.errors import MemoryReadError, ObjectError
+from zen.errors import InterpreterNotFound, MemoryReadError, ObjectError, TruncatedImage
 from zen.memory.space import AddressSpace
 
 _HDR = struct.Struct("<qQ")
@@ -95,7 +95,14 @@ class Interpreter:
     def open(cls, space: AddressSpace, *, file_root: str | None = None, profile: Profile | None = None,
              limits: Limits | None = None) -> Interpreter:  # fmt: skip
         """Discover the interpreter in `space` and load the matching layout profile."""
-        info = discover(space, file_root)
+        try:
+            info = discover(space, file_root)
+        except InterpreterNotFound as exc:
+            cut = space.truncation()
+            if cut is None:
+                raise
+            raise TruncatedImage(f"{cut}; the interpreter's state lies in the missing part ({exc.message}): nothing "
+                                 "could be recovered", "acquire the image again, or find a complete copy") from None  # fmt: skip
         prof = profile or load_profile(info.minor, info.version)
         return cls(space, info, _checked_against_image(space, info, prof), limits)
 

@@ -74,6 +74,8 @@ class OwnerIndex:
     def holders(self, f: int) -> list[Holder]:
         rt, table = self.rt, self.table
         found: list[tuple[int, int, int, Holder]] = list(self._read.get(f, ()))
+        if not 0 <= f < (1 << 64) - 1:  # not an address (damaged evidence)
+            return []
         lo, hi = np.searchsorted(self._ptrs, np.array((f, f + 1), dtype=np.uint64)).tolist()  # (uint64: no float copy)
         if hi > lo:
             for e in sorted(set(self._entry[lo:hi].tolist())):

@@ -18,6 +18,22 @@ from zen.memory.space import RESIDENT_SOFT_LIMIT, AddressSpace, Chunk, resident_
 BLOCK = 16 << 20  # bytes compared per step: bounds the temporary arrays numpy allocates
 
 
+
+U64_MAX = (1 << 64) - 1
+
+
+def u64_array(values: Iterable[int] | np.ndarray) -> np.ndarray:
+    """Addresses (or values read from an image) as a uint64 array. Python ints outside [0, 2^64) come from damaged
+    evidence (a pointer read as signed, a sum past the top): they become 0, which no reader takes for an object."""
+    if isinstance(values, np.ndarray):
+        return values.astype(np.uint64, copy=False)
+    seq = values if isinstance(values, (list, tuple)) else list(values)
+    try:
+        return np.fromiter(seq, dtype=np.uint64, count=len(seq))
+    except OverflowError:
+        return np.fromiter((v if 0 <= v <= U64_MAX else 0 for v in map(int, seq)), dtype=np.uint64, count=len(seq))
+
+
 def _u64_blocks(start: int, arr: np.ndarray) -> Iterable[tuple[int, np.ndarray]]:
     """Split a chunk's bytes into 8-byte-aligned uint64 views of at most BLOCK bytes."""
     skip = (-start) % 8
@@ -67,7 +83,7 @@ def find_u64_in(
     pointers pass the range test: a table of the values' low address bits (`_Sieve`) then drops
     nearly all of them before the search.
     """
-    vals = np.unique(np.fromiter(values, dtype=np.uint64))
+    vals = np.unique(u64_array(values))
     if vals.size == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
     lo, width = vals[0], vals[-1] - vals[0]
@@ -151,7 +167,7 @@ def find_u64_in_mapped(
     user-space pointer only when the upper float is a denormal; bf16 and fp16 quads only when one
     value is a zero and the next a huge number): on a process serving billions of parameters the
     later passes read the Python heap, not the weights."""
-    vals = np.unique(np.fromiter(values, dtype=np.uint64))
+    vals = np.unique(u64_array(values))
     vlo, vwidth = (vals[0], vals[-1] - vals[0]) if vals.size else (np.uint64(1), np.uint64(0))
     plo, pwidth = np.uint64(lo), np.uint64(hi - lo)
     words = MAP_BLOCK // 8
@@ -229,7 +245,7 @@ def gather_u64(space: AddressSpace, addrs: np.ndarray, *, missing: int = 0) -> t
     indexed once: a whole-machine image's tens of thousands of page-sized chunks cost no more
     than a core's few hundred mappings.
     """
-    addrs = np.asarray(addrs, dtype=np.uint64)
+    addrs = u64_array(addrs)
     out = np.full(addrs.shape, missing, dtype=np.uint64)
     ok = np.zeros(addrs.shape, dtype=bool)
     if addrs.size == 0 or not space.chunks:
@@ -260,7 +276,7 @@ class Located:
     not inside one buffered chunk, that address is read by `gather_u64` itself."""
 
     def __init__(self, space: AddressSpace, addrs: np.ndarray, span: int) -> None:
-        self.space, self.addrs, self.span = space, np.asarray(addrs, dtype=np.uint64), span
+        self.space, self.addrs, self.span = space, u64_array(addrs), span
         starts, ends, ids, offs, self.buffers = space.chunk_table()
         n = self.addrs.size
         if not n or not space.chunks:

@@ -27,6 +27,7 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _U32 = struct.Struct("<I")
 
+MAX_ADDRESS = (1 << 64) - 1  # the last address of a 64-bit space; no chunk may end past it
 # Upper bound for a single read request; larger requests are a sign of a corrupt size field.
 MAX_READ = 1 << 31
 # Block size used when a live process region has to be copied for a bulk scan.
@@ -187,6 +188,11 @@ class AddressSpace:
     """Virtual memory of one imaged process: regions (what was mapped) and chunks (what we have)."""
 
     def __init__(self, regions: Sequence[Region], chunks: Sequence[Chunk], *, description: str = "") -> None:
+        # Addresses are 64-bit: a range ending past 2^64 - 1 exists only in a corrupt image, and every bulk reader
+        # (numpy uint64 tables of chunk bounds) relies on this bound.
+        beyond = [c for c in chunks if c.end > MAX_ADDRESS or c.start < 0]
+        chunks = [c for c in chunks if c.end <= MAX_ADDRESS and c.start >= 0]
+        regions = [r for r in regions if r.end <= MAX_ADDRESS and r.start >= 0]
         self._regions: list[Region] = sorted(regions, key=lambda r: r.start)
         self._region_starts = [r.start for r in self._regions]
         chunks = sorted((c for c in chunks if c.end > c.start), key=lambda c: c.start)
@@ -197,6 +203,8 @@ class AddressSpace:
         self.problems: list[str] = []
         # Notes about how evidence was completed (e.g. filled from disk): shown to the user.
         self.notes: list[str] = []
+        self.problems += [f"memory at {c.start:#x} (+{c.end - c.start:,} bytes) runs past the top of the 64-bit address "
+                          "space (a corrupt program header?): left out" for c in beyond[:20]]  # fmt: skip
 
     # -- regions -----------------------------------------------------------------------------
     @property
@@ -404,6 +412,10 @@ class AddressSpace:
             out += block
             pos += n
         raise MemoryReadError(addr, limit, f"no string terminator within {limit} bytes")
+
+    def truncation(self) -> str | None:
+        """The problem saying that the image is cut short, if it is (errors in what follows are explained by it)."""
+        return next((p for p in self.problems if "truncated" in p), None)
 
     # -- memory of devices (GPUs) ---------------------------------------------------------------
     def attach_devices(self, spaces: dict[str, AddressSpace], evidence: list[dict]) -> None:

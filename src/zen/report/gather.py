@@ -40,12 +40,24 @@ def _evidence(case_dir: Path, manifest: dict) -> dict:
 def _integrity(case_dir: Path, manifest: dict) -> dict:
     """The report verifies the evidence it prints: every case file against the manifest's hash
     (the manifest's own hash is printed so that a copy of the report pins it too)."""
-    problems = case.integrity(case_dir, manifest)
-    bad = {p.split(" ", 1)[0]: p for p in problems}
-    files = {n: ("verified" if n not in bad else bad[n]) for n in sorted(manifest.get("files") or {})}
-    files.update({n: p for n, p in bad.items() if n not in files})
+    verdicts = case.verdicts(case_dir, manifest, code=True)
+    problems = [r for v in verdicts.values() if v.status != "unchecked" for r in v.reasons]
+    files = {n: ("verified" if v.status == "ok" else "; ".join(v.reasons[:3]) if v.status != "unchecked"
+                 else f"sha256 verified; contents not checked: {v.reasons[0]}")
+             for n, v in sorted(verdicts.items()) if v.status != "missing" or n in (manifest.get("files") or {})}  # fmt: skip
     return {"verified": not problems, "problems": problems, "files": files,
-            "manifest_sha256": case.verified_sha256(case_dir / case.MANIFEST)}  # fmt: skip
+            "manifest_sha256": case.verified_sha256(case_dir / case.MANIFEST), "signature": _signature(case_dir)}  # fmt: skip
+
+
+def _signature(case_dir: Path) -> dict:
+    """Whether the manifest is signed and the signature holds (who signed is the key's fingerprint)."""
+    from zen.errors import ZenError
+    from zen.represent.signature import check_signature
+
+    try:
+        return check_signature(case_dir)
+    except ZenError as exc:
+        return {"status": "not checked", "reason": exc.message}
 
 
 def _system(sy: dict | None) -> list[tuple[str, str]] | None:

@@ -91,6 +91,10 @@ def _evidence(d: dict) -> str:
         html += "<h3>case files (sha256, checked when this report was made)</h3>" + _table(["file", "sha256", "check"], rows)
         if (e.get("integrity") or {}).get("manifest_sha256"):
             html += f"<p>manifest.json sha256 <code>{_t(e['integrity']['manifest_sha256'])}</code></p>"
+        sig = (e.get("integrity") or {}).get("signature") or {}
+        if sig:
+            mark = "ok" if sig.get("status") == "valid" else "bad"
+            html += f'<p>signature: <span class="{mark}">{_t(sig.get("status"))}</span> ({_t(sig.get("reason"))})</p>'
     return html
 
 
@@ -106,7 +110,8 @@ def _integrity_banner(e: dict) -> str:
     if integ.get("verified", True):
         return ""
     items = "".join(f"<li>{_t(p)}</li>" for p in integ.get("problems", []))
-    return (f'<div class="warn"><b class="bad">THE CASE FILES DO NOT MATCH THE MANIFEST: what follows may not be what '
+    return (f'<div class="warn"><b class="bad">THE CASE FILES FAIL VERIFICATION (they do not match the manifest or '
+            f"each other): what follows may not be what "
             f"zen recovered from the image.</b><ul>{items}</ul></div>")  # fmt: skip
 
 

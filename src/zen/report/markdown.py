@@ -59,7 +59,8 @@ def render(d: dict) -> str:
              "## 1. Evidence", ""]  # fmt: skip
     integ = e.get("integrity") or {}
     if not integ.get("verified", True):
-        lines += ["**THE CASE FILES DO NOT MATCH THE MANIFEST: what follows may not be what zen recovered from the "
+        lines += ["**THE CASE FILES FAIL VERIFICATION (they do not match the manifest or each other): what follows may not be "
+                  "what zen recovered from the "
                   "image.**", ""] + [f"- **{_txt(p)}**" for p in integ.get("problems", [])] + [""]  # fmt: skip
     if e.get("source") == "compiled":
         lines += ["Source: a **compiled executable** (TVM model library) decompiled by zen, not a process image: there is "
@@ -82,6 +83,9 @@ def render(d: dict) -> str:
         lines += _table(["file", "sha256", "check"], [[k, _code((e.get("files") or {}).get(k) or "(not recorded)"), v]
                                                       for k, v in sorted(checks.items())])  # fmt: skip
         lines += ["", f"manifest.json sha256 {_code(integ.get('manifest_sha256') or '?')}", ""]
+        sig = integ.get("signature") or {}
+        if sig:
+            lines += ["", f"signature: **{_txt(sig.get('status'))}** ({_txt(sig.get('reason'))})"]
     lines += ["## 2. Recovered model", ""]
     lines += _table(["", ""], [["model", Md(f"{_code(s['root_class'])} at {_txt(s['root_address'])}")], ["tensors", s["tensors"]],
                                ["layers", s["layers"]], ["weights", f"{s['weights'] or 0:,}"],

@@ -33,6 +33,8 @@ CASE_FORMAT = 1
 MANIFEST, MR_FILE, WEIGHTS, INPUTS = "manifest.json", "mr.json", "weights.safetensors", "inputs.safetensors"
 PR_FILE, UR_FILE, CODE_FILE, REQUIREMENTS = "pr.json", "ur.json", "code.marshal", "requirements.txt"
 EXTRA = "extra.safetensors"
+SIG_FILE = "manifest.sig"  # zen.represent.signature
+MAX_MANIFEST = 16 << 20  # a manifest is a few KB; its problem list can grow, but not to this
 
 
 def file_sha256(path: Path) -> str:
@@ -51,6 +53,7 @@ def prepare(case_dir: Path) -> Path:
     if case_dir.is_dir() and any(case_dir.iterdir()) and not (case_dir / MANIFEST).exists():
         raise ZenError(f"{case_dir} is a non-empty directory that is not a zen case", "choose a new or empty directory")
     case_dir.mkdir(parents=True, exist_ok=True)
+    (case_dir / SIG_FILE).unlink(missing_ok=True)  # a signature of the case being replaced would no longer hold
     return case_dir
 
 
@@ -61,7 +64,7 @@ def discard(case_dir: Path, *, remove_dir: bool) -> None:
     """Remove a case's files (after a failed recovery: a half-written case must not look like one);
     the directory too when the failed run created it and nothing else is in it."""
     case_dir = Path(case_dir)
-    for name in ALL_FILES:
+    for name in (*ALL_FILES, SIG_FILE):
         try:
             (case_dir / name).unlink(missing_ok=True)
         except OSError:
@@ -109,31 +112,129 @@ def verified_sha256(path: Path) -> str:
     return _hash_cache[key]
 
 
-def integrity(case_dir: Path, manifest: dict) -> list[str]:
-    """Every problem with the case's files against the manifest's `files` hashes: a file altered,
-    replaced by something that is not a regular file, deleted, or present but never recorded."""
+TENSOR_FILES = (WEIGHTS, INPUTS, EXTRA)
+_verdict_cache: dict[tuple, dict] = {}
+_record_cache: dict[tuple, Any] = {}
+
+
+def _stat_key(path: Path) -> tuple | None:
+    st = _stat_regular(path)
+    return None if isinstance(st, str) else (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def verdicts(case_dir: Path, manifest: dict, *, code: bool = False) -> dict:
+    """One `represent.verify.Verdict` per case file: its hash against the manifest, then its contents (typed,
+    bounded, and checked against mr.json: each tensor's bytes against the sha256 recorded at recovery). With
+    `code`, code.marshal is loaded in an isolated child too. Cached per file state within one run."""
+    from zen.represent.verify import Verdict
+
     case_dir = Path(case_dir)
+    key = (str(case_dir.resolve()), code, json.dumps(manifest.get("files"), sort_keys=True),
+           tuple(_stat_key(case_dir / n) for n in ALL_FILES))  # fmt: skip
+    if key in _verdict_cache:
+        return _verdict_cache[key]
     recorded = manifest.get("files") or {}
-    problems = []
-    for name in ALL_FILES:
-        if name == MANIFEST:
-            continue
+    out = {n: Verdict(n) for n in ALL_FILES if n != MANIFEST}
+    tensor_files = {}
+    for name, v in out.items():
         p = case_dir / name
         st = _stat_regular(p)
         if name not in recorded:
             if st != "missing":
-                problems.append(f"{name} is in the case directory but not recorded in the manifest (added afterwards)")
+                v.add("unrecorded", f"{name} is in the case directory but not recorded in the manifest (added afterwards)")
+            else:
+                v.status = "missing"
             continue
         if isinstance(st, str):
-            problems.append(f"{name} is {st}; the manifest records sha256 {recorded[name][:16]}…")
-        elif verified_sha256(p) != recorded[name]:
-            problems.append(f"{name} was altered after recovery: its sha256 differs from the manifest's")
-    return problems
+            v.add("missing", f"{name} is {st}; the manifest records sha256 {recorded[name][:16]}…")
+            continue
+        digest = None
+        if name in TENSOR_FILES:
+            from zen.represent.tensorfile import TensorFileError, read_tensor_file
+
+            try:
+                tensor_files[name] = tf = read_tensor_file(p)
+                digest = tf.sha256
+            except TensorFileError as exc:
+                v.add("malformed", f"{name} is not a well-formed safetensors file: {exc}")
+        if (digest or verified_sha256(p)) != recorded[name]:
+            v.add("altered", f"{name} was altered after recovery: its sha256 differs from the manifest's")
+    _check_contents(case_dir, manifest, out, tensor_files, code)
+    _verdict_cache[key] = out
+    return out
+
+
+def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dict, code: bool) -> None:
+    from zen.represent.tensorfile import cross_check
+    from zen.represent.verify import check_code, check_json, check_mr_values, check_requirements, python_matches
+
+    present = {n for n, v in out.items() if v.status not in ("missing", "unrecorded")}
+    parsed = {}
+    for name, loader in ((MR_FILE, _parse_mr), (PR_FILE, _parse_pr), (UR_FILE, _parse_ur)):
+        if name in present:
+            v, parsed[name] = check_json(case_dir, name, loader)
+            if v.reasons:
+                out[name].add(v.status, v.reasons[0])
+    mr = parsed.get(MR_FILE)
+    if mr is not None:
+        for problem in check_mr_values(mr):
+            out[MR_FILE].add("malformed", problem)
+        for name, records in ((WEIGHTS, mr.tensors), (INPUTS, mr.inputs), (EXTRA, mr.extra_tensors)):
+            if name in tensor_files:
+                for problem in cross_check(name, tensor_files[name], records):
+                    out[name].add("inconsistent", problem)
+    if REQUIREMENTS in present:
+        v = check_requirements(case_dir / REQUIREMENTS)
+        if v.reasons:
+            out[REQUIREMENTS].add(v.status, v.reasons[0])
+    if code and CODE_FILE in present and out[CODE_FILE].status == "ok":
+        pr = parsed.get(PR_FILE)
+        addresses = {c.address for c in pr.codes} if pr is not None else None
+        v = check_code(case_dir / CODE_FILE, addresses, python_matches(manifest))
+        out[CODE_FILE].status = v.status if v.status != "ok" else out[CODE_FILE].status
+        out[CODE_FILE].reasons += v.reasons
+
+
+def _cached_record(path: Path, cls: type, kind: str, fmt: int):
+    from zen.represent.schema import load_record
+
+    key = _stat_key(path)
+    if key is None or key not in _record_cache:
+        obj = load_record(path, cls, kind, fmt)
+        if key is not None:
+            _record_cache[key] = obj
+        return obj
+    return _record_cache[key]
+
+
+def _parse_mr(p: Path):
+    from zen.represent.mr import MR_FORMAT
+
+    return _cached_record(p, ModelMR, "zen-mr", MR_FORMAT)
+
+
+def _parse_pr(p: Path):
+    from zen.represent.pr import PR_FORMAT, ProgrammaticRepresentation
+
+    return _cached_record(p, ProgrammaticRepresentation, "zen-pr", PR_FORMAT)
+
+
+def _parse_ur(p: Path):
+    from zen.represent.pr import UR_FORMAT, UnifiedRepresentation
+
+    return _cached_record(p, UnifiedRepresentation, "zen-ur", UR_FORMAT)
+
+
+def integrity(case_dir: Path, manifest: dict, *, code: bool = False) -> list[str]:
+    """Every problem with the case's files: altered against the manifest's hashes, replaced by something that is
+    not a regular file, deleted, present but never recorded, malformed, or contradicting mr.json. Each problem
+    starts with the name of the file it concerns."""
+    return [r for v in verdicts(case_dir, manifest, code=code).values() for r in v.reasons if v.status != "unchecked"]
 
 
 def require_intact(case_dir: Path, manifest: dict, names: tuple[str, ...]) -> None:
-    """Refuse to use a file a command reads when it fails the integrity check."""
-    bad = [p for p in integrity(case_dir, manifest) if p.split(" ", 1)[0] in names]
+    """Refuse to use a file a command reads when it fails verification."""
+    bad = [p for p in integrity(case_dir, manifest, code=CODE_FILE in names) if p.split(" ", 1)[0].rstrip(":") in names]
     if bad:
         raise CaseIntegrityError(f"{case_dir}: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
                                  "the case is not the one zen wrote; recover it again from the image")  # fmt: skip
@@ -151,6 +252,8 @@ def load_manifest(case_dir: Path) -> dict:
         raise ZenError(f"{case_dir} is not a zen case (no {MANIFEST})", "create one with `zen recover IMAGE -o CASE`")
     if isinstance(st, str):
         raise CaseFileError(f"{p} is {st}", "recover the case again")
+    if st.st_size > MAX_MANIFEST:
+        raise CaseFileError(f"{p} is {st.st_size:,} bytes: not a zen case manifest (they are a few KB)", "recover the case again")
     m = parse_json(p, str(p))
     if type(m) is dict and m.get("kind") == "zen-decompile":
         raise CaseFileError(f"{case_dir} was written by `zen decompile` without probing its kernels: it has no case files",
@@ -175,8 +278,6 @@ def _manifest_validator():
 
 
 def _load_checked(case_dir: Path, name: str, missing_hint: str, cls: type, kind: str, fmt: int):
-    from zen.represent.schema import load_record
-
     p = Path(case_dir) / name
     if not p.exists() and not p.is_symlink():
         raise ZenError(f"{case_dir} has no {name}", missing_hint)
@@ -184,7 +285,7 @@ def _load_checked(case_dir: Path, name: str, missing_hint: str, cls: type, kind:
         # a case: the file must be the one the manifest recorded. A reuse package (reuse.json, no
         # manifest) carries a copy of mr.json whose hash its verify.json records instead.
         require_intact(case_dir, load_manifest(case_dir), (name,))
-    return load_record(p, cls, kind, fmt)
+    return _cached_record(p, cls, kind, fmt)
 
 
 def load_mr(case_dir: Path) -> ModelMR:

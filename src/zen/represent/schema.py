@@ -29,6 +29,7 @@ from typing import Any
 from zen.errors import ZenError
 
 MAX_DEPTH = 200  # nesting of JSON containers in a case file (real cases stay below 40)
+MAX_STRING = 1 << 20  # characters of one string (names, addresses, literals; real cases stay below 100,000)
 
 
 class CaseFileError(ZenError):
@@ -52,17 +53,26 @@ def parse_json(path: Path, what: str | None = None) -> Any:
     return data
 
 
-def check_depth(data: Any, what: str, limit: int = MAX_DEPTH) -> None:
-    """Iteratively verify that containers nest at most `limit` deep."""
+def check_depth(data: Any, what: str, limit: int = MAX_DEPTH, max_string: int = MAX_STRING) -> None:
+    """Iteratively verify that containers nest at most `limit` deep and no string (key or value) is longer than
+    `max_string`: every later reader and printer may then treat values as small (a 100 MB "address" made
+    `zen show` run for minutes)."""
     stack = [(data, 0)]
     while stack:
         v, d = stack.pop()
         if d > limit:
             raise CaseFileError(f"{what} nests deeper than {limit} levels: not a zen file")
         if isinstance(v, dict):
+            for k, x in v.items():
+                if len(k) > max_string or (type(x) is str and len(x) > max_string):
+                    raise CaseFileError(f"{what} holds a string of more than {max_string:,} characters: not a zen file")
             stack.extend((x, d + 1) for x in v.values() if isinstance(x, (dict, list)))
         elif isinstance(v, list):
+            if any(type(x) is str and len(x) > max_string for x in v):
+                raise CaseFileError(f"{what} holds a string of more than {max_string:,} characters: not a zen file")
             stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+        elif type(v) is str and len(v) > max_string:
+            raise CaseFileError(f"{what} is a string of more than {max_string:,} characters: not a zen file")
 
 
 def _kind(v: Any) -> str:

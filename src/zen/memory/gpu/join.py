@@ -38,7 +38,7 @@ class DeviceSpace(AddressSpace):
                 chunks.append(c)
                 regions.append(r)
         super().__init__(regions, chunks, description=f"{device} memory from " + ", ".join(p.path.name for p in parts))
-        self.problems = problems
+        self.problems += problems
         self.parts = list(parts)
 
     def close(self) -> None:

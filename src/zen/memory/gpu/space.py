@@ -118,7 +118,7 @@ class GpuCoreSpace(AddressSpace):
         chunks = [MmapChunk(s.address, s.end, self._mm, s.offset, Source.IMAGE, self._fh.fileno()) for s in self.core.segments]
         regions = [Region(s.address, s.end, "rw-p", f"[gpu {s.name}]") for s in self.core.segments]
         super().__init__(regions, chunks, description=f"GPU core {self.path}")
-        self.problems = [f"{self.path.name}: {p}" for p in self.core.problems]
+        self.problems += [f"{self.path.name}: {p}" for p in self.core.problems]
 
     def evidence(self) -> dict:
         """What the manifest records about this file (its sha256 is computed by the caller)."""

@@ -165,9 +165,13 @@ def _elf_is_physical(path: Path) -> bool:
                 return False
             names, types = set(), set()
             size = Path(path).stat().st_size
+            notes_cut = False
             for i in range(min(elf.num_segments(), MAX_SEGMENTS)):
                 seg = elf.get_segment(i)
-                if seg["p_type"] != "PT_NOTE" or seg["p_offset"] + seg["p_filesz"] > size or seg["p_filesz"] > 64 << 20:
+                if seg["p_type"] != "PT_NOTE":
+                    continue
+                if seg["p_offset"] + seg["p_filesz"] > size or seg["p_filesz"] > 64 << 20:
+                    notes_cut = True
                     continue
                 for n, note in enumerate(seg.iter_notes()):
                     if n > 100_000:
@@ -183,6 +187,8 @@ def _elf_is_physical(path: Path) -> bool:
     except Exception:  # pyelftools' construct raises its own types on garbage
         return False
     if "NT_FILE" in types or "NT_PRPSINFO" in types:
+        return False
+    if notes_cut and not types:  # notes past the end: a truncated core, told apart by the process-core reader
         return False
     return bool({"QEMU", "VMCOREINFO", "VBCORE", "VBCPU"} & names) or "NT_PRSTATUS" in types or not types
 

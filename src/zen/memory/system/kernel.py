@@ -15,8 +15,10 @@ paths). zen drives it programmatically instead of through its automagic, for thr
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +70,42 @@ class KernelFacts:
         }
 
 
-def find_banners(phys: PhysicalImage, mm: mmap.mmap | None) -> list[bytes]:
+def data_extents(fd: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of the file ranges [lo, hi) that hold data: holes of a sparse file (a 1 TiB `truncate`d file, an
+    image whose headers claim far more than was written) are skipped with SEEK_DATA/SEEK_HOLE, so a scan's work is
+    bounded by the bytes present, not by the sizes claimed. Filesystems without hole support report one extent."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        pos = lo
+        while pos < hi:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+                end = os.lseek(fd, start, os.SEEK_HOLE)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # no data after pos
+                    break
+                out.append((pos, hi))  # SEEK_DATA unsupported: scan it all
+                break
+            if start >= hi:
+                break
+            out.append((start, min(end, hi)))
+            pos = end
+    return out
+
+
+def file_ranges(phys: PhysicalImage) -> list[tuple[int, int]]:
+    """The file ranges the image's physical segments occupy, merged (nothing past the last segment)."""
+    spans = sorted((s.file_offset, s.file_offset + s.length) for s in phys.segments if s.file_offset is not None)
+    merged: list[tuple[int, int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def find_banners(phys: PhysicalImage, mm: mmap.mmap | None, extents: list[tuple[int, int]] | None = None) -> list[bytes]:
     """Distinct kernel banners (text of `linux_banner`, NUL-terminated) in the image, most frequent
     first. The running kernel's banner appears several times (its .rodata, the log buffer, page
     cache copies of /proc/version readers); another kernel's (a kexec'd one, a VM image file in
@@ -76,7 +113,7 @@ def find_banners(phys: PhysicalImage, mm: mmap.mmap | None) -> list[bytes]:
     counts: dict[bytes, int] = {}
     if mm is not None:
         hits = 0
-        for lo, hi in _windows(mm, len(BANNER_PREFIX)):
+        for lo, hi in _windows(mm, len(BANNER_PREFIX), extents):
             pos = lo
             while hits < MAX_BANNER_HITS:
                 i = mm.find(BANNER_PREFIX, pos, hi)
@@ -94,18 +131,22 @@ def find_banners(phys: PhysicalImage, mm: mmap.mmap | None) -> list[bytes]:
 SCAN_WINDOW = 128 << 20
 
 
-def _windows(mm: mmap.mmap, overlap: int):
+def _windows(mm: mmap.mmap, overlap: int, extents: list[tuple[int, int]] | None = None):
     """[lo, hi) windows over an mmap for a pattern of `overlap` bytes, each window's pages dropped
     from zen's resident set once scanned: a pass over a multi-GB image must not make zen's RSS the
-    size of the image (file pages read through a mapping count as resident)."""
+    size of the image (file pages read through a mapping count as resident). Only `extents` (the
+    file's data within its segments, `data_extents`) are visited when given."""
     size = len(mm)
-    for lo in range(0, size, SCAN_WINDOW):
-        hi = min(size, lo + SCAN_WINDOW + overlap)
-        yield lo, hi
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, lo, min(SCAN_WINDOW, size - lo))
-        except (OSError, ValueError):
-            pass
+    for elo, ehi in extents if extents is not None else [(0, size)]:
+        ehi = min(ehi, size)
+        for lo in range(elo, ehi, SCAN_WINDOW):
+            hi = min(ehi, lo + SCAN_WINDOW + overlap)
+            yield lo, hi
+            page = lo & ~(mmap.PAGESIZE - 1)
+            try:
+                mm.madvise(mmap.MADV_DONTNEED, page, min(lo + SCAN_WINDOW, ehi) - page)
+            except (OSError, ValueError):
+                pass
 
 
 class Kernel:
@@ -123,7 +164,8 @@ class Kernel:
         self.ctx.config["zen.file.location"] = phys.path.resolve().as_uri()
         self.ctx.add_layer(physical.FileLayer(self.ctx, "zen.file", "file"))
         self.phys_layer = self._physical_layer()
-        banners = find_banners(phys, self.mm) if self.mm is not None else self._scan_banners()
+        self.extents = data_extents(self._fh.fileno(), file_ranges(phys)) if self.mm is not None else None
+        banners = find_banners(phys, self.mm, self.extents) if self.mm is not None else self._scan_banners()
         if not banners:
             raise ImageError(
                 f"no Linux kernel banner ('Linux version ...') in {phys.path}",
@@ -253,7 +295,7 @@ class Kernel:
                     continue
                 # Raw bytes: a pointer read through the physical layer is masked to its address width.
                 files = int.from_bytes(task.files.cast("bytes", length=8), "little")
-            except exceptions.InvalidAddressException:
+            except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - not the swapper task
                 continue
             aslr = files - init_files
             kaslr = task_addr - (init_task_sym - KERNEL_MAP_BASE)
@@ -270,7 +312,7 @@ class Kernel:
         if self.mm is not None:
             by_file = sorted(((s.file_offset, s) for s in self.phys.segments if s.file_offset is not None), key=lambda t: t[0])
             n, seen = 0, set()
-            for lo, hi in _windows(self.mm, 16):
+            for lo, hi in _windows(self.mm, 16, self.extents):
                 for m in _SWAPPER_RE.finditer(self.mm, lo, hi):
                     off = m.start()
                     if off in seen:  # windows overlap by a few bytes

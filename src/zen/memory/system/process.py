@@ -138,7 +138,7 @@ class SystemProcessSpace(AddressSpace):
             pgd = int(self.entry.task.mm.pgd)
             phys, _ = self.kernel.ctx.layers[self.kernel.layer_name].translate(pgd)
             return phys
-        except (exceptions.InvalidAddressException, TypeError):
+        except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - damaged mm: no page tables
             return None
 
     def _read_table(self, phys: int):

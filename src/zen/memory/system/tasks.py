@@ -56,6 +56,25 @@ class ProcessEntry:
         }
 
 
+def walked(items, limit: int, problems: list[str], what: str):
+    """Items of a Volatility walk (task list, VMA tree), at most `limit`; a walk that fails part way through damaged
+    kernel structures (a page fault, "Unknown Maple Tree node type", a cycle) ends with a problem naming it, and
+    what was read before stays usable."""
+    it = iter(items)
+    for n in range(limit + 1):
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - Volatility raises many types for damaged structures
+            problems.append(f"{what}: the walk stopped after {n} entries ({type(exc).__name__}: {str(exc)[:120]})")
+            return
+        if n == limit:
+            problems.append(f"{what}: more than {limit} entries: the rest are ignored (corrupt or hostile structure?)")
+            return
+        yield item
+
+
 def list_processes(kernel: Kernel, *, details: bool = True) -> list[ProcessEntry]:
     """Thread-group leaders in the kernel's task list, sorted by pid.
 
@@ -67,10 +86,12 @@ def list_processes(kernel: Kernel, *, details: bool = True) -> list[ProcessEntry
 
     out: list[ProcessEntry] = []
     seen: set[int] = set()
-    tasks = pslist.PsList.list_tasks(kernel.ctx, kernel.module_name)
-    for n, task in enumerate(tasks):
-        if n >= MAX_TASKS:
-            break
+    walk_problems: list[str] = []
+    try:
+        tasks = pslist.PsList.list_tasks(kernel.ctx, kernel.module_name)
+    except Exception as exc:  # noqa: BLE001 - the task list head itself is unreadable
+        tasks, walk_problems = [], [f"the task list: unreadable ({type(exc).__name__}: {str(exc)[:120]})"]
+    for task in walked(tasks, MAX_TASKS, walk_problems, "the kernel's task list"):
         try:
             pid = int(task.pid)
             if pid in seen or pid <= 0:
@@ -84,11 +105,13 @@ def list_processes(kernel: Kernel, *, details: bool = True) -> list[ProcessEntry
                 kernel_thread=bool(task.is_kernel_thread),
                 task=task,
             )
-        except exceptions.InvalidAddressException:
+        except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - a damaged task: skipped
             continue
         if details and not entry.kernel_thread:
             fill_details(kernel, entry)
         out.append(entry)
+    if out and walk_problems:
+        out[0].problems.extend(walk_problems)  # shown with the listing (zen ps) and kept in the record
     if not out:
         from zen.errors import ImageError
 
@@ -108,8 +131,8 @@ def fill_details(kernel: Kernel, entry: ProcessEntry) -> None:
     entry.cmdline = read_cmdline(kernel, entry)
     try:
         names = mapped_file_names(entry)
-    except exceptions.InvalidAddressException as exc:
-        entry.problems.append(f"mappings unreadable: {exc}")
+    except (exceptions.InvalidAddressException, Exception) as exc:  # noqa: BLE001 - Volatility's many types
+        entry.problems.append(f"mappings unreadable: {type(exc).__name__}: {str(exc)[:120]}")
         names = set()
     entry.python = python_version([Region(0, 1, "r--p", "/" + n) for n in sorted(names)])
     entry.torch = any(_TORCH.search("/" + n) for n in names)
@@ -130,15 +153,13 @@ def mapped_file_names(entry: ProcessEntry) -> set[str]:
     # Volatility's per-VMA validity check (an inode read per mapping) is most of the cost; a name
     # only decides how a process is labelled, so the raw walk with zen's own bounds suffices here.
     walk = getattr(mm, "_do_get_vma_iter", mm.get_vma_iter)
-    for n, vma in enumerate(walk()):
-        if n >= MAX_VMAS:
-            break
+    for vma in walked(walk(), MAX_VMAS, entry.problems, "the VMA tree"):
         try:
             if not 0 <= int(vma.vm_start) < int(vma.vm_end) <= 1 << 57:
                 continue
-        except Exception:
+            f = int(vma.vm_file)
+        except Exception:  # noqa: BLE001
             continue
-        f = int(vma.vm_file)
         if not f or f in seen:
             continue
         seen.add(f)
@@ -182,7 +203,7 @@ def process_layer(kernel: Kernel, entry: ProcessEntry) -> str | None:
 
     try:
         return entry.task.add_process_layer()
-    except (exceptions.InvalidAddressException, TypeError):
+    except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - a damaged mm or pgd
         return None
 
 
@@ -199,7 +220,7 @@ def read_cmdline(kernel: Kernel, entry: ProcessEntry) -> str:
         if name is None or not 0 < end - start <= MAX_CMDLINE:
             return ""
         data = kernel.ctx.layers[name].read(start, end - start)
-    except exceptions.InvalidAddressException:
+    except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - unreadable: no command line
         return ""
     return " ".join(p.decode("utf-8", "surrogateescape") for p in data.rstrip(b"\x00").split(b"\x00"))
 
@@ -215,17 +236,14 @@ def process_vmas(kernel: Kernel, entry: ProcessEntry) -> list[Region]:
     if not mm:
         entry.vmas = regions
         return regions
-    for n, vma in enumerate(mm.get_vma_iter()):
-        if n >= MAX_VMAS:
-            entry.problems.append(f"more than {MAX_VMAS} mappings: the rest are ignored (corrupt or hostile VMA tree?)")
-            break
+    for vma in walked(mm.get_vma_iter(), MAX_VMAS, entry.problems, "the VMA tree"):
         try:
             start, end, flags = int(vma.vm_start), int(vma.vm_end), int(vma.vm_flags)
             if not 0 <= start < end <= 1 << 57:
                 continue
             path = vma.get_name(kernel.ctx, entry.task) or ""
             offset = int(vma.vm_pgoff) << 12 if vma.vm_file else 0
-        except exceptions.InvalidAddressException:
+        except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - one damaged VMA: skipped
             continue
         if path == "Anonymous Mapping":
             path = ""

@@ -1,0 +1,143 @@
+"""Reading back a case's safetensors files as evidence: bounded header parse, one pass for every digest.
+
+A weights file whose manifest hash was rewritten to match is still a lie unless its contents agree with mr.json:
+every header entry must be well formed (known dtype, shape, offsets inside the data and tiling it exactly), and
+every tensor's bytes must hash to the sha256 mr.json recorded when the tensor was read from the image. The file
+is read once, sequentially: the file digest and every tensor digest come from the same pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_HEADER = 100 << 20  # safetensors' own limit for the JSON header
+MAX_DIMS = 64
+BLOCK = 16 << 20
+ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+            "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}  # fmt: skip
+# torch / numpy dtype names in mr.json -> safetensors codes (others are not checked by name)
+CODE_OF = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
+           "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "int64": "I64", "uint64": "U64",
+           "float64": "F64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "complex64": "C64"}  # fmt: skip
+
+
+class TensorFileError(ValueError):
+    """The file is not a well-formed safetensors file (the reason is the message)."""
+
+
+@dataclass
+class TensorFile:
+    size: int
+    sha256: str
+    entries: dict[str, dict] = field(default_factory=dict)  # key -> {"dtype", "shape", "start", "end"}
+    digests: dict[str, str] = field(default_factory=dict)  # key -> sha256 of its bytes
+    metadata: dict = field(default_factory=dict)
+
+
+def _header(path: Path, fh, size: int) -> tuple[dict, dict, int]:
+    if size < 8:
+        raise TensorFileError(f"{size} bytes: shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", fh.read(8))
+    if n > MAX_HEADER or 8 + n > size:
+        raise TensorFileError(f"its header claims {n:,} bytes, the file has {size:,}")
+    try:
+        head = json.loads(fh.read(n))
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise TensorFileError(f"its header is not valid JSON ({str(exc)[:80]})") from None
+    if not isinstance(head, dict):
+        raise TensorFileError("its header is not a JSON object")
+    meta = head.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise TensorFileError("its __metadata__ is not a string map")
+    data_len = size - 8 - n
+    entries, spans = {}, []
+    for key, e in head.items():
+        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+            raise TensorFileError(f"entry {key[:80]!r} is malformed")
+        dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+        if dtype not in ITEMSIZE:
+            raise TensorFileError(f"entry {key[:80]!r} has unknown dtype {str(dtype)[:20]!r}")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(type(d) is int and d >= 0 for d in shape)):  # fmt: skip
+            raise TensorFileError(f"entry {key[:80]!r} has an invalid shape")
+        if not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs):
+            raise TensorFileError(f"entry {key[:80]!r} has invalid data offsets")
+        start, end = offs
+        if not 0 <= start <= end <= data_len:
+            raise TensorFileError(f"entry {key[:80]!r} lies outside the data ({start:,}..{end:,} of {data_len:,} bytes)")
+        if math.prod(shape) * ITEMSIZE[dtype] != end - start:
+            raise TensorFileError(f"entry {key[:80]!r}: {end - start:,} bytes do not hold shape {shape} of {dtype}")
+        entries[key] = {"dtype": dtype, "shape": shape, "start": start, "end": end}
+        spans.append((start, end, key))
+    pos = 0
+    for start, end, key in sorted(spans):
+        if start != pos:
+            raise TensorFileError(f"entry {key[:80]!r} starts at {start:,}: the data is not tiled by the entries")
+        pos = end
+    if pos != data_len:
+        raise TensorFileError(f"{data_len - pos:,} bytes after the last entry belong to no tensor")
+    return entries, meta, 8 + n
+
+
+def read_tensor_file(path: Path) -> TensorFile:
+    """Parse and hash a safetensors file in one sequential pass (file digest + one digest per entry)."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        size = path.stat().st_size
+        entries, meta, base = _header(path, fh, size)
+        fh.seek(0)
+        whole = hashlib.sha256()
+        order = sorted(entries, key=lambda k: entries[k]["start"])
+        hashers = {k: hashlib.sha256() for k in order}
+        i, pos = 0, 0
+        while block := fh.read(BLOCK):
+            whole.update(block)
+            lo, hi = pos, pos + len(block)
+            view = memoryview(block)
+            j = i
+            while j < len(order) and base + entries[order[j]]["start"] < hi:
+                s, t = base + entries[order[j]]["start"], base + entries[order[j]]["end"]
+                if t > lo:
+                    hashers[order[j]].update(view[max(s, lo) - lo : min(t, hi) - lo])
+                j += 1
+            while i < len(order) and base + entries[order[i]]["end"] <= hi:  # entries finished in this block
+                i += 1
+            pos = hi
+    return TensorFile(size, whole.hexdigest(), entries, {k: h.hexdigest() for k, h in hashers.items()}, meta)
+
+
+def cross_check(name: str, tf: TensorFile, records: list) -> list[str]:
+    """Problems between a tensor file and the records that describe it (mr.json's tensors, inputs or extra):
+    every written record's key, shape, dtype and sha256, and no entry that no record describes."""
+    problems: list[str] = []
+    described = set()
+    for r in records:
+        key = getattr(r, "key", None) if not isinstance(r, dict) else r.get("key")
+        get = r.get if isinstance(r, dict) else lambda k, d=None, r=r: getattr(r, k, d)
+        if get("status", "ok") != "ok" or key is None:
+            continue
+        e = tf.entries.get(key)
+        if e is None:
+            if get("tied_to") and get("tied_to") in tf.entries:
+                described.add(key)
+                continue
+            problems.append(f"{name} lacks {key[:80]!r}, which mr.json records as recovered")
+            continue
+        described.add(key)
+        if list(get("shape") or []) != e["shape"]:
+            problems.append(f"{name}: {key[:80]!r} has shape {e['shape']}, mr.json records {get('shape')}")
+        code = CODE_OF.get(str(get("dtype", "")).replace("torch.", ""))
+        if code is not None and code != e["dtype"]:
+            problems.append(f"{name}: {key[:80]!r} is {e['dtype']}, mr.json records {get('dtype')}")
+        want = get("sha256")
+        if want and tf.digests.get(key) != want:
+            problems.append(f"{name}: the bytes of {key[:80]!r} differ from those read from the image (sha256)")
+    extra = sorted(set(tf.entries) - described)
+    if extra:
+        problems.append(f"{name} holds {len(extra)} tensor(s) mr.json does not record, e.g. {extra[0][:80]!r}")
+    return problems

@@ -1,0 +1,126 @@
+"""Hostile and damaged images through the `zen` command (issue 38): never exit 70, never a hang.
+
+Each case reproduces a finding of the whole-CLI fuzzing on real evidence (a family model's process image): a
+program header whose segment ends at 2^64, random pages written over the heap, a core cut short, a 1 TiB sparse
+file, whole-machine container headers claiming a terabyte over a sparse file, and an executable given to `zen ps`.
+The whole-CLI harness itself is bench/fuzz_cli.py (bench/results/fuzz.md).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from conftest import zen
+
+TIB = 1 << 40
+
+
+def _loads(path: Path) -> tuple[int, int, list[tuple[int, int, int, int]]]:
+    """(phoff, phentsize, [(index, p_offset, p_filesz, p_memsz)] of PT_LOAD segments with data)."""
+    raw = path.read_bytes()[:64]
+    phoff = struct.unpack_from("<Q", raw, 32)[0]
+    phentsize, phnum = struct.unpack_from("<HH", raw, 54)
+    out = []
+    with open(path, "rb") as fh:
+        for i in range(phnum):
+            fh.seek(phoff + i * phentsize)
+            t, _, off, _, _, fsz, msz, _ = struct.unpack("<IIQQQQQQ", fh.read(56))
+            if t == 1 and fsz >= 4096:
+                out.append((i, off, fsz, msz))
+    return phoff, phentsize, out
+
+
+def _clean(res, *codes) -> None:
+    assert res.returncode in codes, (res.returncode, res.stderr[-800:])
+    assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr[-800:]
+
+
+@pytest.fixture(scope="module")
+def core(family_images, tmp_path_factory):
+    image, _ = family_images["convnet"]
+    return image, tmp_path_factory.mktemp("hostile-images")
+
+
+def test_segment_ending_at_the_top_of_the_address_space(core):
+    image, work = core
+    phoff, phentsize, loads = _loads(image)
+    bad = work / "top.core"
+    for i, _, _, msz in sorted(loads, key=lambda x: -x[2])[:2] + loads[-2:]:
+        shutil.copy(image, bad)
+        with open(bad, "r+b") as fh:
+            fh.seek(phoff + i * phentsize + 16)
+            fh.write(struct.pack("<Q", (1 << 64) - msz))
+        _clean(zen("info", bad, "--json", check=False, timeout=300), 0, 2, 3, 5, 6)
+        _clean(zen("recover", bad, "-o", work / "top-case", check=False, timeout=300), 0, 2, 3, 5, 6)
+
+
+def test_random_pages_over_the_heap(core):
+    """Pages of random or repeated bytes over writable memory (a smear, a hostile writer): each run recovers what is
+    sound or stops with a typed error; the seeds that once raised OverflowError in the bulk readers are among them."""
+    image, work = core
+    _, _, loads = _loads(image)
+    writable = loads
+    bad = work / "pages.core"
+    for seed in range(6):
+        shutil.copy(image, bad)
+        rng = random.Random(seed)
+        with open(bad, "r+b") as fh:
+            for _ in range(16):
+                _, off, fsz, _ = rng.choice(writable)
+                fh.seek(off + rng.randrange(fsz // 4096) * 4096)
+                fh.write(rng.randbytes(4096) if rng.random() < 0.5 else bytes([rng.randrange(256)]) * 4096)
+        _clean(zen("recover", bad, "-o", work / f"pages-case{seed}", check=False, timeout=300), 0, 2, 3, 5, 6)
+
+
+def test_truncated_core_says_so(core):
+    image, work = core
+    cut = work / "cut.core"
+    with open(image, "rb") as src, open(cut, "wb") as dst:
+        dst.write(src.read(1 << 20))
+    res = zen("recover", cut, "-o", work / "cut-case", check=False, timeout=300)
+    _clean(res, 5)
+    assert "truncated" in res.stderr and "bytes of segment data lie past the end" in res.stderr
+    assert not (work / "cut-case").exists()
+
+
+def _sparse(path: Path, head: bytes, size: int) -> Path:
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.truncate(size)
+    return path
+
+
+def _qemu_like_dump(length: int) -> bytes:
+    """ELF64 CORE with a "QEMU" note and one PT_LOAD of `length` bytes at file offset 4096 (a whole-machine dump)."""
+    note = struct.pack("<III", 5, 8, 0) + b"QEMU\0\0\0\0" + b"\0" * 8
+    ehdr = struct.pack("<4sBBBBB7sHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 0, b"\0" * 7, 4, 62, 1, 0, 64, 0, 0, 64, 56, 2, 0, 0, 0)
+    notes = struct.pack("<IIQQQQQQ", 4, 0, 64 + 2 * 56, 0, 0, len(note), len(note), 4)
+    load = struct.pack("<IIQQQQQQ", 1, 7, 4096, 0, 0, length, length, 4096)
+    return (ehdr + notes + load + note).ljust(4096, b"\0")
+
+
+@pytest.mark.parametrize("kind", ["raw-1TiB", "elf-dump-1TiB-hole", "lime-range-1TiB"])
+def test_sparse_claims_are_bounded_by_the_data_present(kind, tmp_path):
+    if kind == "raw-1TiB":
+        p = _sparse(tmp_path / "z.img", b"", TIB)
+    elif kind == "elf-dump-1TiB-hole":
+        p = _sparse(tmp_path / "dump.elf", _qemu_like_dump(TIB), 4096 + TIB)
+    else:  # LiME: magic, version 1, start, end (inclusive), reserved
+        p = _sparse(tmp_path / "m.lime", struct.pack("<IIQQQ", 0x4C694D45, 1, 0, TIB - 1, 0), 32 + TIB)
+    for cmd in (["ps", p], ["info", p], ["recover", p, "-o", tmp_path / "case"]):
+        t0 = time.monotonic()
+        res = zen(*cmd, check=False, timeout=120)
+        _clean(res, 2, 4)
+        assert time.monotonic() - t0 < 60, (kind, cmd[0], time.monotonic() - t0)
+
+
+def test_ps_on_an_executable_says_what_it_is(tmp_path):
+    exe = Path(shutil.which("true") or "/bin/true").resolve()
+    res = zen("ps", exe, check=False)
+    _clean(res, 2)
+    assert "ELF" in res.stderr and "not a memory image" in res.stderr
