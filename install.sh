@@ -5,19 +5,36 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
-"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "zen needs Python 3.11+")'
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "zen needs Python 3.11+ (tested: 3.11 and 3.12)")'
+
+# pip, quiet: its own warnings about package-index locations configured on this machine but absent are noise here;
+# everything else it says (errors included) is shown
+pipq() {
+  local log rc=0
+  log=$(mktemp)
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@" >"$log" 2>&1 || rc=$?
+  grep -v "^WARNING: Location '.*' is ignored" "$log" >&2 || true
+  rm -f "$log"
+  return $rc
+}
+
 if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv with $("$PY" --version)"
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e '.[test]'
+echo "installing pip, torch 2.13.0 (CPU), zen and its test tools into .venv (a few minutes the first time)"
+pipq --upgrade pip
+pipq "torch==2.13.0"
+pipq -e '.[test]'
 # Whole-machine image tests boot a QEMU guest (tools/guestvm); compressed AVML images need libsnappy.
 # Installed when this runs as root on Debian/Ubuntu; without them those tests skip, zen itself works.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v qemu-system-x86_64 >/dev/null 2>&1; then
+  echo "installing qemu-system-x86, busybox-static and libsnappy (apt) for the whole-machine image tests"
   (timeout 600 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq \
       qemu-system-x86 busybox-static libsnappy1v5 >/dev/null) \
     || echo "qemu/busybox could not be installed: the full-system image tests will be skipped"
 fi
-.venv/bin/zen version
-echo "installed: activate with '. .venv/bin/activate' or call .venv/bin/zen"
+echo
+echo "installed: $(.venv/bin/zen version) with $(.venv/bin/python --version), torch $(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+echo "  in $(pwd)/.venv ($(du -sh .venv | cut -f1)); activate with '. .venv/bin/activate' or call .venv/bin/zen"
+echo "  optional: tools/tf-venv.sh builds the TensorFlow environment the Keras tests use (~1.6 GB in ~/.cache/zen)"

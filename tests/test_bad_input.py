@@ -115,3 +115,31 @@ def test_unsupported_python_names_version_and_what_is_supported(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_outputs_never_create_missing_directories(tmp_path):
+    """Every command that writes checks its output's parent first (issue 37: `zen report -o /nonexistent-dir/r.html`
+    made a directory at the filesystem root)."""
+    missing = tmp_path / "no-such-dir"
+    img = tmp_path / "x.core"
+    img.write_bytes(b"\x7fELF" + b"\0" * 60)
+    case = tmp_path / "case"
+    case.mkdir()
+    for args in (["report", case, "-o", missing / "r.html"], ["recover", img, "-o", missing / "case"],
+                 ["reuse", case, "-o", missing / "pkg"], ["diff", case, "--base", "b", "-o", missing / "p.json"],
+                 ["decompile", img, "-o", missing / "pkg"], ["acquire", "--pid", os.getpid(), "-o", missing / "i.core"],
+                 ["symbols", "--btf", img, "-o", missing / "s.json.xz"], ["keygen", "-o", missing / "key"],
+                 ["library", "export", "-o", missing / "l.json"], ["drift", case, case, "-o", missing / "d"],
+                 ["profile", "python", "-o", missing / "p.json"]):  # fmt: skip
+        res = zen(*args, check=False)
+        check_clean_failure(res, "does not exist", "mkdir -p")
+        assert res.returncode == 2, (args[0], res.returncode)
+        assert not missing.exists(), args[0]
+        assert not res.stderr.startswith("\n"), args[0]  # no blank line before the error (progress bars are off)
+
+
+def test_demo_refuses_a_directory_that_is_not_a_previous_demo(tmp_path):
+    (tmp_path / "mine.txt").write_text("not a demo")
+    res = zen("demo", "--dir", tmp_path, check=False)
+    check_clean_failure(res, "not a previous demo's directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]

@@ -9,6 +9,7 @@ starts three child interpreters (the base and deployed model processes and the v
 from __future__ import annotations
 
 import json
+import os
 
 from conftest import booby_trapped, zen_command
 
@@ -31,6 +32,11 @@ def test_demo_runs(tmp_path):
     assert not (tmp_path / "demo" / "deployed.core").exists()  # images are not left behind
     assert not (tmp_path / "demo" / "base.core").exists()
     assert sorted(p.name for p in markers.iterdir()) == []
+
+    # the first thing a new user tries next: the demo's library is found beside the case, and said so (issue 37)
+    res = zen_command("attribute", tmp_path / "demo" / "case", "--json", cwd=evidence,
+                      env={**os.environ, "ZEN_LIBRARY": str(tmp_path / "no-library.sqlite")})  # fmt: skip
+    assert json.loads(res.stdout)["attributed"] == "tiny-base" and "library.sqlite" in res.stderr
 
     # zen diff decompiles changed functions with depyf in a child: it must run (source, not the listing
     # fallback a failed child gives) and import nothing from here

@@ -31,6 +31,7 @@ from zen import (
 )
 from zen.console import consoles
 from zen.errors import ZenError
+from zen.outpaths import require_parent
 
 app = typer.Typer(
     add_completion=False,
@@ -244,6 +245,7 @@ def recover(
     graph, every variable keyed by its Keras path, optimizer slots in extra.safetensors). The image's sha256, the tensor
     files and parts of the code stage are made by forked copies of zen on the other cores (ZEN_FORK=0: all in one
     process; the case files are the same)."""
+    require_parent(output, "the case directory")
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     from zen.recover import recover as do_recover
@@ -251,7 +253,7 @@ def recover(
     if image is None and pid is None:
         raise ZenError("give an image file or --pid PID", "see `zen recover --help`")
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                  console=err, transient=True) as prog:  # fmt: skip
+                  console=err, transient=True, disable=not err.is_terminal) as prog:  # fmt: skip
         task = prog.add_task("recovering", total=None)
 
         def tick(stage: str, done: int, total: int) -> None:
@@ -372,6 +374,7 @@ def profile_python(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
 ) -> None:
     """Measure CPython struct layouts in an interpreter and save them as a layout profile."""
+    require_parent(output, "the profile")
     from zen.cpython.profile import parse_profile, profile_filename, user_profile_dir
 
     data, text = _run_calibrator(python, "zen.cpython.calibration.run")
@@ -392,6 +395,7 @@ def profile_torch(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
 ) -> None:
     """Measure PyTorch tensor layouts (TensorImpl, StorageImpl, dtypes) and save a torch layout profile."""
+    require_parent(output, "the profile")
     from zen.cpython.profile import user_profile_dir
     from zen.frontends.pytorch.profile import parse_torch_profile, torch_profile_filename
 
@@ -412,6 +416,7 @@ def profile_tf(
     output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
 ) -> None:
     """Measure TensorFlow tensor/variable layouts (EagerTensor, ResourceVariable, shapes, dtypes) for Keras models."""
+    require_parent(output, "the profile")
     from zen.cpython.profile import user_profile_dir
     from zen.frontends.keras.profile import parse_tf_profile, tf_profile_filename
 

@@ -39,6 +39,9 @@ def acquire(
 ) -> None:
     """Image a live process into an ELF core file (the process is stopped while it is read); for a CUDA process,
     also its GPU memory (see README 'Models on GPUs')."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the image")
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from zen import acquire_gpu
@@ -46,7 +49,7 @@ def acquire(
 
     plan = acquire_gpu.plan(pid, output, gpu, cuda_gdb, allow_abort)  # refusals come before anything is written
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=err, transient=True) as prog:  # fmt: skip
+                  TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as prog:  # fmt: skip
         task = prog.add_task(f"imaging PID {pid}", total=None)
 
         def tick(done: int, total: int) -> None:

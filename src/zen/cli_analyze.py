@@ -46,6 +46,9 @@ def analyze(
 
     EXECUTES code recovered from the image, in a child process. Writes DIR/analysis.json, adversarial.safetensors,
     robustness.png, and with --backdoor triggers.safetensors, anomaly.png and trigger_class_K.png."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the analysis")
     from zen.analyze.run import EXECUTES, parse_attacks, parse_floats
     from zen.analyze.run import analyze as do_analyze
 
@@ -106,6 +109,9 @@ def drift(
 ) -> None:
     """Weight drift between snapshots of one model: per tensor and layer, L2, relative change, cosine, elements
     changed and the first snapshot where it changed. Refuses cases that are not one model (exit 2)."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the drift results")
     from zen.analyze import plots
     from zen.analyze.drift import compute
     from zen.represent import textio

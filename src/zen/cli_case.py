@@ -73,6 +73,9 @@ def sign(
 
 def keygen(output: Path = typer.Option(..., "-o", "--output", help="Private key file to write (PATH.pub beside it).")) -> None:
     """Make an Ed25519 key pair for signing cases (the private key is written with mode 0600)."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the key")
     from zen.represent import signature
 
     priv, pub = signature.keygen(output)

@@ -55,6 +55,9 @@ def decompile(
 
     Probing and --check EXECUTE the library's kernels (in a child process): run them in an isolated environment.
     """
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the package")
     from zen.compiled.decompile import decompile as run
 
     if output.exists() and not output.is_dir():

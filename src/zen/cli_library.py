@@ -34,6 +34,20 @@ def check_case(case_dir: Path) -> list[str]:
     return problems
 
 
+def _library_beside(case_dir: Path) -> Path | None:
+    """With no --library and no default library, the one beside the case (where `zen demo` puts it), said aloud."""
+    from zen.library.store import default_library_path
+
+    if default_library_path().exists():
+        return None
+    beside = Path(case_dir).absolute().parent / "library.sqlite"
+    if beside.is_file():
+        err.print(f"[dim]note: no library at {escape(str(default_library_path()))}; using {escape(str(beside))}, "
+                  "the one beside the case (--library chooses)[/dim]")  # fmt: skip
+        return beside
+    return None
+
+
 def _open(path: Path | None, create: bool = True):
     from zen.library.store import Library
 
@@ -106,6 +120,9 @@ def export(
     library: Path | None = LIB_OPT,
 ) -> None:
     """Export library entries as JSON, to share a library."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the export")
     with _open(library, create=False) as lib:
         n = lib.export(output, names or None)
         out.print(f"exported {n} models to {output}")
@@ -150,6 +167,7 @@ def attribute(
 
     problems = check_case(case_dir)
     mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
+    library = library if library is not None else _library_beside(case_dir)
     with _open(library, create=False) as lib:
         if len(lib) == 0:
             raise ZenError(f"the library {lib.path} is empty", "add base models with `zen library add` or `zen library build`")

@@ -41,6 +41,9 @@ def diff(
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds allowed for decompilation."),
 ) -> None:
     """What the recovered model changed relative to a base model (ZEN Algorithm 2)."""
+    from zen.outpaths import require_parent
+
+    require_parent(patch, "the patch")
     from zen.diff.view import change_summary, function_views
     from zen.patch.format import write_patch
     from zen.represent import case
@@ -118,6 +121,9 @@ def reuse(
     model from the recorded layer classes, constructor arguments and functional graph (a subclassed model's own
     classes from the recovered code), assigns every recovered variable by path and returns a keras.Model
     (`model.predict(x)` works); check it with `zen verify PKG --python TF_PYTHON --inputs X --expect Y`."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the package")
     from zen.represent import case
     from zen.reuse.package import make_patch, write_package
 
@@ -232,6 +238,9 @@ def verify(
     ),
 ) -> None:
     """Run the rebuilt model on each input tensor and compare with expected outputs (bit-exact)."""
+    from zen.outpaths import require_parent
+
+    require_parent(save, "the outputs")
     from zen.reuse.keras_package import is_keras_package
 
     if is_keras_package(package):
@@ -298,6 +307,9 @@ def report(
 ) -> None:
     """Write a forensic report: evidence, model, attribution, shared artefacts, changes, reuse verification, and
     (--analysis, --drift) white-box analysis and weight drift."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the report")
     from zen.report.gather import gather
 
     suffix = output.suffix.lower()
@@ -318,7 +330,6 @@ def report(
         from zen.report.html import render as render_html
 
         text = render_html(data)
-    output.parent.mkdir(parents=True, exist_ok=True)
     textio.write_text(output, text)
     textio.write_json(output.with_suffix(".json"), data, indent=1)
     a = data.get("attribution")

@@ -45,6 +45,9 @@ def symbols(
     as_json: bool = typer.Option(False, "--json", help="Print what was built as JSON."),
 ) -> None:
     """Build a Volatility 3 ISF for a Linux kernel from its BTF and kallsyms (no debug package, no symbol server)."""
+    from zen.outpaths import require_parent
+
+    require_parent(output, "the symbol file")
     from zen.memory.system.symbols.build import build_isf
 
     given = [p for p in (kernel, btf, system_map, kallsyms, deb) if p is not None]

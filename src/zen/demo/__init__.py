@@ -30,6 +30,7 @@ from zen.errors import ZenError
 from zen.represent import textio
 
 BASE_NAME = "tiny-base"
+MARKER = ".zen-demo"  # marks a directory `zen demo` may write into again
 
 
 def _serve_and_image(cmd: list[str], outdir: Path, image: Path, console: Console, what: str) -> dict:
@@ -66,6 +67,7 @@ def _library(workdir: Path, console: Console, keep: bool) -> Path:
     res = recover(image, None, workdir / "base-case")
     if not keep:
         image.unlink(missing_ok=True)
+        console.print(f"recovered; {image.name} deleted (--keep keeps the images)")
     lib_path = workdir / "library.sqlite"
     lib_path.unlink(missing_ok=True)
     with Library(lib_path) as lib:
@@ -85,6 +87,7 @@ def _recover(workdir: Path, console: Console, keep: bool):
     res = recover(image, None, case_dir)
     if not keep:
         image.unlink(missing_ok=True)
+        console.print(f"recovered; {image.name} deleted (--keep keeps the images)")
     mr = res.mr
     console.print(f"Python {res.manifest['python']['version']}, torch {res.manifest['torch']['version']}; "
                   f"{len(mr.roots)} model root(s); chose {mr.root.cls} at {mr.root.address} "
@@ -153,7 +156,14 @@ def _rebuild(case_dir: Path, workdir: Path, patch: dict, d, truth_dir: Path, con
 def run_demo(workdir: Path, console: Console, keep: bool = False) -> dict:
     """Run the demo in `workdir`; returns a summary dict (also printed)."""
     workdir = Path(workdir)
+    marker = workdir / MARKER
+    if workdir.exists() and (not workdir.is_dir() or (any(workdir.iterdir()) and not marker.exists())):
+        raise ZenError(f"refusing to write the demo into {workdir}: it exists and is not a previous demo's directory",
+                       "give a new directory with --dir DIR")  # fmt: skip
+    if marker.exists():
+        console.print(f"replacing the previous demo in {workdir}")
     workdir.mkdir(parents=True, exist_ok=True)
+    marker.write_text("written by `zen demo`; a later `zen demo --dir` here replaces this directory's files\n")
     t_start = time.perf_counter()
     lib_path = _library(workdir, console, keep)
     case_dir, truth, mr, pr = _recover(workdir, console, keep)
