@@ -43,6 +43,7 @@ class AcquireResult:
     failed_regions: list[str] = field(default_factory=list)
     seconds: float = 0.0
     mode: str = "all"
+    sha256: str | None = None  # of the written file, hashed right after writing (recorded in zen's digest cache)
 
 
 def _note(name: str, ntype: int, desc: bytes) -> bytes:
@@ -136,9 +137,29 @@ def acquire(
                 f"cannot open memory of PID {pid}: {exc.strerror}", "run zen as root or as the process owner"
             ) from None
         try:
-            return _write(pid, out, regions, mem_fd, lean, progress, t0, note or {})
+            res = _write(pid, out, regions, mem_fd, lean, progress, t0, note or {})
         finally:
             os.close(mem_fd)
+    res.sha256 = _digest(out)  # after the process runs again: it need not wait for the hashing
+    return res
+
+
+def _digest(path: Path) -> str:
+    """sha256 of the image just written (its pages are still in the page cache), kept in zen's digest cache so that
+    every later command on the unchanged file reuses it instead of reading the image again."""
+    import hashlib
+
+    from zen import digest_cache
+
+    key = digest_cache.stat_key(path)
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(16 << 20)
+        view = memoryview(buf)
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+    digest_cache.remember(path, h.hexdigest(), key)
+    return h.hexdigest()
 
 
 def written_pages(pid: int) -> dict[int, int]:

@@ -58,6 +58,7 @@ app.command("drift")(cli_analyze.drift)
 app.command("verify-case")(cli_case.verify_case)
 app.command("sign")(cli_case.sign)
 app.command("keygen")(cli_case.keygen)
+app.command("verify-evidence")(cli_case.verify_evidence)
 
 out, err = consoles()
 
@@ -238,6 +239,7 @@ def recover(
     limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on what is read "
                                            "from the image (max_str, max_items, max_module_depth, ...; see README)."),
     sign: Path | None = typer.Option(None, "--sign", help="Sign the manifest with this Ed25519 key (manifest.sig)."),
+    rehash: bool = typer.Option(False, "--rehash", help="Hash the image again even if zen hashed it unchanged before."),
 ) -> None:
     """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs.
 
@@ -260,7 +262,7 @@ def recover(
             prog.update(task, description=stage, completed=done, total=total)
 
         res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, progress=tick, symbols=symbols,
-                                                         limits=limit, gpu=gpu))
+                                                         limits=limit, gpu=gpu, rehash=rehash))
     _render_recover(res)
     if sign is not None:
         from zen.represent.signature import sign_case

@@ -56,7 +56,8 @@ def acquire(
             prog.update(task, completed=done, total=total)
 
         res = do_acquire(pid, output, lean=lean, progress=tick, note=plan.note() if plan.route != "not-cuda" else None)
-    out.print(f"wrote {res.path} ({res.bytes_written:,} bytes of {res.regions} mappings, mode {res.mode}) in {res.seconds:.2f} s")
+    out.print(f"wrote {res.path} ({res.bytes_written:,} bytes of {res.regions} mappings, mode {res.mode}) "
+              f"in {res.seconds:.2f} s; sha256 {res.sha256}")
     for f in res.failed_regions:
         err.print(f"[yellow]unreadable: {escape(f)}[/yellow]")
     if plan.route == "not-cuda":
@@ -77,7 +78,7 @@ def acquire(
     size = got.path.stat().st_size
     extra = f", {r['mb_per_s']} MB/s" if r.get("mb_per_s") else ""
     out.print(f"wrote {got.path} ({size:,} bytes, GPU memory by {r['route']}, {r['seconds']} s{extra}); sha256 {got.sha256}")
-    out.print(f"host image sha256 {r['host_image_sha256']}; acquisition note {res.path}.acquisition.json")
+    out.print(f"acquisition note (both sha256): {res.path}.acquisition.json")
     out.print(f"recover with: zen recover {res.path} --gpu {got.path} -o CASE")
     for f in r.get("failed") or []:
         err.print(f"[yellow]problem: device range not dumped: {escape(f)}[/yellow]")

@@ -81,3 +81,49 @@ def keygen(output: Path = typer.Option(..., "-o", "--output", help="Private key 
     priv, pub = signature.keygen(output)
     fp = signature.fingerprint(signature.load_public(pub))
     out.print(f"wrote {escape(str(priv))} (private, keep it safe) and {escape(str(pub))}; fingerprint {fp}")
+
+
+def verify_evidence(
+    images: list[Path] = typer.Argument(..., help="Evidence files (images, GPU cores) to hash again."),
+    case_dir: Path | None = typer.Option(None, "--case", help="Also compare with the digests this case's manifest records."),
+) -> None:
+    """Recompute each file's sha256 and compare it with the digest zen recorded for it (its digest cache) and, with
+    --case, with the case's manifest; exit 1 on any difference."""
+    import hashlib
+
+    from zen import digest_cache
+    from zen.memory import require_image_file
+
+    recorded: dict[str, str] = {}
+    if case_dir is not None:
+        from zen.represent import case
+
+        ev = case.load_manifest(case_dir).get("evidence") or {}
+        recorded = {str(ev.get("image")): ev.get("sha256"), **{g.get("path"): g.get("sha256") for g in ev.get("gpu") or []}}
+    bad = 0
+    for image in images:
+        require_image_file(image)
+        key = digest_cache.stat_key(image)
+        cached = digest_cache.lookup(image)
+        h = hashlib.sha256()
+        with open(image, "rb") as fh:
+            while block := fh.read(16 << 20):
+                h.update(block)
+        digest = h.hexdigest()
+        digest_cache.remember(image, digest, key)
+        checks = []
+        if cached is not None:
+            checks.append(("zen's record", cached["sha256"], cached["how"]))
+        want = recorded.get(str(Path(image).resolve()))
+        if case_dir is not None:
+            checks.append(("the case's manifest", want, str(case_dir)))
+        out.print(f"{escape(str(image))}: sha256 {digest}")
+        for what, value, detail in checks:
+            same = value == digest
+            bad += not same
+            mark = "[green]matches[/green]" if same else "[red]DIFFERS from[/red]"
+            out.print(f"  {mark} {what} ({escape(str(value))}; {escape(detail)})")
+        if not checks:
+            out.print("  no earlier digest recorded for this file in its present state (now recorded)")
+    if bad:
+        raise typer.Exit(EXIT_FAILED)

@@ -1,9 +1,10 @@
-"""The sha256 of an image file, computed beside the analysis that reads it.
+"""The sha256 of an image file, computed beside the analysis that reads it, once per evidence file.
 
-A forked child (`zen.forking`) reads the file sequentially and hashes it, at the lowest priority:
-the digest only has to be there when the manifest is written (a thread of zen's own would wait for
-the interpreter lock at every block while the analysis runs Python). Without fork a thread does
-it.
+A forked child (`zen.forking`) reads the file sequentially and hashes it while the analysis runs (a thread of
+zen's own would wait for the interpreter lock at every block while the analysis runs Python); without fork a thread
+does it. It runs at the analysis's own priority and starts first: at the lowest priority it got almost no CPU on a
+busy machine, and a 4 s recovery waited a minute for its digest (issue 39). A digest zen computed before for the
+same, unchanged file is reused (`zen.digest_cache`); the manifest says which.
 """
 
 from __future__ import annotations
@@ -13,30 +14,56 @@ import json
 import mmap
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from zen.forking import NICE_BULK, Forked, background, enabled
+from zen import digest_cache
+from zen.forking import Forked, enabled
 
 HASH_BLOCK = 8 << 20  # bytes read at a time where the image cannot be mapped
 MAP_BLOCK = 64 << 20  # bytes hashed from the mapping, then released, at a time
+NICE_DIGEST = 0  # the analysis's own priority: the digest is on the path to the manifest
 
 
 class ImageDigest:
-    """sha256 of the image file, computed while the analysis runs; `result()` -> (hex, error)."""
+    """sha256 of the image file, computed while the analysis runs (or reused); `result()` -> (hex, error).
 
-    def __init__(self, path: Path) -> None:
+    `provenance` says how the digest was obtained; `seconds` is how long computing it took and `waited` how long
+    the caller waited for it at the end (both 0 for a reused digest)."""
+
+    def __init__(self, path: Path, *, rehash: bool = False) -> None:
         self.path = path
         self._thread: threading.Thread | None = None
         self._job: Forked | None = None
         self._digest: str | None = None
         self._error: str | None = None
+        self._display: Callable[[str, int, int], None] | None = None
+        self.seconds = self.waited = 0.0
+        self._key = digest_cache.stat_key(path)
+        hit = None if rehash else digest_cache.lookup(path)
+        if hit is not None:
+            self._digest = hit.pop("sha256")
+            self.provenance = hit
+            return
+        self.provenance = {"how": "computed in this run" + (" (--rehash)" if rehash else "")}
+        self._t0 = time.perf_counter()
         if enabled():
-            self._job = Forked(self._compute_bytes, timeout=None, nice=NICE_BULK)
+            self._job = Forked(self._compute_bytes, timeout=None, nice=NICE_DIGEST, progress=self._on_progress)
         else:
             self._thread = threading.Thread(target=self._run_thread, daemon=True, name="zen-image-sha256")
             self._thread.start()
 
-    def result(self) -> tuple[str | None, str | None]:
+    def _on_progress(self, _stage: str, done: int, total: int) -> None:
+        if self._display is not None:
+            self._display("evidence sha256", done, total)
+
+    def result(self, display: Callable[[str, int, int], None] | None = None) -> tuple[str | None, str | None]:
+        """The digest, waiting for it if needed; `display(stage, done, total)` shows the hashing's progress while
+        it is the last thing running."""
+        t = time.perf_counter()
+        self._display = display
+        computed = self._job is not None or self._thread is not None
         if self._job is not None:
             got = json.loads(self._job.result())
             self._digest, self._error = got["sha256"], got["error"]
@@ -44,6 +71,11 @@ class ImageDigest:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if computed:
+            self.waited = time.perf_counter() - t
+            self.seconds = time.perf_counter() - self._t0
+            if self._digest:
+                digest_cache.remember(self.path, self._digest, self._key)
         return self._digest, self._error
 
     def cancel(self) -> None:
@@ -51,11 +83,10 @@ class ImageDigest:
             self._job.cancel()
 
     def _run_thread(self) -> None:
-        background(NICE_BULK)
-        got = json.loads(self._compute_bytes())
+        got = json.loads(self._compute_bytes(self._on_progress))
         self._digest, self._error = got["sha256"], got["error"]
 
-    def _compute_bytes(self) -> bytes:
+    def _compute_bytes(self, report: Callable[[str, int, int], None] | None = None) -> bytes:
         """The digest of the file's bytes, hashed straight from a read-only mapping, released
         block by block (no copy through a buffer: a third of the system time on a multi-GB image);
         where the file cannot be mapped, read through one reused buffer. Either way the kernel is
@@ -70,7 +101,7 @@ class ImageDigest:
                     mm = None
                 if mm is not None:
                     with mm:
-                        _hash_mapped(h, mm)
+                        _hash_mapped(h, mm, report)
                 else:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -83,7 +114,7 @@ class ImageDigest:
             return json.dumps({"sha256": None, "error": str(exc)}).encode()
 
 
-def _hash_mapped(h, mm: mmap.mmap) -> None:
+def _hash_mapped(h, mm: mmap.mmap, report: Callable[[str, int, int], None] | None = None) -> None:
     if hasattr(mm, "madvise"):
         mm.madvise(mmap.MADV_SEQUENTIAL)
     n, pos = len(mm), 0
@@ -94,3 +125,5 @@ def _hash_mapped(h, mm: mmap.mmap) -> None:
         if hasattr(mm, "madvise"):  # not resident in zen: the pages stay in the page cache
             mm.madvise(mmap.MADV_DONTNEED, pos, end - pos)
         pos = end
+        if report is not None:
+            report("evidence sha256", pos, n)

@@ -97,6 +97,7 @@ def recover(
     symbols: list[Path] | None = None,
     limits: list[str] | None = None,
     gpu: list[Path] | None = None,
+    rehash: bool = False,
 ) -> RecoverResult:
     """Recover the model of an image (or live PID) into the case directory `out`.
 
@@ -112,15 +113,16 @@ def recover(
     created = not Path(out).exists()
     out = case.prepare(out)
     try:
-        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []))
+        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []), rehash)
     except BaseException:
         case.discard(out, remove_dir=created)  # a failed run leaves no half-written case behind
         raise
 
 
-def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu) -> RecoverResult:
-    # The image (and each GPU image) is hashed while it is analysed (`image_digest`: a forked child, else a thread).
-    hasher = Digests(image, gpu)
+def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu, rehash) -> RecoverResult:
+    # The image (and each GPU image) is hashed while it is analysed (`image_digest`: a forked child, else a thread),
+    # started first; a digest computed before for the unchanged file is reused (`digest_cache`).
+    hasher = Digests(image, gpu, rehash, progress)
     try:
         space = open_space(image, pid, symbols=symbols, gpu=gpu)
     except BaseException:
@@ -272,6 +274,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
         status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
         problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
         evidence = _evidence(space, image, pid, hasher)
+        timings.update(hasher.timings())
     finally:
         space.close()
     names = (case.MR_FILE, case.WEIGHTS, case.INPUTS, case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS, case.EXTRA)
@@ -320,11 +323,17 @@ def _submodule_root(index, reader, choice, refs):
 
 
 class Digests:
-    """The sha256 of the host image and of each GPU image, computed beside the analysis."""
+    """The sha256 of the host image and of each GPU image, computed beside the analysis (or reused)."""
 
-    def __init__(self, image: Path | None, gpu: list[Path]) -> None:
-        self.host = ImageDigest(Path(image)) if image is not None and Path(image).is_file() else None
-        self.gpu = [ImageDigest(Path(g)) for g in gpu]
+    def __init__(self, image: Path | None, gpu: list[Path], rehash: bool = False, display=None) -> None:
+        self.host = ImageDigest(Path(image), rehash=rehash) if image is not None and Path(image).is_file() else None
+        self.gpu = [ImageDigest(Path(g), rehash=rehash) for g in gpu]
+        self.display = display
+
+    def timings(self) -> dict[str, float]:
+        """How long computing the digests took (beside the analysis) and how long recovery waited for them."""
+        all_ = [h for h in [self.host, *self.gpu] if h is not None]
+        return {"digest": max((h.seconds for h in all_), default=0.0), "digest_wait": sum(h.waited for h in all_)}
 
     def cancel(self) -> None:
         for h in [self.host, *self.gpu]:
@@ -332,14 +341,14 @@ class Digests:
                 h.cancel()
 
     def result(self) -> tuple[str | None, str | None]:
-        return self.host.result() if self.host else (None, None)
+        return self.host.result(self.display) if self.host else (None, None)
 
 
 def _gpu_evidence(space, hasher: Digests) -> list[dict]:
     out = []
     for ev, h in zip(space.device_evidence, hasher.gpu):
-        digest, error = h.result()
-        out.append({**ev, "sha256": digest, **({"sha256_error": error} if error else {})})
+        digest, error = h.result(hasher.display)
+        out.append({**ev, "sha256": digest, "sha256_provenance": h.provenance, **({"sha256_error": error} if error else {})})
     return out
 
 
@@ -350,7 +359,8 @@ def _evidence(space, image, pid, hasher: Digests) -> dict:
         return {**ev, "gpu": gpu} if gpu else ev
     p = Path(image)
     digest, error = hasher.result()
-    ev = {"image": str(p.resolve()), "size": p.stat().st_size, "sha256": digest}
+    ev = {"image": str(p.resolve()), "size": p.stat().st_size, "sha256": digest,
+          "sha256_provenance": hasher.host.provenance if hasher.host else None}  # fmt: skip
     if gpu:
         ev["gpu"] = gpu
     info = getattr(space, "info", None)

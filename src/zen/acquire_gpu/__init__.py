@@ -103,7 +103,10 @@ def collect(p: GpuPlan, image: Path, *, allow_abort: bool = False, timeout: floa
                                               "no device memory to copy")  # fmt: skip
         record = dump(p.settings.pid, ranges, p.dest, p.cuda_gdb, timeout=timeout,
                       note={"pid": p.settings.pid, "host_image": str(image), "tensors": summary})  # fmt: skip
-    record["host_image_sha256"] = _sha256(image)
+    from zen import digest_cache
+
+    cached = digest_cache.lookup(image)  # zen acquire hashed it as it wrote it
+    record["host_image_sha256"] = cached["sha256"] if cached else _sha256(image)
     side = Path(f"{image}.acquisition.json")
     side.write_text(json.dumps({"host_image": str(image), "host_sha256": record["host_image_sha256"],
                                 "gpu_image": str(p.dest), "gpu_sha256": record["sha256"], "gpu": record},

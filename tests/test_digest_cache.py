@@ -1,0 +1,102 @@
+"""The evidence digest contract (issues 34, 39): computed once per evidence file, reused while the file is unchanged,
+recomputed when it changed or when asked, and the manifest says which.
+
+A real process image made by `zen acquire` (which hashes what it wrote) is recovered: the manifest's sha256 is the
+file's and its provenance names the earlier computation; a copy (another inode) is hashed in the run; a changed file
+is never trusted; `--rehash` and `zen verify-evidence` recompute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import zen
+
+
+def _sha(p) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        while b := fh.read(16 << 20):
+            h.update(b)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    d = tmp_path_factory.mktemp("digest")
+    proc = subprocess.Popen([sys.executable, str(__import__("pathlib").Path(__file__).parents[1] / "bench" / "gpu_target.py"),
+                             str(d), "--model", "cnn", "--device", "cpu"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        img = d / "p.core"
+        res = zen("acquire", "--pid", proc.pid, "-o", img, "--lean")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _sha(img) in " ".join(res.stdout.split())  # acquire prints the digest of what it wrote
+    yield img
+    img.unlink(missing_ok=True)
+
+
+def _evidence(case) -> tuple[dict, dict]:
+    m = json.loads((case / "manifest.json").read_text())
+    return m["evidence"], m["run"]["seconds"]
+
+
+def test_acquired_image_is_not_hashed_again(image, tmp_path):
+    zen("recover", image, "-o", tmp_path / "case")
+    ev, secs = _evidence(tmp_path / "case")
+    assert ev["sha256"] == _sha(image)
+    assert ev["sha256_provenance"]["how"].endswith("file unchanged since") and secs["digest"] == 0
+    assert ev["sha256_provenance"]["stat"]["inode"] == os.stat(image).st_ino
+
+
+def test_copy_changed_file_and_rehash_are_hashed_in_the_run(image, tmp_path):
+    copy = tmp_path / "copy.core"
+    shutil.copyfile(image, copy)
+    zen("recover", copy, "-o", tmp_path / "c1")
+    ev, secs = _evidence(tmp_path / "c1")
+    assert ev["sha256"] == _sha(image) and ev["sha256_provenance"]["how"] == "computed in this run"
+    assert secs["digest"] > 0 and "digest_wait" in secs
+    with open(copy, "r+b") as fh:  # a changed byte far from anything zen reads: the digest must change all the same
+        fh.seek(os.path.getsize(copy) - 1)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 0xFF]))
+    zen("recover", copy, "-o", tmp_path / "c2", check=False)
+    ev, _ = _evidence(tmp_path / "c2")
+    assert ev["sha256"] == _sha(copy) != _sha(image) and ev["sha256_provenance"]["how"] == "computed in this run"
+    zen("recover", copy, "-o", tmp_path / "c3", "--rehash", check=False)
+    ev, _ = _evidence(tmp_path / "c3")
+    assert ev["sha256"] == _sha(copy) and "--rehash" in ev["sha256_provenance"]["how"]
+
+
+def test_verify_evidence_compares_with_the_record_and_the_case(image, tmp_path):
+    zen("recover", image, "-o", tmp_path / "case")
+    res = zen("verify-evidence", image, "--case", tmp_path / "case")
+    assert res.stdout.count("matches") == 2
+    man = json.loads((tmp_path / "case" / "manifest.json").read_text())
+    man["evidence"]["sha256"] = "0" * 64
+    (tmp_path / "case" / "manifest.json").write_text(json.dumps(man))
+    res = zen("verify-evidence", image, "--case", tmp_path / "case", check=False)
+    assert res.returncode == 1 and "DIFFERS" in res.stdout
+
+
+def test_an_unusable_cache_only_costs_a_recomputation(image, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    env_cache = os.environ.get("ZEN_CACHE_DIR")
+    os.environ["ZEN_CACHE_DIR"] = str(blocker / "zen")
+    try:
+        zen("recover", image, "-o", tmp_path / "case")
+    finally:
+        os.environ.pop("ZEN_CACHE_DIR") if env_cache is None else os.environ.__setitem__("ZEN_CACHE_DIR", env_cache)
+    ev, _ = _evidence(tmp_path / "case")
+    assert ev["sha256"] == _sha(image) and ev["sha256_provenance"]["how"] == "computed in this run"
