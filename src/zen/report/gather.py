@@ -45,8 +45,11 @@ def _integrity(case_dir: Path, manifest: dict) -> dict:
     files = {n: ("verified" if v.status == "ok" else "; ".join(v.reasons[:3]) if v.status != "unchecked"
                  else f"sha256 verified; contents not checked: {v.reasons[0]}")
              for n, v in sorted(verdicts.items()) if v.status != "missing" or n in (manifest.get("files") or {})}  # fmt: skip
+    sig = _signature(case_dir)
+    if sig["status"] in ("invalid", "untrusted"):
+        problems = [f"manifest.json: {sig['reason']}", *problems]
     return {"verified": not problems, "problems": problems, "files": files,
-            "manifest_sha256": case.verified_sha256(case_dir / case.MANIFEST), "signature": _signature(case_dir)}  # fmt: skip
+            "manifest_sha256": case.verified_sha256(case_dir / case.MANIFEST), "signature": sig}  # fmt: skip
 
 
 def _signature(case_dir: Path) -> dict:
@@ -108,7 +111,7 @@ def gather(case_dir: Path, *, library: Path | None = None, base: str | None = No
            decompile: bool = True, timeout: float = 60.0, analysis_dir: Path | None = None,
            drift_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
     case_dir = Path(case_dir)
-    manifest = case.load_manifest(case_dir)
+    manifest = case.load_manifest(case_dir, signature=False)  # a broken signature is reported, in the banner too
     mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
     data: dict[str, Any] = {
         "kind": "zen-report", "format": 1, "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -240,8 +240,9 @@ def require_intact(case_dir: Path, manifest: dict, names: tuple[str, ...]) -> No
                                  "the case is not the one zen wrote; recover it again from the image")  # fmt: skip
 
 
-def load_manifest(case_dir: Path) -> dict:
-    """The manifest, checked against `schemas/manifest.schema.json`."""
+def load_manifest(case_dir: Path, *, signature: bool = True) -> dict:
+    """The manifest, checked against `schemas/manifest.schema.json`; a signed case's manifest must also match its
+    signature (manifest.sig), else the case is refused: a signed case is never believed after a rewrite."""
     from zen.represent.schema import CaseFileError, parse_json
 
     p = Path(case_dir) / MANIFEST
@@ -265,6 +266,13 @@ def load_manifest(case_dir: Path) -> dict:
         e = errors[0]
         where = ".".join(str(x) for x in e.absolute_path) or "(top level)"
         raise CaseFileError(f"{p}: {where}: {e.message[:200]}", "recover the case again")
+    if signature and (Path(case_dir) / SIG_FILE).exists():
+        from zen.represent.signature import check_signature
+
+        sig = check_signature(case_dir)
+        if sig["status"] != "valid":
+            raise CaseIntegrityError(f"{p}: the case is signed but {sig['reason']}",
+                                     "the case is not the one that was signed; `zen verify-case` shows every file")  # fmt: skip
     return m
 
 
@@ -284,7 +292,7 @@ def _load_checked(case_dir: Path, name: str, missing_hint: str, cls: type, kind:
     if not (Path(case_dir) / "reuse.json").is_file():
         # a case: the file must be the one the manifest recorded. A reuse package (reuse.json, no
         # manifest) carries a copy of mr.json whose hash its verify.json records instead.
-        require_intact(case_dir, load_manifest(case_dir), (name,))
+        require_intact(case_dir, load_manifest(case_dir, signature=False), (name,))  # (the command checked it)
     return _cached_record(p, cls, kind, fmt)
 
 
