@@ -93,6 +93,9 @@ def test_every_tensor_read_from_the_gpu_image_bit_exact(gpu_case):
     assert man["status"] == "complete"
     note = json.loads(Path(f"{gpu_case['host']}.acquisition.json").read_text())
     assert note["gpu_sha256"] == ev["sha256"] and note["host_sha256"] == man["evidence"]["sha256"]
+    zen("report", case, "-o", gpu_case["work"] / "r.md", "--no-attribute", "--listing")
+    text = " ".join((gpu_case["work"] / "r.md").read_text().split())
+    assert "GPU image" in text and ev["sha256"] in text and "cuda:0" in text and "collected by" in text
 
 
 def test_without_gpu_evidence_the_message_says_how_to_collect_it(gpu_case):

@@ -31,7 +31,7 @@ def _evidence(case_dir: Path, manifest: dict) -> dict:
         "profiles": manifest.get("profiles"), "status": manifest.get("status"), "problems": manifest.get("problems", []),
         "files": manifest.get("files", {}), "case": str(case_dir.resolve()),
         "recovered_by": " ".join(str(v) for v in (manifest.get("tool") or {}).values()) or None,
-        "system": _system(ev.get("system")), "notes": ev.get("notes") or [],
+        "system": (_system(ev.get("system")) or []) + _gpu(ev.get("gpu")) or None, "notes": ev.get("notes") or [],
         "source": (manifest.get("case") or {}).get("source") or "process image",
         "integrity": _integrity(case_dir, manifest),
     }  # fmt: skip
@@ -61,6 +61,21 @@ def _signature(case_dir: Path) -> dict:
         return check_signature(case_dir)
     except ZenError as exc:
         return {"status": "not checked", "reason": exc.message}
+
+
+def _gpu(gpu: list | None) -> list[tuple[str, str]]:
+    """Rows describing each GPU image the tensors on a GPU were read from: file, digest, devices, how collected."""
+    rows = []
+    for g in gpu or []:
+        devs = ", ".join(f"cuda:{d.get('index')} {d.get('name')} ({d.get('sm_type')})" for d in g.get("devices") or [])
+        acq = g.get("acquisition") or {}
+        meta = g.get("meta") or {}
+        how = acq.get("how") or (f"CUDA driver {meta.get('driver')} core dump ({meta.get('generator')})" if meta else "?")
+        mem = g.get("global_memory") or {}
+        rows.append(("GPU image", f"{g.get('path')} ({g.get('size'):,} bytes, sha256 {g.get('sha256')}); devices: "
+                     f"{devs or 'not listed'}; {mem.get('segments')} memory segments, {mem.get('bytes', 0):,} bytes; "
+                     f"collected by {how}"))  # fmt: skip
+    return rows
 
 
 def _system(sy: dict | None) -> list[tuple[str, str]] | None:
