@@ -448,6 +448,7 @@ def guest(workdir):
         )
         images["core"] = core
         isf_dir = workdir / "isf"
+        isf_dir.mkdir(exist_ok=True)
         made = zen("symbols", "--kernel", assets.vmlinuz, "-o", isf_dir / f"linux-{assets.version}.json.xz", timeout=900)
         yield {
             "vm": g,

@@ -17,10 +17,11 @@ from zen.cpython import bulk
 from zen.cpython.heap import Heap
 from zen.cpython.instructions import decode, with_consts
 from zen.cpython.interp import Interpreter
-from zen.cpython.programmatic import const_display, system_table
+from zen.cpython.programmatic import const_display
 from zen.cpython.readers.code import read_code_brief
 from zen.cpython.readers.dicts import read_dict
 from zen.cpython.runtime import Runtime
+from zen.cpython.system_table import system_table
 from zen.errors import ZenError
 from zen.memory import open_space
 from zen.memory.scan import find_u64_in

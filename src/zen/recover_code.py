@@ -34,9 +34,9 @@ from zen.cpython.programmatic import (
     gc_paused,
     model_closure,
     module_globals,
-    system_table,
 )
 from zen.cpython.runtime import Runtime
+from zen.cpython.system_table import system_table
 from zen.errors import ZenError
 from zen.forking import NICE_ANALYSIS_PART, Forked, cores
 from zen.represent import case, textio

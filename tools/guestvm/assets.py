@@ -65,7 +65,7 @@ def build_kernel_assets(version: str | None = None, lime: bool = False) -> Kerne
             stamp.write_text(digest)
         lime_ko = None
         if lime:
-            from .lime import build_lime
+            from .lime_build import build_lime
 
             lime_ko = build_lime(ver, meta["package_version"])
         elif (root / "lime" / "lime.ko").exists():

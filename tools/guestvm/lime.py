@@ -1,5 +1,4 @@
-"""LiME: build ``lime.ko`` for a guest kernel from Debian packages, acquire images with it, and
-read LiME's range headers.
+"""LiME: acquire images with ``lime.ko`` (built by lime_build.py) and read LiME's range headers.
 
 LiME is what investigators actually run on a live Linux box, so zen must read its output as
 produced, not a synthetic imitation.  The module is built against Debian's own headers for the
@@ -20,52 +19,16 @@ import os
 import shutil
 import socket
 import struct
-import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-from .cache import GuestError, apt_download_extract, apt_versions, cache_root, run
+from .cache import GuestError
 
-if TYPE_CHECKING:
-    from .guest import Guest
-
+Guest = Any  # a running guest (guest.Guest, which calls `acquire`): not imported, guest.py depends on this module
 LIME_MAGIC = 0x4C694D45
 HEADER = struct.Struct("<IIQQ8s")  # magic, version, s_addr, e_addr (inclusive), reserved
 FORMATS = ("lime", "padded", "raw")
-
-
-def build_lime(version: str, package_version: str) -> Path:
-    """Build (once) ``<cache>/<version>/lime/lime.ko``; caller holds the cache lock."""
-    final = cache_root() / version / "lime" / "lime.ko"
-    if final.exists():
-        return final
-    abi = version.removesuffix("-amd64")
-    kbuild = [v for v in apt_versions("linux-kbuild-6.1") if v == package_version]
-    kbuild_spec = f"linux-kbuild-6.1={kbuild[0]}" if kbuild else "linux-kbuild-6.1"
-    with tempfile.TemporaryDirectory(dir=cache_root() / version) as tmp:
-        root = Path(tmp) / "root"
-        for spec in (
-            f"linux-headers-{version}={package_version}",
-            f"linux-headers-{abi}-common={package_version}",
-            kbuild_spec,
-            "lime-forensics-dkms",
-        ):
-            apt_download_extract(spec, root)
-        hdr = root / "usr" / "src" / f"linux-headers-{version}"
-        mk = hdr / "Makefile"
-        mk.write_text(mk.read_text().replace("/usr/src/", f"{root}/usr/src/"))
-        srcs = sorted((root / "usr" / "src").glob("lime-forensics-*"))
-        if not srcs:
-            raise GuestError("lime-forensics-dkms has no source under /usr/src")
-        src = Path(tmp) / "lime"
-        shutil.copytree(srcs[-1], src)
-        run(["make", "-C", str(hdr), f"M={src}", "modules"], timeout=900)
-        run(["strip", "--strip-unneeded", str(src / "lime.ko")])
-        final.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / "lime.ko", final.with_suffix(".tmp"))
-        os.replace(final.with_suffix(".tmp"), final)
-    return final
 
 
 def lime_ranges(path: Path) -> tuple[list[tuple[int, int, int]], int]:

@@ -15,7 +15,7 @@ answers, and their order, are the same (`tests/test_bulk_readers.py` compares th
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,7 +23,26 @@ from zen.errors import ZenError
 from zen.memory.scan import gather_u64
 
 if TYPE_CHECKING:
-    from zen.cpython.runtime import Runtime
+    from zen.cpython.facade import ImageReader
+
+
+class RuntimeView(Protocol):
+    """What the index needs of the runtime (zen.cpython.runtime.Runtime, which builds the index on first use): typed
+    here so that owners depends on nothing above it."""
+
+    ip: ImageReader
+
+    def kind(self, addr: int) -> str: ...
+
+    def type(self, addr: int) -> Any: ...
+
+    type_addrs: list[int]
+
+    def namespace(self, dict_addr: int) -> dict[str, int]: ...
+
+    def namespace_table(self) -> Any: ...
+
+    def bound_functions(self, v: int) -> Any: ...
 
 Holder = tuple[int, str, str]  # (class address, attribute name, binding)
 
@@ -32,7 +51,7 @@ class OwnerIndex:
     """`holders(f)` for every function f: (class, attribute name, binding), classes in address
     order, attributes in dict order, a property's fget, fset, fdel in that order."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: RuntimeView) -> None:
         # A proxy, not a reference: the runtime holds this index, and a cycle would leave the
         # runtime's caches (hundreds of thousands of decoded instructions) to the cyclic collector,
         # a 0.1 s pass over them once recovery drops the runtime, instead of freeing them at once.

@@ -30,26 +30,14 @@ from collections.abc import Callable
 from typing import Any
 
 from zen.cpython.interp import Interpreter
+from zen.cpython.modules_memo import MAX_ITEMS, module_info
 from zen.errors import ZenError
 
 PLAIN = frozenset({"none", "bool", "int", "float", "complex", "str", "bytes", "ellipsis"})
 CONTAINERS = frozenset({"tuple", "list", "set", "frozenset"})
 MAX_DEPTH = 12
-MAX_ITEMS = 20_000
 
 Hook = Callable[[int], dict | None]
-
-
-def module_info(ip: Interpreter, addr: int):
-    """`read_module`, once per module and interpreter: it walks the module's whole namespace (1,500
-    names for torch) to find `__name__`, and encoders ask for the same few modules thousands of times."""
-    from zen.cpython.readers.modules import read_module
-
-    memo = ip.census_memo.setdefault("module_info", {})
-    info = memo.get(addr)  # type: ignore[union-attr]
-    if info is None:
-        info = memo[addr] = read_module(ip, addr)  # type: ignore[index]
-    return info
 
 
 class Encoder:

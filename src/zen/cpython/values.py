@@ -142,9 +142,9 @@ class ValueKinds:
         return out
 
     def _container(self, addr: int, tp: int) -> dict:
+        from zen.cpython.modules_memo import MAX_ITEMS
         from zen.cpython.readers.containers import read_list, read_set
         from zen.cpython.readers.dicts import read_dict
-        from zen.cpython.snapshot import MAX_ITEMS
 
         kind = self.ip.kind_of_type(tp)
         read = {"dict": read_dict, "list": read_list, "set": read_set}[kind]
@@ -207,8 +207,8 @@ class ValueKinds:
             names: dict[int, str] = {}
             try:
                 from zen.cpython.heap import Heap
+                from zen.cpython.modules_memo import module_info
                 from zen.cpython.readers.dicts import dict_str_items
-                from zen.cpython.snapshot import module_info
 
                 mod = Heap(self.ip).sys_modules().get(module)
                 if mod:

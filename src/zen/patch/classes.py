@@ -36,7 +36,7 @@ def namedtuple_fields(c: dict, bases: tuple) -> tuple[str, ...] | None:
     names = [x.get("lit") for x in enc["tuple"]]
     if not all(isinstance(n, str) for n in names):
         return None
-    from zen.reuse.decode import literal
+    from zen.patch.decode import literal
 
     return tuple(literal(n) for n in names)
 
@@ -44,7 +44,7 @@ def namedtuple_fields(c: dict, bases: tuple) -> tuple[str, ...] | None:
 def namedtuple_class(c: dict, fields: tuple[str, ...], module: str) -> type:
     import collections
 
-    from zen.reuse.decode import literal
+    from zen.patch.decode import literal
 
     defaults = {literal(k["lit"]): literal(v["lit"]) for k, v in (c["attributes"].get("_field_defaults") or {}).get("dict", [])
                 if "lit" in k and "lit" in v}  # fmt: skip
@@ -64,7 +64,7 @@ def enum_members(c: dict) -> dict[str, Any]:
     """{member name: value} of a recovered Enum class, in definition order, from its
     `_value2member_map_` (value -> member) and `_member_names_`: members themselves are encoded
     as references to the class being made, so their values come from the enum's own map."""
-    from zen.reuse.decode import literal
+    from zen.patch.decode import literal
 
     attrs = c["attributes"]
     order = [literal(x["lit"]) for x in (attrs.get("_member_names_") or {}).get("list", []) if "lit" in x]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zen.patch.decode import Decoder, Resolver, ReuseError, Unrecovered
 from zen.represent.mr import ModelMR, TensorRecord
-from zen.reuse.decode import Decoder, Resolver, ReuseError, Unrecovered
 
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
               "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_dict_pre_hooks",

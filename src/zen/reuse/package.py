@@ -22,8 +22,8 @@ from typing import Any
 
 from zen import __version__
 from zen.errors import ZenError
+from zen.patch.decode import describe
 from zen.represent import case
-from zen.reuse.decode import describe
 
 TEMPLATE = '''"""{title}
 

@@ -9,14 +9,14 @@ from the kinds exactly as CPython derives them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from zen.cpython.bytecode import deoptimize
+from zen.cpython.readers.code_info import CodeInfo
 from zen.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 _FIELDS = (
     "co_argcount",
@@ -39,37 +39,7 @@ _FIELDS = (
 )
 
 
-@dataclass
-class CodeInfo:
-    addr: int
-    argcount: int
-    posonlyargcount: int
-    kwonlyargcount: int
-    stacksize: int
-    firstlineno: int
-    flags: int
-    nlocals: int
-    nlocalsplus: int
-    consts: list[int]
-    names: tuple[str, ...]
-    localsplusnames: tuple[str, ...]
-    localspluskinds: bytes
-    filename: str
-    name: str
-    qualname: str
-    linetable: bytes
-    exceptiontable: bytes
-    adaptive: bytes
-    code: bytes
-    varnames: tuple[str, ...] = field(default=())
-    cellvars: tuple[str, ...] = field(default=())
-    freevars: tuple[str, ...] = field(default=())
-    # index in `localsplusnames` of cell/free argument 0: 0 from 3.11 (one merged table), the
-    # number of varnames before (cell and free variables numbered on their own)
-    free_base: int = 0
-
-
-def read_code(ip: Interpreter, addr: int) -> CodeInfo:
+def read_code(ip: ImageReader, addr: int) -> CodeInfo:
     kind = ip.kind(addr)
     if kind != "code":
         raise ObjectError(addr, f"expected a code object, found {kind}")
@@ -134,7 +104,7 @@ def read_code(ip: Interpreter, addr: int) -> CodeInfo:
     return info
 
 
-def read_code_brief(ip: Interpreter, addr: int) -> tuple[str, str, int, bytes]:
+def read_code_brief(ip: ImageReader, addr: int) -> tuple[str, str, int, bytes]:
     """(qualname, filename, first line, de-specialised bytecode): what a system-wide table needs,
     without reading constants, names and local tables."""
     kind = ip.kind(addr)
@@ -164,7 +134,7 @@ def read_code_brief(ip: Interpreter, addr: int) -> tuple[str, str, int, bytes]:
     )
 
 
-def uninstrumented(ip: Interpreter, addr: int, adaptive: bytes) -> bytes:
+def uninstrumented(ip: ImageReader, addr: int, adaptive: bytes) -> bytes:
     """`adaptive` with the instructions `sys.monitoring` replaced (3.12+) put back.
 
     INSTRUMENTED_LINE and INSTRUMENTED_INSTRUCTION hide the original opcode, which the code
@@ -219,7 +189,7 @@ def uninstrumented(ip: Interpreter, addr: int, adaptive: bytes) -> bytes:
     raise problem or ObjectError(addr, "instrumented bytecode could not be read")
 
 
-def _monitoring_data(ip: Interpreter, addr: int, n: int) -> tuple[list[tuple[bytes, int]], bytes]:
+def _monitoring_data(ip: ImageReader, addr: int, n: int) -> tuple[list[tuple[bytes, int]], bytes]:
     """(readings of the line table as (entries, entry size), per-instruction opcodes) of an
     instrumented code object.
 

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 from zen.errors import ObjectError, ZenError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
-def _items(ip: Interpreter, addr: int, at: int, n: int) -> list[int]:
+def _items(ip: ImageReader, addr: int, at: int, n: int) -> list[int]:
     if n == 0:
         return []
     return list(struct.unpack(f"<{n}Q", ip.read_within(at, 8 * n, addr, f"{n} element pointers")))
 
 
-def read_tuple(ip: Interpreter, addr: int, limit: int | None = None) -> list[int]:
+def read_tuple(ip: ImageReader, addr: int, limit: int | None = None) -> list[int]:
     kind = ip.kind(addr)
     if kind != "tuple":
         raise ObjectError(addr, f"expected a tuple, found {kind}")
@@ -32,7 +32,7 @@ def read_tuple(ip: Interpreter, addr: int, limit: int | None = None) -> list[int
     return _items(ip, addr, addr + ip.P.tuple.ob_item, n)
 
 
-def read_list(ip: Interpreter, addr: int) -> list[int]:
+def read_list(ip: ImageReader, addr: int) -> list[int]:
     kind = ip.kind(addr)
     if kind != "list":
         raise ObjectError(addr, f"expected a list, found {kind}")
@@ -46,7 +46,7 @@ def read_list(ip: Interpreter, addr: int) -> list[int]:
     return _items(ip, addr, ip.ptr(addr + L.ob_item), n)
 
 
-def read_set(ip: Interpreter, addr: int) -> list[int]:
+def read_set(ip: ImageReader, addr: int) -> list[int]:
     """Members of a set or frozenset, in table order."""
     kind = ip.kind(addr)
     if kind not in ("set", "frozenset"):
@@ -77,10 +77,8 @@ def read_set(ip: Interpreter, addr: int) -> list[int]:
     return out
 
 
-def _is_dummy(ip: Interpreter, key: int) -> bool:
-    from zen.cpython.readers.types import read_type
-
+def _is_dummy(ip: ImageReader, key: int) -> bool:
     try:
-        return read_type(ip, ip.header(key)[1]).qualname == ip.P.set_dummy_type_name
+        return ip.type_info(ip.header(key)[1]).qualname == ip.P.set_dummy_type_name
     except ZenError:
         return False

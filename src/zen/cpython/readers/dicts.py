@@ -19,7 +19,7 @@ import numpy as np
 from zen.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
 class DictKeys:
@@ -27,7 +27,7 @@ class DictKeys:
 
     __slots__ = ("addr", "kind", "log2_size", "nentries", "keys", "values", "hashes")
 
-    def __init__(self, ip: Interpreter, addr: int, owner: int) -> None:
+    def __init__(self, ip: ImageReader, addr: int, owner: int) -> None:
         K = ip.P.dictkeys
         c = ip.P.constants
         try:
@@ -64,7 +64,7 @@ class DictKeys:
         self.values = words[:, E.me_value // 8].tolist()
         self.hashes = words[:, E.me_hash // 8].tolist() if general else None
 
-    def _legacy(self, ip: Interpreter, head: bytes, owner: int) -> None:
+    def _legacy(self, ip: ImageReader, head: bytes, owner: int) -> None:
         """Before 3.11: a slot count (`dk_size`), and (hash, key, value) entries in every table."""
         K = ip.P.dictkeys
         size = struct.unpack_from("<q", head, K.dk_size)[0]
@@ -86,7 +86,7 @@ class DictKeys:
         self.hashes = words[:, E.me_hash // 8].tolist()
 
 
-def read_split_values(ip: Interpreter, values: int, keys: DictKeys, owner: int) -> list[tuple[int, int]]:
+def read_split_values(ip: ImageReader, values: int, keys: DictKeys, owner: int) -> list[tuple[int, int]]:
     """(key, value) pairs of a split table, in insertion order, from its values array.
 
     `values` is what a split dict's `ma_values` holds: in 3.11/3.12 the values array itself, with
@@ -131,7 +131,7 @@ def read_split_values(ip: Interpreter, values: int, keys: DictKeys, owner: int) 
     return out
 
 
-def read_dict(ip: Interpreter, addr: int) -> list[tuple[int, int]]:
+def read_dict(ip: ImageReader, addr: int) -> list[tuple[int, int]]:
     """(key address, value address) pairs of a dict (or dict subclass), in iteration order."""
     kind = ip.kind(addr)
     if kind != "dict":
@@ -156,7 +156,7 @@ def read_dict(ip: Interpreter, addr: int) -> list[tuple[int, int]]:
     return items
 
 
-def dict_get(ip: Interpreter, addr: int, key: str) -> int | None:
+def dict_get(ip: ImageReader, addr: int, key: str) -> int | None:
     """Address of the value for str `key`, or None. Non-str keys are skipped."""
     for k, v in read_dict(ip, addr):
         try:
@@ -167,7 +167,7 @@ def dict_get(ip: Interpreter, addr: int, key: str) -> int | None:
     return None
 
 
-def dict_str_items(ip: Interpreter, addr: int) -> list[tuple[str, int]]:
+def dict_str_items(ip: ImageReader, addr: int) -> list[tuple[str, int]]:
     """(name, value address) pairs of a dict whose keys are strings (namespaces, __dict__s)."""
     out = []
     for k, v in read_dict(ip, addr):

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from zen.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
-def _struct(ip: Interpreter, addr: int, kind: str, size: int) -> bytes:
+def _struct(ip: ImageReader, addr: int, kind: str, size: int) -> bytes:
     got = ip.kind(addr)
     if got != kind:
         raise ObjectError(addr, f"expected a {kind} object, found {got}")
@@ -49,7 +49,7 @@ class FunctionInfo:
     annotations: int
 
 
-def read_function(ip: Interpreter, addr: int) -> FunctionInfo:
+def read_function(ip: ImageReader, addr: int) -> FunctionInfo:
     F = ip.P.function
     raw = _struct(ip, addr, "function", F.size)
     module = _w(raw, F.func_module)
@@ -76,7 +76,7 @@ def read_function(ip: Interpreter, addr: int) -> FunctionInfo:
     return info
 
 
-def read_cell(ip: Interpreter, addr: int) -> int:
+def read_cell(ip: ImageReader, addr: int) -> int:
     """Address of the cell's contents (0 when the cell is empty)."""
     raw = _struct(ip, addr, "cell", ip.P.cell.ob_ref + 8)
     return _w(raw, ip.P.cell.ob_ref)
@@ -89,13 +89,13 @@ class MethodInfo:
     self: int
 
 
-def read_method(ip: Interpreter, addr: int) -> MethodInfo:
+def read_method(ip: ImageReader, addr: int) -> MethodInfo:
     M = ip.P.method
     raw = _struct(ip, addr, "method", max(M.im_func, M.im_self) + 8)
     return MethodInfo(addr, _w(raw, M.im_func), _w(raw, M.im_self))
 
 
-def read_wrapped(ip: Interpreter, addr: int) -> int:
+def read_wrapped(ip: ImageReader, addr: int) -> int:
     """The callable inside a staticmethod or classmethod."""
     kind = ip.kind(addr)
     if kind not in ("staticmethod", "classmethod"):
@@ -113,7 +113,7 @@ class PropertyInfo:
     doc: int
 
 
-def read_property(ip: Interpreter, addr: int) -> PropertyInfo:
+def read_property(ip: ImageReader, addr: int) -> PropertyInfo:
     P = ip.P.property
     raw = _struct(ip, addr, "property", max(P.fget, P.fset, P.fdel, P.doc) + 8)
     return PropertyInfo(addr, _w(raw, P.fget), _w(raw, P.fset), _w(raw, P.fdel), _w(raw, P.doc))

@@ -20,7 +20,7 @@ from zen.cpython.readers.types import read_type
 from zen.errors import MemoryReadError, ObjectError, ZenError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
 @dataclass
@@ -34,7 +34,7 @@ class InstanceInfo:
     storage: str = "none"  # "managed-dict", "inline-values", "dict-offset", "none"
 
 
-def _names(ip: Interpreter, pairs: list[tuple[int, int]]) -> dict[str, int]:
+def _names(ip: ImageReader, pairs: list[tuple[int, int]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for k, v in pairs:
         if ip.kind(k) == "str":
@@ -42,7 +42,7 @@ def _names(ip: Interpreter, pairs: list[tuple[int, int]]) -> dict[str, int]:
     return out
 
 
-def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
+def read_instance(ip: ImageReader, addr: int) -> InstanceInfo:
     tp = ip.type_of(addr)
     t = read_type(ip, tp)
     info = InstanceInfo(addr, tp, t.full_name)
@@ -74,7 +74,7 @@ def read_instance(ip: Interpreter, addr: int) -> InstanceInfo:
     return info
 
 
-def _managed(ip: Interpreter, addr: int, flags: int, basicsize: int) -> tuple[int, int]:
+def _managed(ip: ImageReader, addr: int, flags: int, basicsize: int) -> tuple[int, int]:
     """(dict, values) of an instance with a managed dict; either may be 0.
 
     3.11: two pointers before the object. 3.12: one pointer that is the dict, or the values
@@ -100,7 +100,7 @@ def _managed(ip: Interpreter, addr: int, flags: int, basicsize: int) -> tuple[in
         raise ObjectError(addr, "managed dict pointers around the object are not in the image") from None
 
 
-def read_slots(ip: Interpreter, addr: int, mro: list[int]) -> dict[str, int]:
+def read_slots(ip: ImageReader, addr: int, mro: list[int]) -> dict[str, int]:
     """Values of `__slots__` members defined by heap classes in `mro` (0 for unset slots)."""
     out: dict[str, int] = {}
     md_kind = ip.wk.types.get("member_descriptor")

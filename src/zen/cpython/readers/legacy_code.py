@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zen.cpython.readers.code import CodeInfo
+from zen.cpython.readers.code_info import CodeInfo
 from zen.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 _INTS = ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_stacksize", "co_firstlineno", "co_flags", "co_nlocals")
 _PTRS = ("co_code", "co_consts", "co_names", "co_varnames", "co_cellvars", "co_freevars", "co_filename", "co_name")
 
 
-def read_legacy_code(ip: Interpreter, addr: int) -> CodeInfo:
+def read_legacy_code(ip: ImageReader, addr: int) -> CodeInfo:
     from zen.cpython.readers.containers import read_tuple
     from zen.cpython.readers.text import read_bytes
 

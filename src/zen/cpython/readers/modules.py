@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from zen.errors import ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
 @dataclass
@@ -24,7 +24,7 @@ class ModuleInfo:
     dict: int
 
 
-def read_module(ip: Interpreter, addr: int) -> ModuleInfo:
+def read_module(ip: ImageReader, addr: int) -> ModuleInfo:
     kind = ip.kind(addr)
     if kind != "module":
         raise ObjectError(addr, f"expected a module, found {kind}")

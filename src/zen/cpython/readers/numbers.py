@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from zen.errors import ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
-def read_int(ip: Interpreter, addr: int) -> int:
+def read_int(ip: ImageReader, addr: int) -> int:
     kind = ip.kind(addr)
     if kind not in ("int", "bool"):
         raise ObjectError(addr, f"expected an int object, found {kind}")
@@ -48,7 +48,7 @@ def read_int(ip: Interpreter, addr: int) -> int:
     return -value if negative else value
 
 
-def read_bool(ip: Interpreter, addr: int) -> bool:
+def read_bool(ip: ImageReader, addr: int) -> bool:
     if addr == ip.wk.singletons.get("True"):
         return True
     if addr == ip.wk.singletons.get("False"):
@@ -56,14 +56,14 @@ def read_bool(ip: Interpreter, addr: int) -> bool:
     return bool(read_int(ip, addr))
 
 
-def read_float(ip: Interpreter, addr: int) -> float:
+def read_float(ip: ImageReader, addr: int) -> float:
     kind = ip.kind(addr)
     if kind != "float":
         raise ObjectError(addr, f"expected a float object, found {kind}")
     return struct.unpack("<d", ip.space.read(addr + ip.P.float.ob_fval, 8))[0]
 
 
-def read_complex(ip: Interpreter, addr: int) -> complex:
+def read_complex(ip: ImageReader, addr: int) -> complex:
     kind = ip.kind(addr)
     if kind != "complex":
         raise ObjectError(addr, f"expected a complex object, found {kind}")

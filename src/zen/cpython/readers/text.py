@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 from zen.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 _ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
 
 
-def _expect(ip: Interpreter, addr: int, kind: str) -> None:
+def _expect(ip: ImageReader, addr: int, kind: str) -> None:
     got = ip.kind(addr)
     if got != kind:
         raise ObjectError(addr, f"expected a {kind} object, found {got}")
 
 
-def read_str(ip: Interpreter, addr: int) -> str:
+def read_str(ip: ImageReader, addr: int) -> str:
     _expect(ip, addr, "str")
     U = ip.P.unicode
     c = ip.P.constants
@@ -58,7 +58,7 @@ def read_str(ip: Interpreter, addr: int) -> str:
         raise ObjectError(addr, "str data is not valid for its kind") from None
 
 
-def read_bytes(ip: Interpreter, addr: int) -> bytes:
+def read_bytes(ip: ImageReader, addr: int) -> bytes:
     _expect(ip, addr, "bytes")
     size = ip.space.i64(addr + ip.P.varobject.ob_size)
     if not 0 <= size <= ip.limits.max_bytes:
@@ -66,7 +66,7 @@ def read_bytes(ip: Interpreter, addr: int) -> bytes:
     return ip.read_within(addr + ip.P.bytes.ob_sval, size, addr, "bytes data")
 
 
-def read_bytearray(ip: Interpreter, addr: int) -> bytearray:
+def read_bytearray(ip: ImageReader, addr: int) -> bytearray:
     _expect(ip, addr, "bytearray")
     B = ip.P.bytearray
     size = ip.space.i64(addr + ip.P.varobject.ob_size)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from zen.errors import MemoryReadError, ObjectError, ZenError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
 @dataclass
@@ -45,7 +45,7 @@ class TypeInfo:
         return bool(self.flags & bit)
 
 
-def read_type(ip: Interpreter, addr: int) -> TypeInfo:
+def read_type(ip: ImageReader, addr: int) -> TypeInfo:
     cached = ip._type_cache.get(addr)
     if cached is not None:
         return cached  # type: ignore[return-value]
@@ -122,7 +122,7 @@ def read_type(ip: Interpreter, addr: int) -> TypeInfo:
     return info
 
 
-def _module_from_dict(ip: Interpreter, dict_addr: int) -> str | None:
+def _module_from_dict(ip: ImageReader, dict_addr: int) -> str | None:
     if not dict_addr:
         return None
     from zen.cpython.readers.dicts import dict_get
@@ -133,7 +133,7 @@ def _module_from_dict(ip: Interpreter, dict_addr: int) -> str | None:
     return ip.str(v)
 
 
-def mro_names(ip: Interpreter, t: TypeInfo) -> list[str]:
+def mro_names(ip: ImageReader, t: TypeInfo) -> list[str]:
     """Full names of the classes in a type's MRO (unreadable entries are shown by address)."""
     out = []
     for a in t.mro_addrs:
@@ -144,7 +144,7 @@ def mro_names(ip: Interpreter, t: TypeInfo) -> list[str]:
     return out
 
 
-def is_subtype(ip: Interpreter, taddr: int, base_full_name: str) -> bool:
+def is_subtype(ip: ImageReader, taddr: int, base_full_name: str) -> bool:
     """True if a class named `base_full_name` is in the MRO of `taddr`."""
     t = read_type(ip, taddr)
     for a in t.mro_addrs:

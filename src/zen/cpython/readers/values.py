@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from zen.errors import ObjectError
 
 if TYPE_CHECKING:
-    from zen.cpython.interp import Interpreter
+    from zen.cpython.facade import ImageReader
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Ref:
         return f"<{self.type_name} at {self.addr:#x}{extra}>"
 
 
-def to_python(ip: Interpreter, addr: int, depth: int, _active: set[int] | None = None) -> Any:
+def to_python(ip: ImageReader, addr: int, depth: int, _active: set[int] | None = None) -> Any:
     if addr == 0:
         raise ObjectError(addr, "NULL object pointer")
     kind = ip.kind(addr)
@@ -84,7 +84,7 @@ def _set(ip, addr, depth, active):
     return frozenset(items) if ip.kind(addr) == "frozenset" else items
 
 
-def _slice(ip: Interpreter, addr: int, depth: int, active: set[int]) -> slice:
+def _slice(ip: ImageReader, addr: int, depth: int, active: set[int]) -> slice:
     """3.14 folds constant slices (`x[1:2]`) into code constants."""
     S = ip.P.slice
     parts = [ip.ptr(addr + off) for off in (S.start, S.stop, S.step)]

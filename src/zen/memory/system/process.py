@@ -40,7 +40,7 @@ class _Budget(Exception):
 
 class AvmlChunk:
     """Bytes of a compressed AVML image (not file-contiguous), read through the image's frame table
-    (`formats.AvmlFrames`: one decompression per 64 KiB frame, cached) at physical `phys`."""
+    (`avml.AvmlFrames`: one decompression per 64 KiB frame, cached) at physical `phys`."""
 
     __slots__ = ("start", "end", "source", "_frames", "_phys")
 
