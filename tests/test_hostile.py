@@ -367,7 +367,7 @@ def test_failed_recovery_leaves_no_half_written_case(tmp_path):
 
 def test_corrupt_sys_modules_key_skips_only_that_entry(hostile):
     """A key of sys.modules whose object header is garbage is a problem, not the end of the census."""
-    from fuzz import _Patched
+    from fuzz_targets import _Patched
 
     from zen.cpython.heap import Heap
     from zen.cpython.interp import Interpreter
