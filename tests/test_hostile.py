@@ -16,7 +16,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -144,11 +143,11 @@ def test_special_files_are_refused(kind, tmp_path):
     else:
         path.mkdir()
     for cmd in (["info", path], ["recover", path, "-o", tmp_path / "case"], ["ps", path], ["objects", path, "--type", "dict"]):
-        t0 = time.monotonic()
-        res = zen(*cmd, check=False, timeout=30)
+        # a command blocked on the FIFO never returns: the subprocess timeout catches it (no wall-clock
+        # assertion beside it: on a loaded machine zen's start alone can take seconds)
+        res = zen(*cmd, check=False, timeout=120)
         assert res.returncode == 2, (cmd, res.stderr)
         assert "not a regular file" in res.stderr and "Traceback" not in res.stderr
-        assert time.monotonic() - t0 < 20
     assert not (tmp_path / "case").exists()
 
 
