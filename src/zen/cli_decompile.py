@@ -24,11 +24,11 @@ EXIT_PARTIAL = 5
 def compare(library: Path, package: Path, timeout: float = TIMEOUT) -> dict:
     """Max abs difference between the executable's and the rebuilt model's outputs (child process)."""
     from zen import childproc
-    from zen.compiled.probing import timed_out, tvm_python
+    from zen.compiled.probing import child_env, timed_out, tvm_python
 
     argv = childproc.module_argv("zen.compiled.check", [Path(library).resolve(), Path(package).resolve()], python=tvm_python())
     try:
-        proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout)
+        proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
         raise timed_out("comparing the rebuilt model with the executable", timeout) from None
     try:

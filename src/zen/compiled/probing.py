@@ -31,6 +31,17 @@ def tvm_python() -> str:
     return os.environ.get("ZEN_TVM_PYTHON") or sys.executable
 
 
+# Thread pools of the native libraries a probing or checking child loads (OpenMP for torch, OpenBLAS/MKL
+# for numpy's fits, TVM's own): one thread each, set before they start, so that no reduction is split
+# by the core count of the machine and no spinning pool waits on a descheduled thread under load.
+SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TVM_NUM_THREADS": "1"}
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child that runs the library's kernels: this one, single-threaded."""
+    return {**os.environ, **SINGLE_THREADED}
+
+
 def tvm_available(python: str | None = None, timeout: float = TIMEOUT) -> bool:
     """Whether the probing interpreter can import tvm and torch (checked in a child, never here). A child
     still importing after `timeout` is an error, not "no TVM": a slow machine must not change the answer."""
@@ -117,7 +128,7 @@ def _load_folded(fold_dir: Path, node: int, output: int, spec: dict) -> np.ndarr
 def _run_child(req: dict, timeout: float) -> dict[int, dict]:
     try:
         proc = childproc.run(childproc.module_argv("zen.compiled.probe", python=tvm_python()), input=json.dumps(req),
-                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                             capture_output=True, text=True, timeout=timeout, env=child_env())  # fmt: skip
     except subprocess.TimeoutExpired:
         raise timed_out("probing the kernels", timeout) from None
     except OSError as exc:
