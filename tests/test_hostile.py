@@ -100,6 +100,8 @@ def test_depth_limit_is_a_recorded_problem(hostile, workdir):
     man = json.loads((case / "manifest.json").read_text())
     assert man["status"] == "partial"
     assert len(man["problems"]) == 1 and "deeper than max_module_depth=100" in man["problems"][0]
+    assert man["limits"]["max_module_depth"] == 100 and man["limits"]["max_str"] == 200_000_000  # recorded (issue 36)
+    assert man["limits"]["max_items"] == 1 << 24  # every other limit with its default
     weights = load_file(str(case / "weights.safetensors"))
     assert len(weights) == 4 + 100  # conv and fc (weight, bias) + one scale per chain level at depth 1..100
     mr = json.loads((case / "mr.json").read_text())
