@@ -17,7 +17,6 @@ import stat
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +101,8 @@ def test_depth_limit_is_a_recorded_problem(hostile, workdir):
     man = json.loads((case / "manifest.json").read_text())
     assert man["status"] == "partial"
     assert len(man["problems"]) == 1 and "deeper than max_module_depth=100" in man["problems"][0]
+    assert man["limits"]["max_module_depth"] == 100 and man["limits"]["max_str"] == 200_000_000  # recorded (issue 36)
+    assert man["limits"]["max_items"] == 1 << 24  # every other limit with its default
     weights = load_file(str(case / "weights.safetensors"))
     assert len(weights) == 4 + 100  # conv and fc (weight, bias) + one scale per chain level at depth 1..100
     mr = json.loads((case / "mr.json").read_text())
@@ -145,11 +146,11 @@ def test_special_files_are_refused(kind, tmp_path):
     else:
         path.mkdir()
     for cmd in (["info", path], ["recover", path, "-o", tmp_path / "case"], ["ps", path], ["objects", path, "--type", "dict"]):
-        t0 = time.monotonic()
-        res = zen(*cmd, check=False, timeout=30)
+        # a command blocked on the FIFO never returns: the subprocess timeout catches it (no wall-clock
+        # assertion beside it: on a loaded machine zen's start alone can take seconds)
+        res = zen(*cmd, check=False, timeout=120)
         assert res.returncode == 2, (cmd, res.stderr)
         assert "not a regular file" in res.stderr and "Traceback" not in res.stderr
-        assert time.monotonic() - t0 < 20
     assert not (tmp_path / "case").exists()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from zen.compiled.budget import TIMEOUT, SearchLimits
 from zen.console import consoles
 from zen.errors import ZenError
 
@@ -20,16 +21,16 @@ out, err = consoles()
 EXIT_PARTIAL = 5
 
 
-def compare(library: Path, package: Path, timeout: float = 600.0) -> dict:
+def compare(library: Path, package: Path, timeout: float = TIMEOUT) -> dict:
     """Max abs difference between the executable's and the rebuilt model's outputs (child process)."""
     from zen import childproc
-    from zen.compiled.probing import tvm_python
+    from zen.compiled.probing import child_env, timed_out, tvm_python
 
     argv = childproc.module_argv("zen.compiled.check", [Path(library).resolve(), Path(package).resolve()], python=tvm_python())
     try:
-        proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout)
+        proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
-        return {"error": f"comparison did not finish in {timeout:.0f} s"}
+        raise timed_out("comparing the rebuilt model with the executable", timeout) from None
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -46,6 +47,11 @@ def decompile(
     names: bool = typer.Option(True, "--names/--behaviour-only", help="Use kernel names as hints; --behaviour-only "
                                "ignores them (as for hashed names): single-operator kernels are recognised by behaviour."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+    limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on each kernel's "
+                                           "search (kernel_trials, kernel_leaves, pattern_trials, pattern_leaves; "
+                                           "recorded in manifest.json)."),
+    timeout: float = typer.Option(TIMEOUT, "--timeout", min=1.0, help="Safety net: seconds a probing or checking "
+                                  "child may run before zen stops with an error (exit 7); never changes a result."),
 ) -> None:
     """Decompile a TVM-built model library into a PyTorch package (`import DIR; DIR.load()`).
 
@@ -53,18 +59,23 @@ def decompile(
     "source": "compiled", state_dict.safetensors under PyTorch names), so `zen library add DIR`, `zen attribute
     DIR` (MR similarity only: an executable holds no Python code) and `zen report DIR` take it.
 
+    Each kernel's search is bounded by work (--limit), not time: the same library and limits give the same
+    package on any machine at any load.
+
     Probing and --check EXECUTE the library's kernels (in a child process): run them in an isolated environment.
     """
     from zen.outpaths import require_parent
 
     require_parent(output, "the package")
     from zen.compiled.decompile import decompile as run
+    from zen.limits import overrides
 
+    limits = SearchLimits(**overrides(limit, SearchLimits().to_json()))
     if output.exists() and not output.is_dir():
         raise ZenError(f"{output} exists and is not a directory", "choose another -o DIR")
-    manifest = run(library, output, do_probe=probe, use_names=names)
+    manifest = run(library, output, do_probe=probe, use_names=names, limits=limits, timeout=timeout)
     if manifest["rebuilt"] and check:
-        manifest["equivalence"] = compare(library, output)
+        manifest["equivalence"] = compare(library, output, timeout)
         (output / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     if as_json:
         out.print_json(json.dumps(manifest, default=str))

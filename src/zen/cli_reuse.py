@@ -38,17 +38,26 @@ def diff(
     patch: Path | None = typer.Option(None, "-o", "--patch", help="Also write the patch file (JSON) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
     source: bool = typer.Option(True, "--source/--listing", help="Diff decompiled source (depyf) where possible."),
-    timeout: float = typer.Option(60.0, "--timeout", help="Seconds allowed for decompilation."),
+    limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: decompile_calls, the Python calls depyf may "
+                                           "make per function before it is shown as a listing (recorded with --json)."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Safety net: seconds decompilation may take before "
+                                  "zen stops with an error (exit 7); never changes what is shown."),
 ) -> None:
-    """What the recovered model changed relative to a base model (ZEN Algorithm 2)."""
+    """What the recovered model changed relative to a base model (ZEN Algorithm 2).
+
+    Whether a function is shown as decompiled source or as a listing depends on its code and the work
+    limit (--limit decompile_calls=N) alone, never on how busy the machine is."""
+    from zen.diff.decompile import DECOMPILE_CALLS
     from zen.outpaths import require_parent
 
     require_parent(patch, "the patch")
     from zen.diff.view import change_summary, function_views
+    from zen.limits import overrides
     from zen.patch.format import write_patch
     from zen.represent import case
     from zen.reuse.package import diff_case
 
+    limits = {"decompile_calls": DECOMPILE_CALLS, **overrides(limit, {"decompile_calls": DECOMPILE_CALLS})}
     problems = check_case(case_dir)
     entry, base_blob = _base(library, base)
     data, d, rec_code = diff_case(Path(case_dir), entry)
@@ -64,12 +73,13 @@ def diff(
             base_code = marshal.loads(base_blob)
         except (ValueError, EOFError, TypeError):
             base_code = None  # stored under another Python version: listings only
-    views = function_views(d, rec_code, base_code, decompile=source, timeout=timeout)
+    views = function_views(d, rec_code, base_code, decompile=source, timeout=timeout, max_calls=limits["decompile_calls"])
     if patch is not None:
         write_patch(data, patch)
     if as_json:
+        recorded = {"limits": limits} if source else {}
         out.print_json(json.dumps({**d.summary(), "functions": [v.to_json() for v in views],
-                                   "patch": str(patch) if patch else None}))  # fmt: skip
+                                   "patch": str(patch) if patch else None, **recorded}))  # fmt: skip
         if problems:
             raise typer.Exit(EXIT_PARTIAL)
         return
@@ -93,7 +103,7 @@ def diff(
         out.print(f"\n[bold]{mark} {escape(v.target)}[/bold] <- {escape(v.recovered)}{score}")
         if v.changes:
             out.print(f"  {escape(change_summary(v.changes))}")
-        out.print(f"  [dim]{v.shown_as} diff:[/dim]")
+        out.print(f"  [dim]{v.shown_as} diff{f' ({escape(v.note)})' if v.note else ''}:[/dim]")
         for line in v.unified:
             style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim" if line.startswith("@") else ""
             out.print(f"[{style}]{escape(line)}[/{style}]" if style else escape(line), soft_wrap=True)

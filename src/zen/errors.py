@@ -24,6 +24,14 @@ class ZenError(Exception):
         return self.message
 
 
+class TimeLimitExceeded(ZenError):
+    """A wall-clock safety net ran out (a child process that never ended). Never a result: zen stops here,
+    naming the limit and the option that raises it, instead of answering differently on a slower machine.
+    What a result depends on is bounded by work (counts), not by time."""
+
+    exit_code = 7
+
+
 class ImageError(ZenError):
     """The image file cannot be used at all (missing, not ELF, not a core, truncated headers)."""
 

@@ -136,7 +136,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         ip = Interpreter.open(space, limits=bounds[0])
         heap = Heap(ip)
         if _framework(ip, heap, model) == "keras":
-            return _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0, started, timings)
+            return _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0, started, timings, bounds)
         tv = torch_version(ip, heap)
         tprof = load_torch_profile(".".join(tv.split("+")[0].split(".")[:2]), tv)
         reader = TensorReader(ip, tprof)
@@ -209,7 +209,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         raise
     sections = {"torch": {"version": tv}}
     return _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings,
-                   t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source}, digests)
+                   t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source}, digests, bounds)
 
 
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
@@ -227,7 +227,7 @@ def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
     return "pytorch" if any(counts.values()) else "keras"
 
 
-def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0, started, timings) -> RecoverResult:
+def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0, started, timings, bounds) -> RecoverResult:
     """The Keras front end's stage, then the same case files as for PyTorch (weights keyed by variable path)."""
     from zen.frontends.keras.stage import keras_model
 
@@ -252,7 +252,7 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     sections = {**km.versions, "framework": "keras"}
     profiles = {"cpython": ip.P.source, "tf": km.profile.source if km.profile else None}
     return _finish(out, space, image, pid, hasher, ip, mr, km.slots, km.extra, km.chosen, km.how, mr.roots, problems,
-                   timings, t0, started, sections, profiles, digests)
+                   timings, t0, started, sections, profiles, digests, bounds)
 
 
 def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> None:
@@ -267,9 +267,12 @@ def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> No
 
 
 def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings, t0, started,
-            sections: dict, profiles: dict, digests: dict[str, str]) -> RecoverResult:  # fmt: skip
+            sections: dict, profiles: dict, digests: dict[str, str], bounds) -> RecoverResult:  # fmt: skip
     """Status, evidence and manifest: the same for every front end. `digests`: sha256 of the
-    weight files, taken while they were written (hashing them again would read GBs twice)."""
+    weight files, taken while they were written (hashing them again would read GBs twice).
+    `bounds`: the limits in effect (`--limit`), recorded: a case follows from the image and them."""
+    from zen.limits import in_effect
+
     try:
         status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
         problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
@@ -297,6 +300,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
         "status": status,
         "problems": problems + [f"{s.key}: {s.record.status} ({s.record.note})" for s in slots if s.record.status != "ok"],
         "files": files,
+        "limits": in_effect(bounds),
         "run": {"started": started, "seconds": {k: round(v, 3) for k, v in timings.items()},
                 "total_seconds": round(time.perf_counter() - t0, 3)},
     }  # fmt: skip

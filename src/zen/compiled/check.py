@@ -3,13 +3,15 @@
     python -m zen.compiled.check LIBRARY PACKAGE_DIR [TRIALS]
 
 Prints JSON: max abs difference over all outputs and trials, and the outputs' magnitude. Loads
-the library through TVM and imports the generated package, so zen only runs it as a child.
+the library through TVM and imports the generated package, so zen only runs it as a child. Both
+compute on one thread (as probing does), so the difference recorded does not follow the core count.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,9 +19,14 @@ import numpy as np
 
 
 def main() -> int:
+    from zen.compiled.probe import THREADS
+
+    os.environ["TVM_NUM_THREADS"] = str(THREADS)
     import torch
     import tvm
     from tvm import relax
+
+    torch.set_num_threads(THREADS)
 
     lib, pkg_dir = Path(sys.argv[1]), Path(sys.argv[2]).resolve()
     trials = int(sys.argv[3]) if len(sys.argv) > 3 else 3

@@ -5,7 +5,8 @@ Static steps run in zen's process (no TVM import); probing runs in a child. What
     DIR/__init__.py, model.py, weights.safetensors   the importable package (load() -> nn.Module)
     DIR/graph.json      the kernel-call graph with shapes and the operators found in each kernel
     DIR/bytecode.txt    the VM bytecode listing
-    DIR/manifest.json   evidence (path, size, sha256), TVM format version, counts, timings, problems
+    DIR/manifest.json   evidence (path, size, sha256), TVM format version, counts, the search limits
+                        probing ran under, timings, problems
     DIR/mr.json, pr.json, ur.json, state_dict.safetensors   case files (zen.compiled.case), so that
                         `zen library add`, `zen attribute` and `zen report` take DIR like a recovered case
 """
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from zen import __version__
+from zen.compiled.budget import TIMEOUT, SearchLimits
 from zen.compiled.codegen import write_package
 from zen.compiled.errors import ExecutableError
 from zen.compiled.load import load_graph
@@ -26,9 +28,15 @@ from zen.compiled.probing import probe, tvm_available, tvm_python
 FORMAT = 1
 
 
-def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: bool = True) -> dict:
-    """Decompile `library` into `out`; returns the manifest. Raises ExecutableError on bad input."""
+def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: bool = True,
+              limits: SearchLimits | None = None, timeout: float = TIMEOUT) -> dict:  # fmt: skip
+    """Decompile `library` into `out`; returns the manifest. Raises ExecutableError on bad input.
+
+    `limits` bound each kernel's search by work and are recorded in the manifest: with the same library
+    and limits, every file but the manifest's `timings` is the same on any machine at any load. `timeout`
+    is each child's wall-clock safety net (TimeLimitExceeded when it runs out), never part of a result."""
     library = Path(library)
+    limits = limits or SearchLimits()
     t0 = time.monotonic()
     lib, ex, graph = load_graph(library)
     t_static = time.monotonic() - t0
@@ -60,12 +68,13 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
     (out / "bytecode.txt").write_text(ex.listing() + "\n")
     results: dict[int, dict] = {}
     if do_probe:
-        if not tvm_available():
+        if not tvm_available(timeout=timeout):
             manifest["problems"].append(f"TVM is not importable by {tvm_python()}: operators were not probed, no model rebuilt")
         else:
             t1 = time.monotonic()
-            results = probe(graph, library, use_names=use_names)
+            results = probe(graph, library, timeout=timeout, use_names=use_names, limits=limits)
             manifest["kernel_names_used"] = use_names
+            manifest["limits"] = limits.to_json()
             manifest["timings"]["probe_s"] = round(time.monotonic() - t1, 3)
     for n in kernels:
         if n.id in results:
@@ -81,6 +90,13 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
     unresolved = [n.kernel for n in kernels if results and results.get(n.id, {}).get("status") != "ok"]
     if unresolved:
         manifest["problems"].append("kernels not reproduced by any candidate: " + ", ".join(sorted(set(unresolved))))
+        stopped: dict[str, set[str]] = {}  # the limit a search ran into -> kernels it stopped
+        for n in kernels:
+            if results.get(n.id, {}).get("status") != "ok" and results.get(n.id, {}).get("stopped"):
+                stopped.setdefault(results[n.id]["stopped"], set()).add(n.kernel)
+        for limit, names in sorted(stopped.items()):
+            manifest["problems"].append(f"the search stopped at {limit} for: {', '.join(sorted(names))} "
+                                        "(raise it with --limit NAME=VALUE)")
     (out / "graph.json").write_text(json.dumps(graph.to_json(), indent=1, default=str) + "\n")
     manifest["operators"] = _op_counts(kernels)
     rebuilt = bool(results) and not unresolved

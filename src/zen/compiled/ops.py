@@ -202,7 +202,7 @@ def candidates(op: str, x: Shape, operands: list[Shape], out: Shape | None, out_
         return [{"dim": d} for d in sorted(range(len(x)), key=lambda d: (x[d] == 1, d != 1, d))]
     if op == "cast":
         return [{"dtype": d} for d in dict.fromkeys([out_dtype, "bool", "int8", "int32", "int64", "float32"])]
-    if op == "split":  # only as a kernel's last op, where probe._search_split handles it
+    if op == "split":  # only as a kernel's last op, where search._search_split handles it
         return []
     if op in BINARY:
         return [{"swap": False}, {"swap": True}] if op in ("subtract", "divide", "power") else [{"swap": False}]

@@ -65,7 +65,7 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
                 take = 1 if q < n_in and t not in ("zeros", "ones", "full") else 0
                 walk(i + 1, q + take, stack, saved, steps + [{"op": t, "operands": [("in", q)] if take else []}], [], True, pend)
             return
-        if t == "quantize" and run:  # quantize-dequantize is measured as one step of its own (see probe._fake_quant)
+        if t == "quantize" and run:  # quantize-dequantize is measured as one step of its own (see fitting.fake_quant)
             steps, run, cur = flush(steps, run, cur), [], True
         if t in ops.UNARY_TOKENS:
             walk(i + 1, q, stack, saved, steps, run + [t], cur, pend)

@@ -3,6 +3,10 @@
 The child (`zen.compiled.probe`, isolated: see zen.childproc) imports TVM and runs the library's kernels; zen's own
 process never does. Its interpreter defaults to the one running zen, and can be another Python
 environment that has TVM and torch (ZEN_TVM_PYTHON).
+
+What the child finds is bounded by work (zen.compiled.budget, sent in the request); the wall-clock
+`timeout` on each child is only a safety net against one that never ends, and running out of it stops
+zen with an error naming it (TimeLimitExceeded, exit 7), never with a different answer.
 """
 
 from __future__ import annotations
@@ -17,25 +21,46 @@ from pathlib import Path
 import numpy as np
 
 from zen import childproc
+from zen.compiled.budget import TIMEOUT, SearchLimits
 from zen.compiled.errors import ExecutableError
 from zen.compiled.graph import Graph
+from zen.errors import TimeLimitExceeded
 
 
 def tvm_python() -> str:
     return os.environ.get("ZEN_TVM_PYTHON") or sys.executable
 
 
-def tvm_available(python: str | None = None) -> bool:
-    """Whether the probing interpreter can import tvm and torch (checked in a child, never here)."""
+# Thread pools of the native libraries a probing or checking child loads (OpenMP for torch, OpenBLAS/MKL
+# for numpy's fits, TVM's own): one thread each, set before they start, so that no reduction is split
+# by the core count of the machine and no spinning pool waits on a descheduled thread under load.
+SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TVM_NUM_THREADS": "1"}
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a child that runs the library's kernels: this one, single-threaded."""
+    return {**os.environ, **SINGLE_THREADED}
+
+
+def tvm_available(python: str | None = None, timeout: float = TIMEOUT) -> bool:
+    """Whether the probing interpreter can import tvm and torch (checked in a child, never here). A child
+    still importing after `timeout` is an error, not "no TVM": a slow machine must not change the answer."""
+    python = python or tvm_python()
     try:
-        proc = childproc.run(childproc.code_argv("import tvm, torch", python=python or tvm_python()), capture_output=True,
-                             timeout=120)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
+        proc = childproc.run(childproc.code_argv("import tvm, torch", python=python), capture_output=True, timeout=timeout)
+    except OSError:
         return False
+    except subprocess.TimeoutExpired:
+        raise timed_out(f"importing tvm and torch in {python}", timeout) from None
     return proc.returncode == 0
 
 
-def request(graph: Graph, library: Path, use_names: bool = True) -> dict:
+def timed_out(what: str, timeout: float) -> TimeLimitExceeded:
+    return TimeLimitExceeded(f"{what} did not finish within the safety limit of {timeout:.0f} s (--timeout)",
+                             "raise it with `zen decompile --timeout SECONDS` if the machine is very slow or busy")
+
+
+def request(graph: Graph, library: Path, use_names: bool = True, limits: SearchLimits | None = None) -> dict:
     """One probe entry per kernel call: its inputs (values get random data, constants the real weights)."""
     kernels = []
     roots: dict[int, list] = {}  # value -> what it reshapes: ["const", c] or ["value", kernel output]
@@ -69,14 +94,17 @@ def request(graph: Graph, library: Path, use_names: bool = True) -> dict:
             i["index_bound"] = bound
         outs = [{"shape": list(graph.values[o].shape or ()), "dtype": graph.values[o].dtype} for o in n.outputs]
         kernels.append({"node": n.id, "kernel": n.kernel, "inputs": inputs, "outputs": outs, "output_values": n.outputs})
-    return {"library": str(Path(library).resolve()), "kernels": kernels, "seed": 0, "use_names": use_names}
+    return {"library": str(Path(library).resolve()), "kernels": kernels, "seed": 0, "use_names": use_names,
+            "limits": (limits or SearchLimits()).to_json()}
 
 
-def probe(graph: Graph, library: Path, timeout: float = 1800.0, use_names: bool = True) -> dict[int, dict]:
+def probe(graph: Graph, library: Path, timeout: float = TIMEOUT, use_names: bool = True,
+          limits: SearchLimits | None = None) -> dict[int, dict]:  # fmt: skip
     """Node id -> probe result (status, steps with operators and attributes, scaled error).
-    use_names=False ignores kernel names (as if hashed): operators are then told by behaviour alone."""
+    use_names=False ignores kernel names (as if hashed): operators are then told by behaviour alone.
+    limits: how much each kernel's search may do (the defaults of SearchLimits when None)."""
     with tempfile.TemporaryDirectory(prefix="zen-fold-") as fold_dir:
-        req = request(graph, library, use_names)
+        req = request(graph, library, use_names, limits)
         req["fold_dir"] = fold_dir
         results = _run_child(req, timeout)
         for r in results.values():  # kernels computed from constants only: their outputs, as the child saved them
@@ -100,9 +128,9 @@ def _load_folded(fold_dir: Path, node: int, output: int, spec: dict) -> np.ndarr
 def _run_child(req: dict, timeout: float) -> dict[int, dict]:
     try:
         proc = childproc.run(childproc.module_argv("zen.compiled.probe", python=tvm_python()), input=json.dumps(req),
-                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                             capture_output=True, text=True, timeout=timeout, env=child_env())  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise ExecutableError(f"probing the kernels did not finish in {timeout:.0f} s") from None
+        raise timed_out("probing the kernels", timeout) from None
     except OSError as exc:
         raise ExecutableError(f"cannot start the probing interpreter {tvm_python()}: {exc}") from None
     if proc.returncode != 0:

@@ -1,9 +1,9 @@
 """The human view of a diff (`zen diff`): per-object changes and unified diffs.
 
 For each changed function: what changed (arguments, locals, names, constants, defaults) and a
-unified diff of decompiled source when both sides decompile (depyf, in a child process with a
-time limit), else of the version-normalised listings every case carries. Added functions are
-shown whole. Nothing here runs recovered code.
+unified diff of decompiled source when both sides decompile (depyf, in a child process bounded by
+work: zen.diff.decompile), else of the version-normalised listings every case carries. Added
+functions are shown whole. Nothing here runs recovered code.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from zen.diff.decompile import decompile_many
+from zen.diff.decompile import DECOMPILE_CALLS, TIMEOUT, decompile_many
 from zen.diff.differ import DiffResult
 
 
@@ -25,9 +25,10 @@ class FunctionView:
     changes: dict[str, Any] = field(default_factory=dict)
     shown_as: str = "listing"  # "source" (decompiled) or "listing"
     unified: list[str] = field(default_factory=list)
+    note: str | None = None  # why a listing where source was asked for, when a limit decided it
 
     def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {k: v for k, v in vars(self).items() if k != "note" or v is not None}
 
 
 def _diff(a: list[str], b: list[str], a_name: str, b_name: str) -> list[str]:
@@ -35,7 +36,9 @@ def _diff(a: list[str], b: list[str], a_name: str, b_name: str) -> list[str]:
 
 
 def function_views(d: DiffResult, rec_code: dict[str, Any], base_code: dict[str, Any] | None, *, decompile: bool = True,
-                   timeout: float = 60.0) -> list[FunctionView]:  # fmt: skip
+                   timeout: float = TIMEOUT, max_calls: int = DECOMPILE_CALLS) -> list[FunctionView]:  # fmt: skip
+    """One view per changed or added function. Source or listing follows from the code and `max_calls`
+    alone (the decompiler's work limit); `timeout` is only a safety net (an error when it runs out)."""
     wanted: dict[str, Any] = {}
     if decompile:
         for f in d.changed:
@@ -45,7 +48,14 @@ def function_views(d: DiffResult, rec_code: dict[str, Any], base_code: dict[str,
         for f in d.added + d.added_class_methods:
             if f.recovered.address in rec_code:
                 wanted["r" + f.recovered.address] = rec_code[f.recovered.address]
-    src = decompile_many(wanted, timeout) if wanted else {}
+    got = decompile_many(wanted, timeout, max_calls) if wanted else None
+    src = got.sources if got else {}
+    stopped = got.stopped if got else set()
+
+    def note(*keys: str) -> str | None:
+        hit = [k for k in keys if k in stopped]
+        return f"depyf stopped at decompile_calls={max_calls:,}: shown as a listing" if hit else None
+
     out = []
     for f in d.changed:
         target = f"{f.target_module}:{f.target_qualname}"
@@ -56,6 +66,7 @@ def function_views(d: DiffResult, rec_code: dict[str, Any], base_code: dict[str,
             v.shown_as, v.unified = "source", _diff(a.splitlines(), b.splitlines(), f"base/{target}", f"recovered/{rec}")
         else:
             v.unified = _diff(f.base.listing, f.recovered.listing, f"base/{target}", f"recovered/{rec}")
+            v.note = note("b" + f.base.address, "r" + f.recovered.address)
         out.append(v)
     for f in d.added + d.added_class_methods:
         target = f"{f.target_module}:{f.target_qualname}"
@@ -64,6 +75,7 @@ def function_views(d: DiffResult, rec_code: dict[str, Any], base_code: dict[str,
         s = src.get("r" + f.recovered.address)
         lines = s.splitlines() if s is not None else f.recovered.listing
         v.shown_as = "source" if s is not None else "listing"
+        v.note = None if s is not None else note("r" + f.recovered.address)
         v.unified = _diff([], lines, "/dev/null", f"recovered/{rec}")
         out.append(v)
     return out

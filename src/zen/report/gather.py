@@ -123,7 +123,7 @@ def _artefacts(pr, base_pr, pairs) -> dict:
 
 
 def gather(case_dir: Path, *, library: Path | None = None, base: str | None = None, reuse_dir: Path | None = None,
-           decompile: bool = True, timeout: float = 60.0, analysis_dir: Path | None = None,
+           decompile: bool = True, timeout: float = 600.0, analysis_dir: Path | None = None,
            drift_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
     case_dir = Path(case_dir)
     manifest = case.load_manifest(case_dir, signature=False)  # a broken signature is reported, in the banner too
@@ -154,6 +154,7 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
 
     from zen.attribute.algorithm import attribute, primary_modules
     from zen.attribute.pr_similarity import code_similarity, views
+    from zen.diff.decompile import DECOMPILE_CALLS
     from zen.diff.view import change_summary, function_views
     from zen.library.store import Library
     from zen.reuse.package import diff_case
@@ -191,6 +192,7 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
         **d.summary(), "added_class_methods": len(d.added_class_methods), "class_changes": d.class_changes,
         "changed_percent": round(100.0 * edited / total, 1) if total else 0.0,
         "functions": [{**v.to_json(), "summary": change_summary(v.changes)} for v in fviews],
+        **({"limits": {"decompile_calls": DECOMPILE_CALLS}} if decompile else {}),
     }  # fmt: skip
 
 

@@ -177,7 +177,8 @@ def _changes(d: dict) -> str:
         html += f"<h3>{mark}: <code>{_t(f['target'])}</code> ← <code>{_t(f['recovered'])}</code>{_t(score)}</h3>"
         if f.get("summary"):
             html += f"<p>{_t(f['summary'])}</p>"
-        html += f"<p class=sub>{_t(f['shown_as'])} diff</p>" + _diff_block(f["unified"])
+        why = f" ({_t(f['note'])})" if f.get("note") else ""  # a listing because depyf's work limit was reached
+        html += f"<p class=sub>{_t(f['shown_as'])} diff{why}</p>" + _diff_block(f["unified"])
     return html
 
 

@@ -120,6 +120,8 @@ def render(d: dict) -> str:
             lines += [f"### {_txt(f['op'])}: {_code(f['target'])} <- {_code(f['recovered'])}", ""]
             if f.get("summary"):
                 lines += [_txt(f["summary"]), ""]
+            if f.get("note"):  # a listing because depyf's work limit was reached
+                lines += [_txt(f["note"]), ""]
             lines += _fence("diff", f["unified"])
     elif df:
         lines += [_txt(df["error"]), ""]
