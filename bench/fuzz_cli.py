@@ -322,7 +322,6 @@ def mutate_bytes(src: Path, dst: Path, rng: random.Random, spans: list[tuple[int
 
 
 def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
-    rng0 = random.Random(a.seed)
     jobs = []
     if kind == "process":
         img = make_process_image(work)
@@ -362,12 +361,12 @@ def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
 
     def one(job) -> None:
         kind, i = job
-        rng = random.Random(rng0.getrandbits(64) ^ i)
+        rng = random.Random(f"{a.seed}:{kind}:{i}")  # one seed per input, whatever thread runs it: reproducible
         slot = work / f"w{threading.get_ident()}"
         slot.mkdir(exist_ok=True)
         if kind == "process":
             dst = slot / "m.core"
-            label = f"seed {i}: {mutate_process(img, dst, lay, rng)}"
+            label = f"input {i}: {mutate_process(img, dst, lay, rng)}"
             args = [["recover", dst, "-o", slot / "case"], ["info", dst, "--json"]][rng.random() < 0.3]
             runs = [args]
         elif kind == "special":
@@ -376,12 +375,12 @@ def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
         elif kind == "case":
             dst = slot / "case"
             how, signed = mutate_case(base, dst, rng, key)
-            label = f"seed {i}: {how}"
+            label = f"input {i}: {how}"
             runs = case_commands(dst, lib, slot)
         else:
             srcf = files[i % len(files)]
             dst = slot / ("m" + srcf.suffix)
-            label = f"seed {i}: {srcf.name} {mutate_bytes(srcf, dst, rng)}"
+            label = f"input {i}: {srcf.name} {mutate_bytes(srcf, dst, rng)}"
             if kind == "system":
                 sym = [x for p in isf for x in ("--symbols", p)]
                 runs = [[["ps", dst, *sym], ["recover", dst, "-o", slot / "case", *sym]][rng.random() < 0.5]]
@@ -401,6 +400,9 @@ def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
         shutil.rmtree(slot / "case", ignore_errors=True)
         shutil.rmtree(slot / "pkg", ignore_errors=True)
 
+    if a.inputs:
+        keep = {int(x) for x in a.inputs.split(",")}
+        jobs = [j for j in jobs if j[1] in keep]
     t0 = time.monotonic()
     with ThreadPoolExecutor(a.jobs) as pool:
         for n, _ in enumerate(pool.map(one, jobs), 1):
@@ -442,6 +444,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds after which a run counts as a hang")
+    ap.add_argument("--inputs", help="only these input numbers (comma-separated): reproduces the runs a report lists")
     ap.add_argument("--system-dir")
     ap.add_argument("--tvm-dir")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fuzz_cli.md"))
