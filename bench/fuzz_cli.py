@@ -114,6 +114,12 @@ def make_process_image(work: Path) -> Path:
     return img
 
 
+def layout(img: Path) -> dict:
+    """Where an ELF core's program headers, data-holding PT_LOAD segments (index, offset, filesz, flags, memsz) and
+    notes are: what the mutations aim at (tests/test_hostile_images.py uses it too)."""
+    return _layout(img)
+
+
 def _layout(img: Path) -> dict:
     raw = img.read_bytes()[:64]
     phoff = struct.unpack_from("<Q", raw, 32)[0]
@@ -124,7 +130,7 @@ def _layout(img: Path) -> dict:
             fh.seek(phoff + i * phentsize)
             t, flags, off, va, _, fsz, msz, _ = struct.unpack("<IIQQQQQQ", fh.read(56))
             if t == 1 and fsz >= 4096:
-                loads.append((i, off, fsz, flags))
+                loads.append((i, off, fsz, flags, msz))
             if t == 4:
                 notes.append((off, fsz))
     return {"phoff": phoff, "phentsize": phentsize, "phnum": phnum, "loads": loads, "notes": notes,
@@ -146,12 +152,12 @@ def mutate_process(src: Path, dst: Path, lay: dict, rng: random.Random) -> str:
     with open(dst, "r+b") as fh:
         if how == "pages":
             for _ in range(rng.choice([1, 4, 16])):
-                _, off, fsz, _ = rng.choice([x for x in lay["loads"] if x[3] & 2] or lay["loads"])
+                _, off, fsz, _, _ = rng.choice([x for x in lay["loads"] if x[3] & 2] or lay["loads"])
                 fh.seek(off + rng.randrange(fsz // 4096) * 4096)
                 fh.write(rng.randbytes(4096) if rng.random() < 0.5 else bytes([rng.randrange(256)]) * 4096)
         elif how == "words":
             for _ in range(200):
-                _, off, fsz, _ = rng.choice(lay["loads"])
+                _, off, fsz, _, _ = rng.choice(lay["loads"])
                 fh.seek(off + rng.randrange(fsz // 8) * 8)
                 fh.write(struct.pack("<Q", rng.choice(BOUNDARY + [rng.getrandbits(64)])))
         elif how == "phdr":
@@ -264,7 +270,8 @@ def mutate_case(base: Path, dst: Path, rng: random.Random, key: Path) -> tuple[s
     p = dst / name
     if name.endswith(".json"):
         data = json.loads(p.read_text())
-        p.write_text(json.dumps(_mutate_json(data, rng), ensure_ascii=rng.random() < 0.5))
+        text = json.dumps(_mutate_json(data, rng), ensure_ascii=rng.random() < 0.5)
+        p.write_bytes(text.encode("utf-8", "surrogatepass"))  # a lone surrogate becomes bytes that are not UTF-8
     else:
         raw = bytearray(p.read_bytes())
         op = rng.randrange(4)

@@ -253,14 +253,9 @@ def image_model(name: str, work: Path, site: str | None, timeout: float = 900) -
             return None, truth, "acquire: " + _fail(res)
         return image, truth, None
     finally:
-        if proc.poll() is None:
-            proc.stdin.close()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        proc.stderr.close()
-        proc.stdout.close()
+        from zen.childproc import stop_process  # (main() put src/ on sys.path)
+
+        stop_process(proc)
 
 
 def compare_weights(case_dir: Path, truth: dict) -> tuple[int, int]:

@@ -8,7 +8,6 @@ is never trusted; `--rehash` and `zen verify-evidence` recompute.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,13 +17,11 @@ import sys
 import pytest
 from conftest import zen
 
+from zen.digest_cache import file_sha256
+
 
 def _sha(p) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as fh:
-        while b := fh.read(16 << 20):
-            h.update(b)
-    return h.hexdigest()
+    return file_sha256(p)
 
 
 @pytest.fixture(scope="module")

@@ -16,23 +16,15 @@ from pathlib import Path
 
 import pytest
 from conftest import zen
+from fuzz_cli import layout  # bench/: the whole-CLI fuzzer's view of a core
 
 TIB = 1 << 40
 
 
 def _loads(path: Path) -> tuple[int, int, list[tuple[int, int, int, int]]]:
     """(phoff, phentsize, [(index, p_offset, p_filesz, p_memsz)] of PT_LOAD segments with data)."""
-    raw = path.read_bytes()[:64]
-    phoff = struct.unpack_from("<Q", raw, 32)[0]
-    phentsize, phnum = struct.unpack_from("<HH", raw, 54)
-    out = []
-    with open(path, "rb") as fh:
-        for i in range(phnum):
-            fh.seek(phoff + i * phentsize)
-            t, _, off, _, _, fsz, msz, _ = struct.unpack("<IIQQQQQQ", fh.read(56))
-            if t == 1 and fsz >= 4096:
-                out.append((i, off, fsz, msz))
-    return phoff, phentsize, out
+    lay = layout(path)
+    return lay["phoff"], lay["phentsize"], [(i, off, fsz, msz) for i, off, fsz, _, msz in lay["loads"]]
 
 
 def _clean(res, *codes) -> None:

@@ -147,19 +147,12 @@ def acquire(
 def _digest(path: Path) -> str:
     """sha256 of the image just written (its pages are still in the page cache), kept in zen's digest cache so that
     every later command on the unchanged file reuses it instead of reading the image again."""
-    import hashlib
-
     from zen import digest_cache
 
     key = digest_cache.stat_key(path)
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(16 << 20)
-        view = memoryview(buf)
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-    digest_cache.remember(path, h.hexdigest(), key)
-    return h.hexdigest()
+    digest = digest_cache.file_sha256(path)
+    digest_cache.remember(path, digest, key)
+    return digest
 
 
 def written_pages(pid: int) -> dict[int, int]:

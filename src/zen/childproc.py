@@ -119,3 +119,19 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(argv, **kwargs)
     with scratch_cwd() as cwd:
         return subprocess.run(argv, cwd=cwd, **kwargs)
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """End a process zen started and serves through its stdin (a deployed model waiting for EOF): close its stdin,
+    give it `grace` seconds to leave, then kill it; its pipes are closed either way."""
+    if proc.poll() is None:
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(grace)
+        except (subprocess.TimeoutExpired, OSError):
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

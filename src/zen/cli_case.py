@@ -89,8 +89,6 @@ def verify_evidence(
 ) -> None:
     """Recompute each file's sha256 and compare it with the digest zen recorded for it (its digest cache) and, with
     --case, with the case's manifest; exit 1 on any difference."""
-    import hashlib
-
     from zen import digest_cache
     from zen.memory import require_image_file
 
@@ -105,11 +103,7 @@ def verify_evidence(
         require_image_file(image)
         key = digest_cache.stat_key(image)
         cached = digest_cache.lookup(image)
-        h = hashlib.sha256()
-        with open(image, "rb") as fh:
-            while block := fh.read(16 << 20):
-                h.update(block)
-        digest = h.hexdigest()
+        digest = digest_cache.file_sha256(image)
         digest_cache.remember(image, digest, key)
         checks = []
         if cached is not None:

@@ -23,6 +23,19 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS digests (dev INTEGER, ino INTEGER, size I
            "PRIMARY KEY (dev, ino, size, mtime_ns, ctime_ns))")  # fmt: skip
 
 
+def file_sha256(path: Path | str) -> str:
+    """The sha256 of a file's bytes, read sequentially in large blocks (what `sha256sum` prints)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(16 << 20)
+        view = memoryview(buf)
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
 def cache_file() -> Path:
     base = os.environ.get("ZEN_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "zen")
     return Path(base) / "digests.sqlite"

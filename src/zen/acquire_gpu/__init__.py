@@ -9,13 +9,13 @@ is stopped while it is read), then the device memory: the host image fixes which
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zen.acquire_gpu.cudagdb import find_cuda_gdb
 from zen.acquire_gpu.environ import CudaSettings, cuda_settings
+from zen.digest_cache import file_sha256
 from zen.errors import ZenError
 
 ROUTES = ("auto", "driver", "cuda-gdb", "none")
@@ -92,7 +92,7 @@ def collect(p: GpuPlan, image: Path, *, allow_abort: bool = False, timeout: floa
         from zen.acquire_gpu.driver import trigger
 
         record = trigger(p.settings, p.dest, allow_abort=allow_abort, timeout=timeout or 600.0)
-        record["sha256"] = _sha256(p.dest)
+        record["sha256"] = file_sha256(p.dest)
     else:
         from zen.acquire_gpu.cudagdb import dump
         from zen.acquire_gpu.ranges import cuda_ranges
@@ -106,17 +106,9 @@ def collect(p: GpuPlan, image: Path, *, allow_abort: bool = False, timeout: floa
     from zen import digest_cache
 
     cached = digest_cache.lookup(image)  # zen acquire hashed it as it wrote it
-    record["host_image_sha256"] = cached["sha256"] if cached else _sha256(image)
+    record["host_image_sha256"] = cached["sha256"] if cached else file_sha256(image)
     side = Path(f"{image}.acquisition.json")
     side.write_text(json.dumps({"host_image": str(image), "host_sha256": record["host_image_sha256"],
                                 "gpu_image": str(p.dest), "gpu_sha256": record["sha256"], "gpu": record},
                                indent=1, sort_keys=True) + "\n")  # fmt: skip
     return GpuResult(p.dest, record["sha256"], record)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(16 << 20):
-            h.update(block)
-    return h.hexdigest()

@@ -50,9 +50,7 @@ def _serve_and_image(cmd: list[str], outdir: Path, image: Path, console: Console
         console.print(f"PID {proc.pid} ({what}) imaged to {image.name}: {res.bytes_written / 1e6:,.0f} MB (lean) "
                       f"in {res.seconds:.2f} s; the process kept running")  # fmt: skip
     finally:
-        if proc.poll() is None:
-            proc.stdin.close()
-            proc.wait(30)
+        childproc.stop_process(proc)
     return json.loads((outdir / "truth.json").read_text())
 
 

@@ -97,12 +97,7 @@ def build(recipe: Path, library: Library, *, only: list[str] | None = None, repl
                 image = work / f"{name}.core"
                 acquire(proc.pid, image, lean=True)
             finally:
-                if proc.poll() is None:
-                    proc.stdin.close()
-                    try:
-                        proc.wait(30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                childproc.stop_process(proc)
             log(f"{name}: recovering")
             res = recover(image, None, work / "case", model="__main__.model")
             library.add_case(res.case_dir, name, replace=replace, notes=m.get("notes", ""))

@@ -17,7 +17,6 @@ image gives byte-identical files.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import stat
@@ -25,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from zen.digest_cache import file_sha256  # noqa: F401 - case.file_sha256 for the readers of cases
 from zen.errors import ZenError
 from zen.represent import textio
 from zen.represent.mr import ModelMR
@@ -37,12 +37,6 @@ SIG_FILE = "manifest.sig"  # zen.represent.signature
 MAX_MANIFEST = 16 << 20  # a manifest is a few KB; its problem list can grow, but not to this
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(16 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def prepare(case_dir: Path) -> Path:

@@ -23,9 +23,7 @@ which.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import platform
 import struct
 import sys
@@ -104,21 +102,9 @@ def calibrate() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Measure this interpreter's CPython struct layouts for zen.")
-    ap.add_argument("-o", "--output", help="write the profile here (default: stdout)")
-    args = ap.parse_args(argv)
-    try:
-        prof = calibrate()
-    except CalibrationFailed as exc:
-        print(f"calibration failed: {exc}", file=sys.stderr)
-        return 1
-    text = json.dumps(prof, indent=1, sort_keys=False) + "\n"
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    from zen.cpython.calibration.entry import run_main
+
+    return run_main(argv, "Measure this interpreter's CPython struct layouts for zen.", calibrate, CalibrationFailed)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,7 @@ interpreter, not zen's (`zen profile tf --python EXE`).
 
 from __future__ import annotations
 
-import argparse
 import bisect
-import json
 import os
 import platform
 import struct
@@ -368,28 +366,12 @@ class TFCalibrator(CalibratorBase):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Measure this interpreter's TensorFlow tensor/variable layouts for zen.")
-    ap.add_argument("-o", "--output", help="write the profile here (default: stdout)")
-    args = ap.parse_args(argv)
+    from zen.cpython.calibration.entry import run_main
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # CPU tensors: their buffers are host memory
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        print("calibration failed: tensorflow is not importable in this interpreter", file=sys.stderr)
-        return 1
-    try:
-        prof = TFCalibrator().run()
-    except CalibrationFailed as exc:
-        print(f"calibration failed: {exc}", file=sys.stderr)
-        return 1
-    text = json.dumps(prof, indent=1) + "\n"
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return run_main(argv, "Measure this interpreter's TensorFlow tensor/variable layouts for zen.",
+                    lambda: TFCalibrator().run(), CalibrationFailed, needs="tensorflow")  # fmt: skip
 
 
 if __name__ == "__main__":

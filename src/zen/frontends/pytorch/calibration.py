@@ -13,8 +13,6 @@ Standard library + torch only: it runs in the target's interpreter, not necessar
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import struct
 import sys
@@ -198,26 +196,10 @@ class TorchCalibrator(CalibratorBase):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Measure this interpreter's PyTorch tensor layouts for zen.")
-    ap.add_argument("-o", "--output", help="write the profile here (default: stdout)")
-    args = ap.parse_args(argv)
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("calibration failed: torch is not importable in this interpreter", file=sys.stderr)
-        return 1
-    try:
-        prof = TorchCalibrator().run()
-    except CalibrationFailed as exc:
-        print(f"calibration failed: {exc}", file=sys.stderr)
-        return 1
-    text = json.dumps(prof, indent=1) + "\n"
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    from zen.cpython.calibration.entry import run_main
+
+    return run_main(argv, "Measure this interpreter's PyTorch tensor layouts for zen.", lambda: TorchCalibrator().run(),
+                    CalibrationFailed, needs="torch")  # fmt: skip
 
 
 if __name__ == "__main__":

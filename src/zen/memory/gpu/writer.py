@@ -8,7 +8,6 @@ when, from which process, which ranges failed). Readers need no second code path
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -16,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from zen.digest_cache import file_sha256
 from zen.memory.gpu.cudacore import tables
 
 ZEN_SECTION = ".zen.acquisition"
@@ -122,7 +122,7 @@ def write_gpu_core(path: str | os.PathLike, ranges: Iterable[Range], *, devices:
                             64, len(sections), shstrndx)  # fmt: skip
         fh.seek(0)
         fh.write(header)
-    return _sha256(Path(path))  # the header is written last (it holds the section table's offset)
+    return file_sha256(Path(path))  # the header is written last (it holds the section table's offset)
 
 
 def _copy(out: _Out, r: Range) -> None:
@@ -141,11 +141,3 @@ def _copy(out: _Out, r: Range) -> None:
             out.write(block)
     if n != r.size:
         raise ValueError(f"range {r.address:#x}: {n} bytes in {r.data}, {r.size} declared")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(16 << 20):
-            h.update(block)
-    return h.hexdigest()

@@ -11,7 +11,6 @@ zen's own is schema-validated once per content hash, not once per run.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import lzma
 import os
@@ -19,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from zen.digest_cache import file_sha256  # noqa: F401 - lookup.file_sha256 for the symbol cache
 from zen.errors import KernelSymbolsError
 
 ISF_SUFFIXES = (".json", ".json.xz", ".json.gz", ".json.bz2")
@@ -97,14 +97,6 @@ def isf_banner(doc: dict) -> bytes | None:
         return normalise_banner(base64.b64decode(data))
     except ValueError:
         return None
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _Index:
