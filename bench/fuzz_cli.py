@@ -242,7 +242,7 @@ def _mutate_json(data, rng: random.Random, depth: int = 0):
             data["unknown_" + str(rng.randrange(99))] = 1
         elif op == 3:
             v: object = 0
-            for _ in range(rng.choice([300, 5000])):
+            for _ in range(rng.choice([300, 900])):  # (json.dumps itself stops near 1,000)
                 v = [v]
             data[k] = v
         elif op == 4:

@@ -68,6 +68,26 @@ class CoreInfo:
     acquisition: dict = field(default_factory=dict)  # contents of zen's own note, if any
 
 
+NT_FILE_TYPE = 0x46494C45
+
+
+def _check_notes(data: bytes) -> None:
+    """Every note of a PT_NOTE segment lies inside it, and an NT_FILE's entry count fits its descriptor; else the
+    core is refused before pyelftools decodes it (it allocates what the sizes claim)."""
+    pos, n = 0, 0
+    while pos + 12 <= len(data):
+        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+        name_end = pos + 12 + ((namesz + 3) & ~3)
+        end = name_end + ((descsz + 3) & ~3)
+        if end > len(data):
+            raise ImageError(f"corrupt note in core: note {n} claims {namesz:,} + {descsz:,} bytes past its segment's end")
+        if ntype == NT_FILE_TYPE and descsz >= 16:
+            count = struct.unpack_from("<Q", data, name_end)[0]
+            if 16 + count * 24 > descsz:
+                raise ImageError(f"corrupt NT_FILE note in core: {count:,} mappings do not fit its {descsz:,} bytes")
+        pos, n = end, n + 1
+
+
 class ElfCoreSpace(AddressSpace):
     """An ELF core file opened read-only and mmap'ed."""
 
@@ -142,6 +162,7 @@ class ElfCoreSpace(AddressSpace):
                 continue
             if seg["p_filesz"] > MAX_NOTES_BYTES or seg["p_offset"] + seg["p_filesz"] > file_size:
                 raise ImageError("truncated or corrupt note segment in core")
+            _check_notes(seg.data())  # sizes inside the segment: pyelftools trusts them (a 2^61-entry NT_FILE: GBs)
             for note in seg.iter_notes():
                 ntype, name, desc = note["n_type"], note["n_name"], note["n_desc"]
                 if ntype == "NT_FILE":
