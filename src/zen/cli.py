@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zen import __version__, cli_acquire, cli_decompile, cli_gpu, cli_library, cli_reuse, cli_symbols, cli_system
+from zen import __version__, cli_acquire, cli_decompile, cli_gpu, cli_library, cli_reuse, cli_serve, cli_symbols, cli_system
 from zen.console import consoles
 from zen.errors import ZenError
 
@@ -32,6 +32,7 @@ profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles 
                           "TensorFlow version.")
 app.add_typer(profile_app, name="profile")
 app.add_typer(cli_library.library_app, name="library")
+app.add_typer(cli_serve.serve_app, name="serve")
 app.command("attribute")(cli_library.attribute)
 app.command("diff")(cli_reuse.diff)
 app.command("reuse")(cli_reuse.reuse)

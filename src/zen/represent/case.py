@@ -155,13 +155,21 @@ def load_manifest(case_dir: Path) -> dict:
     if type(m) is dict and m.get("kind") == "zen-decompile":
         raise CaseFileError(f"{case_dir} was written by `zen decompile` without probing its kernels: it has no case files",
                             "run `zen decompile MODEL.so -o DIR` where TVM is installed (not --static)")  # fmt: skip
+    return check_manifest(m, str(p))
+
+
+def check_manifest(m: Any, where: str) -> dict:
+    """A parsed manifest checked against `schemas/manifest.schema.json` (a case's, or one uploaded to
+    `zen serve` with a fingerprint); `where` names it in errors."""
+    from zen.represent.schema import CaseFileError
+
     if type(m) is not dict or m.get("kind") != "zen-case" or m.get("format") != CASE_FORMAT:
-        raise CaseFileError(f"{p} is not a zen case manifest (format {CASE_FORMAT})", "recover the case again")
+        raise CaseFileError(f"{where} is not a zen case manifest (format {CASE_FORMAT})", "recover the case again")
     errors = sorted(_manifest_validator().iter_errors(m), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
-        where = ".".join(str(x) for x in e.absolute_path) or "(top level)"
-        raise CaseFileError(f"{p}: {where}: {e.message[:200]}", "recover the case again")
+        path = ".".join(str(x) for x in e.absolute_path) or "(top level)"
+        raise CaseFileError(f"{where}: {path}: {e.message[:200]}", "recover the case again")
     return m
 
 
