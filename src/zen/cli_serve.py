@@ -66,6 +66,7 @@ def serve(
     import uvicorn
 
     from zen.library.backends import default_library_spec, open_library
+    from zen.library.bundle import Limits
     from zen.serve.app import ServeOptions, create_app
 
     with open_library(spec, create=True) as lib:  # made and migrated once, here, not by racing threads
@@ -74,7 +75,9 @@ def serve(
     scheme = "https" if ssl_certfile else "http"
     shown = f"[{host}]" if ":" in host else host
     url = f"{scheme}://{shown}:{sock.getsockname()[1]}"
-    opts = ServeOptions(public_read=public_read, max_body=max_upload_mb << 20, threads=threads)
+    # a compressed part inflates to at most what an uncompressed upload may be
+    opts = ServeOptions(public_read=public_read, max_body=max_upload_mb << 20, threads=threads,
+                        limits=Limits(file_bytes=min(Limits.file_bytes, max_upload_mb << 20)))  # fmt: skip
     app = create_app(str(where) if kind == "sqlite" else (spec or default_library_spec()), opts)
     out.print(f"zen serve: {escape(str(where))} ({kind}, {n} models) at {url} (OpenAPI at {url}/docs)", soft_wrap=True)
     if scheme == "http" and not _loopback(host):
