@@ -101,6 +101,7 @@ def test_tokens_and_scopes(team, family_images, workdir, monkeypatch):
         with pytest.raises(LibraryError, match="may not add"):
             reader.add_case(case, "by-reader")
     with RemoteLibrary(srv.url, token=toks["add"]) as adder:
+        adder.compress = True  # as to a server on another machine: every part gzip-compressed
         adder.add_case(case, "scoped")
         with pytest.raises(LibraryError, match="may not replace"):
             adder.add_case(case, "scoped", replace=True)

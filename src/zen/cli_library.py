@@ -190,13 +190,16 @@ def attribute(
 ) -> None:
     """Attribute a recovered model to a base model in the library (ZEN Algorithm 1). Against a zen serve, only the
     case's mr.json and pr.json are sent; the server ranks its whole library."""
-    from zen.attribute.algorithm import attribute_case
-
     problems = check_case(case_dir)
     with _open(library, create=False) as lib:
         if len(lib) == 0:
             raise ZenError(f"the library {lib.path} is empty", "add base models with `zen library add` or `zen library build`")
-        res = attribute_case(case_dir, lib, optimal=optimal)
+        if lib.remote:  # the server attributes; attribution's own modules (0.8 s of imports) are not needed here
+            res = lib.attribute_case(case_dir, optimal=optimal)
+        else:
+            from zen.attribute.algorithm import attribute_case
+
+            res = attribute_case(case_dir, lib, optimal=optimal)
     if as_json:
         out.print_json(json.dumps(res))
         if problems:

@@ -31,11 +31,12 @@ def describe(spec: str | os.PathLike | None) -> str:
     return "postgresql" if is_postgres(s) else "http" if s.startswith(REMOTE_SCHEMES) else "sqlite"
 
 
-def open_library(spec: str | os.PathLike | None = None, *, create: bool = True):
+def open_library(spec: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False):
     """The library `spec` names (None: the default), opened; a context manager.
 
     `create` (SQLite, PostgreSQL): make the library when there is none yet; commands that only
-    read pass False and get a clear error instead of an empty library."""
+    read pass False and get a clear error instead of an empty library. `any_thread`: the
+    connection will be used by one thread at a time, not always the same (zen.serve.stores)."""
     s = str(spec) if spec is not None else default_library_spec()
     kind = describe(s)
     if kind == "postgresql":
@@ -46,4 +47,4 @@ def open_library(spec: str | os.PathLike | None = None, *, create: bool = True):
         from zen.library.remote import RemoteLibrary
 
         return RemoteLibrary(s)
-    return Library(Path(s), create=create)
+    return Library(Path(s), create=create, any_thread=any_thread)

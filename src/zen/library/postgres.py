@@ -48,7 +48,7 @@ class PostgresLibrary(Library):
 
     kind = "postgresql"
 
-    def __init__(self, url: str, *, create: bool = True, connect_timeout: int = 15) -> None:
+    def __init__(self, url: str, *, create: bool = True, connect_timeout: int = 15, any_thread: bool = True) -> None:
         try:
             import psycopg
         except ImportError:

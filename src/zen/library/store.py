@@ -169,14 +169,15 @@ class Library:
     kind = "sqlite"
     remote = False
 
-    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False) -> None:
+        """`any_thread`: the connection may be used by any one thread at a time (a server's pool)."""
         self.path = Path(path) if path is not None else default_library_path()
         if not self.path.exists():
             if not create:
                 raise LibraryError(f"no base model library at {self.path}", "add a model with `zen library add CASE --name NAME`")
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=not any_thread)
             self.db.execute("PRAGMA busy_timeout = 60000")
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA foreign_keys = ON")

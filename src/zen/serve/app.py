@@ -32,6 +32,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from zen import __version__
+from zen.attribute.algorithm import attribute as do_attribute  # imported at start-up, not by the first query
 from zen.errors import ZenError
 from zen.library import tokens
 from zen.library.bundle import FILE_OF_PART, Bundle, BundleError, Limits
@@ -88,6 +89,8 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
         import anyio.to_thread
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = opts.threads
+        with pool.lease():  # the first connection, opened before the first request
+            pass
         yield
         pool.close_all()
 
@@ -101,7 +104,8 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
                 if opts.public_read and scope == "read":
                     return Principal("anonymous", frozenset({"read"}))
                 raise HTTPException(401, "this library needs a token", headers={"WWW-Authenticate": "Bearer"})
-            who = tokens.verify(pool.get(), creds.credentials)
+            with pool.lease() as lib:
+                who = tokens.verify(lib, creds.credentials)
             if who is None:
                 raise HTTPException(401, "the token is not valid here", headers={"WWW-Authenticate": "Bearer"})
             if not who.may(scope):
@@ -122,24 +126,27 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
 
     @app.get("/library", tags=["library"], summary="The library: backend, schema, number of entries")
     def info(p: Principal = read) -> dict:
-        lib = pool.get()
-        return {"backend": lib.kind, "schema": lib.schema_version(), "entries": len(lib), "zen": __version__,
-                "public_read": opts.public_read, "you": p.name, "scopes": sorted(p.scopes)}  # fmt: skip
+        with pool.lease() as lib:
+            return {"backend": lib.kind, "schema": lib.schema_version(), "entries": len(lib), "zen": __version__,
+                    "public_read": opts.public_read, "you": p.name, "scopes": sorted(p.scopes)}  # fmt: skip
 
     @app.get("/models", tags=["library"], summary="List or search entries (every filter given must match)")
     def models(name: str | None = None, framework: str | None = None, architecture: str | None = None,
                added_by: str | None = None, since: str | None = None, until: str | None = None,
                p: Principal = read) -> list[dict]:  # fmt: skip
-        return pool.get().search(name=name, framework=framework, architecture=architecture, added_by=added_by,
-                                 since=since, until=until)  # fmt: skip
+        with pool.lease() as lib:
+            return lib.search(name=name, framework=framework, architecture=architecture, added_by=added_by, since=since,
+                              until=until)  # fmt: skip
 
     @app.get("/models/{name:path}", tags=["library"], summary="One entry: metadata, layer types, model code modules")
     def show(name: str, p: Principal = read) -> dict:
-        return pool.get().show(name)
+        with pool.lease() as lib:
+            return lib.show(name)
 
     @app.get("/fingerprints/{name:path}", tags=["library"], summary="One entry's whole fingerprint (as in an export)")
     def fingerprint(name: str, p: Principal = read) -> dict:
-        return pool.get().export_data([name])["models"][0]
+        with pool.lease() as lib:
+            return lib.export_data([name])["models"][0]
 
     add_form = {"name": "entry name", "notes": "free text", "replace": "true: replace an entry (curate)"}
 
@@ -154,15 +161,17 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
 
         def work() -> dict:
             fp = _checked(lambda: Bundle(files).fingerprint(opts.limits), "the fingerprint")
-            mid = _checked(lambda: pool.get().add_fingerprint(values["name"], fp, replace=replace, notes=values.get("notes", ""),
-                                                              who=p.who), "the fingerprint")  # fmt: skip
+            with pool.lease() as lib:
+                mid = _checked(lambda: lib.add_fingerprint(values["name"], fp, replace=replace, notes=values.get("notes", ""),
+                                                           who=p.who), "the fingerprint")  # fmt: skip
             return {"name": values["name"], "id": mid, "digests": fp.digests}
 
         return await run_in_threadpool(work)
 
     @app.delete("/models/{name:path}", tags=["library"], summary="Remove an entry (curate)")
     def remove(name: str, p: Principal = curate) -> dict:
-        pool.get().remove(name, who=p.who)
+        with pool.lease() as lib:
+            lib.remove(name, who=p.who)
         return {"removed": name}
 
     @app.post("/attribute", tags=["attribution"], summary="Attribute a recovered model's fingerprint (zen attribute --json)",
@@ -171,19 +180,18 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
         files, _ = await read_parts(request, file_bytes=opts.limits.file_bytes)
 
         def work() -> dict:
-            from zen.attribute.algorithm import attribute as do_attribute
-
             mr, pr = _checked(lambda: Bundle(files).query(opts.limits), "the query")
-            lib = pool.get()
-            if len(lib) == 0:
-                raise LibraryError("the library is empty", "add base models first")
-            return _checked(lambda: do_attribute(mr, pr, lib, optimal=optimal).to_json(), "the query")
+            with pool.lease() as lib:
+                if len(lib) == 0:
+                    raise LibraryError("the library is empty", "add base models first")
+                return _checked(lambda: do_attribute(mr, pr, lib, optimal=optimal).to_json(), "the query")
 
         return await run_in_threadpool(work)
 
     @app.get("/export", tags=["exchange"], summary="Export entries (all, or those named) as a zen library export")
     def export(name: list[str] | None = Query(None), p: Principal = read) -> dict:
-        return pool.get().export_data(name)
+        with pool.lease() as lib:
+            return lib.export_data(name)
 
     @app.post("/import", tags=["exchange"], summary="Import a zen library export (add; replace needs curate)")
     async def import_(request: Request, replace: bool = False, p: Principal = add) -> dict:
@@ -195,13 +203,15 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
             from zen.represent.schema import parse_json_bytes
 
             data = parse_json_bytes(body, "the import")
-            return {"imported": import_data(pool.get(), data, "the import", replace=replace, who=p.who)}
+            with pool.lease() as lib:
+                return {"imported": import_data(lib, data, "the import", replace=replace, who=p.who)}
 
         return await run_in_threadpool(work)
 
     @app.get("/audit", tags=["library"], summary="The latest writes: who, what, when, digests (curate)")
     def audit(name: str | None = None, limit: int = Query(100, ge=1, le=10_000), p: Principal = curate) -> list[dict]:
-        return pool.get().audit_log(name=name, limit=limit)
+        with pool.lease() as lib:
+            return lib.audit_log(name=name, limit=limit)
 
     _errors(app)
     return app
