@@ -139,6 +139,12 @@ def test_public_read_reads_only(tmp_path, family_images, workdir, monkeypatch):
         assert json.loads(res.stdout)["name"] == "convnet"
         assert "/attribute" in httpx.get(srv.url + "/openapi.json").json()["paths"]
         assert httpx.get(srv.url + "/docs").status_code == 200
+        port = srv.url.rsplit(":", 1)[1]
+        for args, needle in ((["--library", path, "--port", port], "cannot listen on 127.0.0.1"),
+                             (["--library", srv.url], "not another server"),
+                             (["--library", path, "--port", "0", "--ssl-certfile", path], "go together")):  # fmt: skip
+            res = zen("serve", *args, check=False, timeout=60)
+            assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_ten_clients_adding_at_once(team, family_images, workdir):
