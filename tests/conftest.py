@@ -465,3 +465,21 @@ def guest(workdir):
         p.unlink(missing_ok=True)
 
 
+
+
+# -- the library as a service (issue 32): one throwaway PostgreSQL cluster per session -------------
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A real PostgreSQL server on loopback (tools/pgcluster.py); tests get databases from it with
+    `pg_cluster.create_db(name)`. Skips, saying why, only where PostgreSQL's binaries are absent.
+    Its directory is its own (under the system temp dir, not pytest's: as root the cluster runs as
+    `nobody`, who cannot enter pytest's private directories)."""
+    from pgcluster import PgCluster, bindir
+
+    if bindir() is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed: apt-get install postgresql")
+    cluster = PgCluster().start()
+    yield cluster
+    cluster.stop()

@@ -145,7 +145,7 @@ def test_schema_3_library_migrated(tmp_path, scale_library, family_images, hf_im
     old = tmp_path / "v3.sqlite"
     _v3_library(old, scale_library)
     with Library(old) as lib:
-        assert lib.schema_version() == SCHEMA_VERSION == 4
+        assert lib.schema_version() == SCHEMA_VERSION == 5
         n = len(lib)
         assert lib.db.execute("SELECT COUNT(*) FROM invariants").fetchone()[0] == n
         assert lib.db.execute("SELECT COUNT(DISTINCT model_id) FROM code_body_refs").fetchone()[0] == n

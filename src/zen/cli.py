@@ -26,6 +26,7 @@ from zen import (
     cli_gpu,
     cli_library,
     cli_reuse,
+    cli_serve,
     cli_symbols,
     cli_system,
 )
@@ -44,6 +45,7 @@ profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles 
                           "TensorFlow version.")
 app.add_typer(profile_app, name="profile")
 app.add_typer(cli_library.library_app, name="library")
+app.add_typer(cli_serve.serve_app, name="serve")
 app.command("attribute")(cli_library.attribute)
 app.command("diff")(cli_reuse.diff)
 app.command("reuse")(cli_reuse.reuse)

@@ -15,7 +15,8 @@ from zen.errors import ZenError
 library_app = typer.Typer(no_args_is_help=True, help="The Base Model Library: fingerprints of known base models.")
 out, err = consoles()
 
-LIB_OPT = typer.Option(None, "--library", help="Library file (default: $ZEN_LIBRARY or ~/.local/share/zen/library.sqlite).")
+LIB_OPT = typer.Option(None, "--library", help="Library: a SQLite file, a postgresql:// URL or the http(s):// URL of a zen "
+                       "serve (token in $ZEN_LIBRARY_TOKEN). Default: $ZEN_LIBRARY or ~/.local/share/zen/library.sqlite.")
 
 
 EXIT_PARTIAL = 5
@@ -34,90 +35,134 @@ def check_case(case_dir: Path) -> list[str]:
     return problems
 
 
-def _library_beside(case_dir: Path) -> Path | None:
+def _library_beside(case_dir: Path) -> str | None:
     """With no --library and no default library, the one beside the case (where `zen demo` puts it), said aloud."""
-    from zen.library.store import default_library_path
+    from zen.library.backends import default_library_spec, describe
 
-    if default_library_path().exists():
+    spec = default_library_spec()
+    if describe(spec) != "sqlite" or Path(spec).exists():
         return None
     beside = Path(case_dir).absolute().parent / "library.sqlite"
     if beside.is_file():
-        err.print(f"[dim]note: no library at {escape(str(default_library_path()))}; using {escape(str(beside))}, "
+        err.print(f"[dim]note: no library at {escape(spec)}; using {escape(str(beside))}, "
                   "the one beside the case (--library chooses)[/dim]")  # fmt: skip
-        return beside
+        return str(beside)
     return None
 
 
-def _open(path: Path | None, create: bool = True):
-    from zen.library.store import Library
+def _open(spec: str | None, create: bool = True):
+    from zen.library.backends import open_library
 
-    return Library(path, create=create)
+    return open_library(spec, create=create)
 
 
 @library_app.command("add")
 def add(
     case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
     name: str = typer.Option(..., "--name", help="Ground-truth name of this base model."),
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
     replace: bool = typer.Option(False, "--replace", help="Replace an existing entry of that name."),
     notes: str = typer.Option("", "--notes", help="Free text stored with the entry."),
 ) -> None:
     """Add a recovered base model's fingerprint (MR, PR, UR) to the library."""
     with _open(library) as lib:
         lib.add_case(case_dir, name, replace=replace, notes=notes)
-        out.print(f"added {name} to {lib.path} ({len(lib)} models)")
+        out.print(f"added {escape(name)} to {escape(str(lib.path))} ({len(lib)} models)")
 
 
 @library_app.command("list")
-def list_(library: Path | None = LIB_OPT, as_json: bool = typer.Option(False, "--json")) -> None:
+def list_(library: str | None = LIB_OPT, as_json: bool = typer.Option(False, "--json")) -> None:
     """List the base models in the library."""
     with _open(library, create=False) as lib:
-        rows = lib.list()
-        if as_json:
-            out.print_json(json.dumps(rows))
-            return
-        t = Table("name", "root class", "modules", "code objects", "parameters", "python", "torch", "added")
-        for r in rows:
-            s = r["summary"]
-            t.add_row(r["name"], r["root_class"] or "?", str(s["modules"]), str(s["code_objects"]),
-                      f"{s.get('parameter_elements') or 0:,}", r["python"] or "?", r["torch"] or "?", r["created"])  # fmt: skip
-        out.print(t)
-        out.print(f"{len(rows)} models in {lib.path}")
+        _print_rows(lib.list(), as_json, str(lib.path))
+
+
+@library_app.command("search")
+def search(
+    name: str | None = typer.Option(None, "--name", help="Name contains this (case-insensitive)."),
+    framework: str | None = typer.Option(None, "--framework", help="pytorch or keras."),
+    architecture: str | None = typer.Option(None, "--architecture", help="Root class contains this (e.g. GPT2, ResNet)."),
+    added_by: str | None = typer.Option(None, "--added-by", help="Added by (a user@host, or token:NAME via zen serve)."),
+    since: str | None = typer.Option(None, "--since", help="Added at or after (ISO date or time, UTC)."),
+    until: str | None = typer.Option(None, "--until", help="Added before (ISO date or time, UTC)."),
+    library: str | None = LIB_OPT,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Find base models by name, framework, architecture, who added them and when."""
+    with _open(library, create=False) as lib:
+        rows = lib.search(name=name, framework=framework, architecture=architecture, added_by=added_by, since=since,
+                          until=until)  # fmt: skip
+        _print_rows(rows, as_json, str(lib.path))
+
+
+def _print_rows(rows: list[dict], as_json: bool, where: str) -> None:
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    t = Table("name", "root class", "modules", "code objects", "parameters", "python", "torch", "added", "by")
+    for r in rows:
+        s = r["summary"]
+        pe = s.get("parameter_elements")
+        t.add_row(escape(r["name"]), escape(r["root_class"] or "?"), str(s.get("modules")), str(s.get("code_objects")),
+                  f"{pe if isinstance(pe, int) else 0:,}", escape(r["python"] or "?"), escape(r["torch"] or "?"),
+                  escape(r["created"] or ""), escape(r.get("added_by") or ""))  # fmt: skip
+    out.print(t)
+    out.print(f"{len(rows)} models in {escape(where)}")
 
 
 @library_app.command("show")
-def show(name: str = typer.Argument(...), library: Path | None = LIB_OPT, as_json: bool = typer.Option(False, "--json")) -> None:
+def show(name: str = typer.Argument(...), library: str | None = LIB_OPT, as_json: bool = typer.Option(False, "--json")) -> None:
     """Show one library entry: its architecture and model code."""
     with _open(library, create=False) as lib:
-        e = lib.get(name)
-        mr, pr = e.mr, e.pr
-        info = {"name": e.name, "created": e.created, "source_sha256": e.source_sha256, "python": e.python, "torch": e.torch,
-                "root_class": e.root_class, "notes": e.notes, "summary": e.summary, "layer_types": mr.layer_types,
-                "modules": pr.modules, "classes": sorted(c.name for c in pr.classes)}  # fmt: skip
-        if as_json:
-            out.print_json(json.dumps(info))
-            return
-        out.print(f"[bold]{e.name}[/bold]: {e.root_class} (Python {e.python}, torch {e.torch}, added {e.created})")
-        out.print(f"source image sha256: {e.source_sha256}")
-        out.print("layers: " + ", ".join(f"{k.rsplit('.', 1)[-1]}×{v}" for k, v in mr.layer_types.items()))
-        out.print(f"model code: {len(pr.codes)} code objects, {len(pr.classes)} classes in {len(pr.modules)} modules")
-        for m in sorted(pr.modules)[:30]:
-            out.print(f"  {m}")
+        info = lib.show(name)
+    if as_json:
+        out.print_json(json.dumps(info))
+        return
+    e = {k: escape(str(v)) for k, v in info.items() if isinstance(v, str | None)}
+    out.print(f"[bold]{e['name']}[/bold]: {e['root_class']} (Python {e['python']}, torch {e['torch']}, added {e['created']}"
+              + (f" by {e['added_by']}" if info.get("added_by") else "") + ")")  # fmt: skip
+    out.print(f"source image sha256: {e['source_sha256']}")
+    out.print("layers: " + escape(", ".join(f"{k.rsplit('.', 1)[-1]}×{v}" for k, v in info["layer_types"].items())))
+    out.print(f"model code: {info['code_objects']} code objects, {len(info['classes'])} classes in "
+              f"{len(info['modules'])} modules")
+    for m in sorted(info["modules"])[:30]:
+        out.print(f"  {escape(m)}")
 
 
 @library_app.command("remove")
-def remove(name: str = typer.Argument(...), library: Path | None = LIB_OPT) -> None:
-    """Remove a base model from the library."""
+def remove(name: str = typer.Argument(...), library: str | None = LIB_OPT) -> None:
+    """Remove a base model from the library (through zen serve: a curate token)."""
     with _open(library, create=False) as lib:
         lib.remove(name)
-        out.print(f"removed {name} ({len(lib)} models left)")
+        out.print(f"removed {escape(name)} ({len(lib)} models left)")
+
+
+@library_app.command("audit")
+def audit(
+    name: str | None = typer.Option(None, "--name", help="Only the writes of this entry."),
+    limit: int = typer.Option(50, "--limit", help="How many of the latest writes."),
+    library: str | None = LIB_OPT,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The library's latest writes: who added, replaced, removed or imported what, when, with which digests."""
+    with _open(library, create=False) as lib:
+        rows = lib.audit_log(name=name, limit=limit)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    t = Table("when", "who", "action", "name", "digests")
+    for r in rows:
+        d = r["digests"]
+        short = ", ".join(f"{k} {v[:12]}" for k, v in sorted(d.items()) if isinstance(v, str)) or r["detail"]
+        t.add_row(r["at"], escape(r["who"]), r["action"], escape(r["name"]), escape(short))
+    out.print(t)
 
 
 @library_app.command("export")
 def export(
     output: Path = typer.Option(..., "-o", "--output", help="JSON file to write."),
     names: list[str] = typer.Option(None, "--name", help="Export only these models (repeatable)."),
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
 ) -> None:
     """Export library entries as JSON, to share a library."""
     from zen.outpaths import require_parent
@@ -131,7 +176,7 @@ def export(
 @library_app.command("import")
 def import_(
     file: Path = typer.Argument(..., help="A file written by `zen library export`."),
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
     replace: bool = typer.Option(False, "--replace", help="Replace entries that already exist."),
 ) -> None:
     """Import entries exported from another library."""
@@ -143,7 +188,7 @@ def import_(
 @library_app.command("build")
 def build(
     recipe: Path = typer.Argument(..., help="A recipe (TOML) of base models to deploy, image and add."),
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
     only: list[str] = typer.Option(None, "--only", help="Build only these recipe entries (repeatable)."),
     replace: bool = typer.Option(False, "--replace", help="Replace entries that already exist."),
 ) -> None:
@@ -157,23 +202,25 @@ def build(
 
 def attribute(
     case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print {attributed, candidates} as JSON."),
     optimal: bool = typer.Option(True, "--optimal/--no-optimal", help="Also compute the optimal code assignment."),
 ) -> None:
-    """Attribute a recovered model to a base model in the library (ZEN Algorithm 1)."""
-    from zen.attribute.algorithm import attribute as do_attribute
-    from zen.represent import case
-
+    """Attribute a recovered model to a base model in the library (ZEN Algorithm 1). Against a zen serve, only the
+    case's mr.json and pr.json are sent; the server ranks its whole library."""
     problems = check_case(case_dir)
-    mr, pr = case.load_mr(case_dir), case.load_pr(case_dir)
     library = library if library is not None else _library_beside(case_dir)
     with _open(library, create=False) as lib:
         if len(lib) == 0:
             raise ZenError(f"the library {lib.path} is empty", "add base models with `zen library add` or `zen library build`")
-        res = do_attribute(mr, pr, lib, optimal=optimal)
+        if lib.remote:  # the server attributes; attribution's own modules (0.8 s of imports) are not needed here
+            res = lib.attribute_case(case_dir, optimal=optimal)
+        else:
+            from zen.attribute.algorithm import attribute_case
+
+            res = attribute_case(case_dir, lib, optimal=optimal)
     if as_json:
-        out.print_json(json.dumps(res.to_json()))
+        out.print_json(json.dumps(res))
         if problems:
             raise typer.Exit(EXIT_PARTIAL)
         return
@@ -183,16 +230,15 @@ def attribute(
     def n(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.2f}"  # None: the PR side of a compiled model
 
-    for c in res.candidates[:15]:
-        j = c.to_json()
-        t.add_row(c.name, n(j["ur"]), n(j["mr"]), n(j["pr"]), n(j["arch"]), n(j["ts"]),
+    for j in res["candidates"][:15]:
+        t.add_row(escape(j["name"]), n(j["ur"]), n(j["mr"]), n(j["pr"]), n(j["arch"]), n(j["ts"]),
                   n(j["op"]), n(j["graph"]), n(j["cos"]), n(j["cls"]), str(j.get("exact", "-")),
-                  str(j.get("matched", "-")), str(j.get("added", "-")), c.method)  # fmt: skip
+                  str(j.get("matched", "-")), str(j.get("added", "-")), j["method"])  # fmt: skip
     out.print(t)
-    if res.attributed:
-        out.print(f"[bold]attributed to {res.attributed}[/bold]")
+    if res["attributed"]:
+        out.print(f"[bold]attributed to {escape(res['attributed'])}[/bold]")
     else:
-        out.print(f"[bold]{res.message}[/bold]")
-    out.print(res.explanation)
+        out.print(f"[bold]{escape(res['message'])}[/bold]")
+    out.print(escape(res["explanation"]))
     if problems:
         raise typer.Exit(EXIT_PARTIAL)

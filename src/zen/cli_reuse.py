@@ -24,7 +24,7 @@ out, err = consoles()
 EXECUTES = "load() and `zen verify` EXECUTE code recovered from the image: run them in an isolated environment."
 
 
-def _base(library: Path | None, name: str):
+def _base(library: str | None, name: str):
     with _open(library, create=False) as lib:
         entry = lib.get(name)
         code = lib.code(name)
@@ -34,7 +34,7 @@ def _base(library: Path | None, name: str):
 def diff(
     case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
     base: str = typer.Option(..., "--base", help="Name of the base model in the library (see `zen attribute`)."),
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
     patch: Path | None = typer.Option(None, "-o", "--patch", help="Also write the patch file (JSON) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
     source: bool = typer.Option(True, "--source/--listing", help="Diff decompiled source (depyf) where possible."),
@@ -122,7 +122,7 @@ def reuse(
         help="Base model in the library whose installed code is patched; "
         "omit for a self-contained rebuild from the recovered code alone.",
     ),  # fmt: skip
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
 ) -> None:
     """Write an importable package that rebuilds the recovered model: `import PKG; PKG.load()`.
 
@@ -307,7 +307,7 @@ def verify(
 def report(
     case_dir: Path = typer.Argument(..., help="A case directory written by `zen recover`."),
     output: Path = typer.Option(..., "-o", "--output", help="Report file: .html (self-contained) or .md."),
-    library: Path | None = LIB_OPT,
+    library: str | None = LIB_OPT,
     base: str | None = typer.Option(None, "--base", help="Compare with this base (default: the attributed one)."),
     reuse_dir: Path | None = typer.Option(None, "--reuse", help="A reuse package (its verify.json is reported)."),
     attribute: bool = typer.Option(True, "--attribute/--no-attribute", help="Attribute against the library."),
@@ -326,10 +326,13 @@ def report(
     if suffix not in (".html", ".htm", ".md"):
         raise ZenError(f"unknown report format {output.suffix!r}", "name the output .html or .md")
     lib = library if attribute else None
-    if attribute and library is None:
-        from zen.library.store import default_library_path
+    if attribute and library is None:  # the default library, if there is one
+        from pathlib import Path as _Path
 
-        lib = default_library_path() if default_library_path().exists() else None
+        from zen.library.backends import default_library_spec, describe
+
+        spec = default_library_spec()
+        lib = spec if describe(spec) != "sqlite" or _Path(spec).exists() else None
     data = gather(case_dir, library=lib, base=base if lib is not None else None, reuse_dir=reuse_dir, decompile=source,
                   analysis_dir=analysis_dir, drift_dir=drift_dir)  # fmt: skip
     if suffix == ".md":

@@ -243,10 +243,32 @@ def _only_foreign(cands: list[Candidate], size: int, own: str) -> Attribution:
     return Attribution(None, cands, msg, f"{msg}; their similarities are listed, marked {OTHER_FRAMEWORK!r}.", size)
 
 
+def attribute_case(case_dir, library, *, optimal: bool = True, loaded: tuple | None = None) -> dict[str, Any]:
+    """`attribute(...).to_json()` of a case against any library: a `zen serve` library computes it on
+    the server from the case's mr.json and pr.json (uploaded, never the image or the weights), with
+    this same function, so the answer is the same as against a local copy of that library.
+    `loaded`: the case's (mr, pr), when the caller has read them already."""
+    if getattr(library, "remote", False):
+        return library.attribute_case(case_dir, optimal=optimal)
+    from zen.represent import case
+
+    mr, pr = loaded or (case.load_mr(case_dir), case.load_pr(case_dir))
+    return attribute(mr, pr, library, optimal=optimal).to_json()
+
+
 def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool = True,
               reference: bool = False) -> Attribution:  # fmt: skip
     """Algorithm 1 over `library`. `reference=True` runs the per-pair reference implementation on
-    fully decoded entries (as before issue 16): slow, kept to test that the fast path agrees."""
+    fully decoded entries (as before issue 16): slow, kept to test that the fast path agrees.
+
+    The library is read in one snapshot (a read transaction): an entry removed or replaced by
+    another writer meanwhile (a shared PostgreSQL library, a server) is seen whole or not at all."""
+    with library.snapshot():
+        return _attribute(mr, pr, library, optimal=optimal, reference=reference)
+
+
+def _attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool,
+               reference: bool) -> Attribution:  # fmt: skip
     if compiled_query(pr):
         return _attribute_compiled(mr, library, reference)
     if reference:

@@ -1,10 +1,10 @@
-"""The Base Model Library (ZEN §IV-B a): fingerprints of known base models in SQLite.
+"""The Base Model Library (ZEN §IV-B a): fingerprints of known base models in SQL.
 
-One row per base model: its name (the ground truth), metadata (source image hash, versions, date),
-and its MR, PR (model-specific code only) and UR as compressed JSON. Every code object's
-de-specialised bytecode hash and normalised-listing hash is also stored in an indexed table, so
-Algorithm 1's candidate selection ("which bases share any function with this model?") is one
-indexed query, not a scan of every entry.
+One row per base model: its name (the ground truth), metadata (source image hash, versions, date,
+who added it), and its MR, PR (model-specific code only) and UR as compressed JSON. Every code
+object's de-specialised bytecode hash and normalised-listing hash is also stored in an indexed
+table, so Algorithm 1's candidate selection ("which bases share any function with this model?") is
+one indexed query, not a scan of every entry.
 
 Attribution compares a query with every candidate entry; what it needs of an entry that does
 not depend on the query (layer and tensor multisets, hyper-parameters, the module graph's Laplacian
@@ -12,68 +12,41 @@ spectrum, the code views) is computed once here, at `add`, and kept in the `inva
 (zen.attribute.invariants says what and why): decoding an entry's MR and PR JSON and recomputing
 its spectrum per query cost 0.1-0.7 s per real entry.
 
-The database runs in WAL mode with a busy timeout; each `add` is one IMMEDIATE transaction, so
-several processes can add concurrently without losing entries. The schema is versioned and
-migrated forward on open (`MIGRATIONS`; a step is SQL text, or a method name for data migrations).
+`Library` is the SQLite store (a file: the default) and holds every query, written in the SQL that
+SQLite and PostgreSQL share; `zen.library.postgres.PostgresLibrary` (a team's database) changes only
+how it connects, how a write transaction is taken and the placeholder style. Both run the schema
+and migrations of `zen.library.schema`. A write (add, replace, remove, import, token change) is one
+transaction that holds the library's write lock (SQLite: BEGIN IMMEDIATE in WAL mode with a busy
+timeout; PostgreSQL: a transaction-scoped advisory lock), so concurrent writers queue instead of
+losing or half-writing entries, and every write leaves a row in the `audit` table in the same
+transaction: who, what, when and the fingerprint's digests.
 """
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import hashlib
 import json
 import os
+import socket
 import sqlite3
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from zen.errors import ZenError
-from zen.represent import textio
+from zen.library.schema import SCHEMA_VERSION, render
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
 
-SCHEMA_VERSION = 4
-# Statements that bring a database from version N-1 to N (index N-1). Version 1 is the original
-# layout; version 2 added free-text notes and a per-model index for fast removal; version 3 the
-# base's rebuilt code objects (compressed code.marshal), so `zen diff` can decompile both sides;
-# version 4 the per-entry attribution invariants (computed for existing entries by the
-# `_backfill_invariants` step), the code bodies they refer to (each distinct listing + attribute
-# set once, with who refers to it), and a covering index, so counting shared code per model reads
-# the index alone (at 10,000 entries of transformers models that is millions of rows).
-MIGRATIONS: list[list[str]] = [
-    [
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        """CREATE TABLE models (
-            id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, created TEXT NOT NULL, source_sha256 TEXT,
-            python TEXT, torch TEXT, root_class TEXT, summary TEXT NOT NULL,
-            mr BLOB NOT NULL, pr BLOB NOT NULL, ur BLOB NOT NULL)""",
-        """CREATE TABLE code_hashes (
-            model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,
-            kind TEXT NOT NULL, hash TEXT NOT NULL, code TEXT NOT NULL)""",
-        "CREATE INDEX code_hashes_lookup ON code_hashes(kind, hash)",
-    ],
-    [
-        "ALTER TABLE models ADD COLUMN notes TEXT NOT NULL DEFAULT ''",
-        "CREATE INDEX code_hashes_model ON code_hashes(model_id)",
-    ],
-    ["ALTER TABLE models ADD COLUMN code BLOB"],
-    [
-        """CREATE TABLE invariants (
-            model_id INTEGER PRIMARY KEY REFERENCES models(id) ON DELETE CASCADE,
-            version INTEGER NOT NULL, mr BLOB NOT NULL, spectrum BLOB NOT NULL, views BLOB NOT NULL)""",
-        """CREATE TABLE code_bodies (key TEXT PRIMARY KEY, text BLOB NOT NULL, attrs TEXT NOT NULL) WITHOUT ROWID""",
-        """CREATE TABLE code_body_refs (
-            model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE, body TEXT NOT NULL,
-            PRIMARY KEY (model_id, body)) WITHOUT ROWID""",
-        "CREATE INDEX code_body_refs_body ON code_body_refs(body)",
-        "CREATE INDEX code_hashes_cover ON code_hashes(kind, hash, model_id)",
-        "DROP INDEX code_hashes_lookup",
-        "_backfill_invariants",
-    ],
-]
+__all__ = ["SCHEMA_VERSION", "MIGRATIONS", "Library", "LibraryError", "Entry", "InvariantRow"]
+
+MIGRATIONS: list[list[str]] = render("sqlite")  # statements bringing a SQLite file from version N to N+1 (index N)
 
 
 class InvariantRow(NamedTuple):
@@ -91,6 +64,14 @@ class LibraryError(ZenError):
     pass
 
 
+class NotFound(LibraryError):
+    """No such entry (a server answers 404)."""
+
+
+class Conflict(LibraryError):
+    """The entry exists and may not be overwritten (a server answers 409)."""
+
+
 def default_library_path() -> Path:
     env = os.environ.get("ZEN_LIBRARY")
     if env:
@@ -98,12 +79,50 @@ def default_library_path() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "zen" / "library.sqlite"
 
 
+def default_who() -> str:
+    """Who a write made on this machine is recorded as (the audit's `who`, an entry's `added_by`):
+    the operating-system user and host; a server records its token's name instead."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
 def _pack(obj: dict) -> bytes:
-    return zlib.compress(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace"), 6)
+    return zlib.compress(_json_bytes(obj), 6)
+
+
+def _json_bytes(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 def _unpack(blob: bytes) -> dict:
     return json.loads(zlib.decompress(blob))
+
+
+def check_name(name: Any) -> str:
+    """A model name as the library stores it: a non-empty string without surrounding spaces, and
+    without NUL or lone surrogates (PostgreSQL text cannot hold them, and names travel in URLs)."""
+    if type(name) is not str or not name or name.strip() != name or "\x00" in name or len(name) > 512:
+        raise LibraryError(f"invalid model name {name!r}",
+                           "use a non-empty name (at most 512 characters) without surrounding spaces")  # fmt: skip
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LibraryError(f"invalid model name {name!r}", "use a name of valid Unicode text") from None
+    return name
+
+
+def _text(s: str | None) -> str | None:
+    """Text as both engines store it: valid UTF-8 without NUL. A lone surrogate (an undecodable byte
+    carried from an image) becomes its escape, which inside JSON text reads back as the same code
+    point (zen.represent.textio); SQLite's and PostgreSQL's drivers refuse the raw character."""
+    return None if s is None else s.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass
@@ -142,49 +161,89 @@ class Entry:
 
 
 class Library:
-    """A base-model library file; use as a context manager or call `close()`."""
+    """A base-model library file (SQLite); use as a context manager or call `close()`.
 
-    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True) -> None:
+    Every query is written in SQL that PostgreSQL runs too (`?` placeholders, translated there);
+    `query`, `query_many`, `transaction` and `snapshot` are all a backend changes."""
+
+    kind = "sqlite"
+    remote = False
+
+    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False) -> None:
+        """`any_thread`: the connection may be used by any one thread at a time (a server's pool)."""
         self.path = Path(path) if path is not None else default_library_path()
         if not self.path.exists():
             if not create:
                 raise LibraryError(f"no base model library at {self.path}", "add a model with `zen library add CASE --name NAME`")
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=not any_thread)
             self.db.execute("PRAGMA busy_timeout = 60000")
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
+            self._migrate(create)
         except sqlite3.DatabaseError as exc:
             raise LibraryError(f"{self.path} is not a usable zen library: {exc}") from None
 
-    # -- schema ---------------------------------------------------------------------------------
-    def schema_version(self) -> int:
-        has_meta = self.db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-        if not has_meta:
-            return 0
-        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        return int(row[0]) if row else 0
+    # -- what a backend provides ------------------------------------------------------------------
+    def query(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        """Run one statement; returns a cursor (iterable, fetchone, fetchall)."""
+        return self.db.execute(sql, tuple(params))
 
-    def _migrate(self) -> None:
+    def query_many(self, sql: str, rows: list[tuple]) -> None:
+        if rows:
+            self.db.executemany(sql, rows)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A write transaction holding the library's write lock: writers queue, none is lost."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
-            current = self.schema_version()
-            if current > SCHEMA_VERSION:
-                raise LibraryError(f"{self.path} has schema {current}, newer than this zen ({SCHEMA_VERSION})",
-                                   "upgrade zen to read this library")  # fmt: skip
-            for version in range(current, SCHEMA_VERSION):
-                for stmt in MIGRATIONS[version]:
-                    if stmt.startswith("_"):
-                        getattr(self, stmt)()
-                    else:
-                        self.db.execute(stmt)
-                self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(version + 1),))
+            yield
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads that see one state of the library (attribution reads an entry several times;
+        a concurrent remove must not make it see half an entry)."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.db.execute("COMMIT")
+
+    def _has_meta(self) -> bool:
+        return self.query("SELECT name FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is not None
+
+    # -- schema ---------------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        if not self._has_meta():
+            return 0
+        row = self.query("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self, create: bool = True) -> None:
+        with self.transaction():
+            current = self.schema_version()
+            if current > SCHEMA_VERSION:
+                raise LibraryError(f"{self.path} has schema {current}, newer than this zen ({SCHEMA_VERSION})",
+                                   "upgrade zen to read this library")  # fmt: skip
+            if current == 0 and not create:
+                raise LibraryError(f"no base model library at {self.path}", "add a model with `zen library add CASE --name NAME`")
+            for version in range(current, SCHEMA_VERSION):
+                for stmt in render(self.kind)[version]:
+                    if stmt.startswith("_"):
+                        getattr(self, stmt)()
+                    else:
+                        self.query(stmt)
+                self.query("INSERT INTO meta(key, value) VALUES ('schema_version', ?) "
+                           "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (str(version + 1),))  # fmt: skip
 
     def _backfill_invariants(self) -> None:
         """Compute the invariants of entries stored without them (a migration step; inside its
@@ -192,9 +251,8 @@ class Library:
         decodes it per query, and reports the same problem it always did."""
         from zen.attribute.invariants import invariants
 
-        for mid, mr, pr in self.db.execute(
-            "SELECT id, mr, pr FROM models WHERE id NOT IN (SELECT model_id FROM invariants)"
-        ).fetchall():
+        todo = self.query("SELECT id, mr, pr FROM models WHERE id NOT IN (SELECT model_id FROM invariants)").fetchall()
+        for mid, mr, pr in todo:
             try:
                 inv = invariants(ModelMR.from_json(_unpack(mr)), ProgrammaticRepresentation.from_json(_unpack(pr)))
             except (ValueError, TypeError, KeyError, zlib.error):
@@ -203,20 +261,26 @@ class Library:
 
     def _store_invariants(self, mid: int, packed: tuple) -> None:
         row, bodies = packed
-        self.db.execute("INSERT INTO invariants(model_id, version, mr, spectrum, views) VALUES (?,?,?,?,?)", (mid, *row))
-        self.db.executemany("INSERT OR IGNORE INTO code_bodies(key, text, attrs) VALUES (?,?,?)", bodies)
-        self.db.executemany("INSERT OR IGNORE INTO code_body_refs(model_id, body) VALUES (?,?)",
-                            [(mid, b[0]) for b in bodies])  # fmt: skip
+        self.query("INSERT INTO invariants(model_id, version, mr, spectrum, views) VALUES (?,?,?,?,?)", (mid, *row))
+        self.query_many("INSERT INTO code_bodies(key, text, attrs) VALUES (?,?,?) ON CONFLICT DO NOTHING",
+                        [(k, t, _text(a)) for k, t, a in bodies])  # fmt: skip
+        self.query_many("INSERT INTO code_body_refs(model_id, body) VALUES (?,?) ON CONFLICT DO NOTHING",
+                        [(mid, b[0]) for b in bodies])  # fmt: skip
 
     def _delete(self, mid: int) -> None:
         """Delete one entry (its hashes, invariants and references cascade) and the code bodies no
         other entry refers to."""
-        bodies = [b for (b,) in self.db.execute("SELECT body FROM code_body_refs WHERE model_id=?", (mid,))]
-        self.db.execute("DELETE FROM models WHERE id=?", (mid,))
+        bodies = [b for (b,) in self.query("SELECT body FROM code_body_refs WHERE model_id=?", (mid,)).fetchall()]
+        self.query("DELETE FROM models WHERE id=?", (mid,))
         for i in range(0, len(bodies), 500):
             part = bodies[i : i + 500]
-            self.db.execute(f"DELETE FROM code_bodies WHERE key IN ({','.join('?' * len(part))}) AND NOT EXISTS "
-                            f"(SELECT 1 FROM code_body_refs r WHERE r.body = code_bodies.key)", part)  # fmt: skip
+            self.query(f"DELETE FROM code_bodies WHERE key IN ({','.join('?' * len(part))}) AND NOT EXISTS "
+                       f"(SELECT 1 FROM code_body_refs r WHERE r.body = code_bodies.key)", part)  # fmt: skip
+
+    def record_audit(self, who: str, action: str, name: str, digests: dict | None = None, detail: str = "") -> None:
+        """One audit row; called inside the write transaction it records, so both commit or neither."""
+        self.query("INSERT INTO audit(at, who, action, name, digests, detail) VALUES (?,?,?,?,?,?)",
+                   (_utc_now(), _text(who), action, name, json.dumps(digests or {}, sort_keys=True), _text(detail)))  # fmt: skip
 
     def code_bodies(self, keys: list[str]) -> dict[str, tuple[bytes, str]]:
         """Stored code bodies by key: {key: (zlib-compressed listing text, attribute-set JSON)}."""
@@ -224,7 +288,7 @@ class Library:
         for i in range(0, len(keys), 500):
             part = keys[i : i + 500]
             q = f"SELECT key, text, attrs FROM code_bodies WHERE key IN ({','.join('?' * len(part))})"
-            out.update((k, (t, a)) for k, t, a in self.db.execute(q, part))
+            out.update((k, (bytes(t), a)) for k, t, a in self.query(q, part).fetchall())
         return out
 
     def close(self) -> None:
@@ -239,90 +303,112 @@ class Library:
     # -- entries --------------------------------------------------------------------------------
     def add(self, name: str, mr: ModelMR, pr: ProgrammaticRepresentation, ur: UnifiedRepresentation, *,
             source_sha256: str | None = None, python: str | None = None, torch: str | None = None,
-            notes: str = "", replace: bool = False, created: str | None = None, code: bytes | None = None) -> int:  # fmt: skip
-        """Store a base model under `name`; returns its id."""
-        if not name or name.strip() != name:
-            raise LibraryError(f"invalid model name {name!r}", "use a non-empty name without surrounding spaces")
+            notes: str = "", replace: bool = False, created: str | None = None, code: bytes | None = None,
+            who: str | None = None, digests: dict | None = None, action: str = "add") -> int:  # fmt: skip
+        """Store a base model under `name`; returns its id. `who` (default: this machine's user) is
+        recorded as the entry's `added_by` and in the audit row, with `digests` (the case files'
+        sha256, for an entry added from a case) and the sha256 of the JSON stored."""
+        check_name(name)
+        who = _text(who or default_who())
         pr_json = pr.to_json()
         pr_json["system_codes"] = []  # the system-wide table is evidence, not fingerprint: not stored
         summary = {"modules": len(mr.modules), "tensors": len(mr.tensors), "code_objects": len(pr.codes),
                    "classes": len(pr.classes), "layer_types": len(mr.layer_types),
-                   "parameter_elements": mr.summary.get("parameter_elements"), "framework": mr.framework}  # fmt: skip
-        created = created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                   "parameter_elements": _int(mr.summary.get("parameter_elements")), "framework": mr.framework}  # fmt: skip
+        created = created or _utc_now()
         from zen.attribute.invariants import invariants
 
         packed = invariants(mr, pr).pack()  # before the transaction: the write lock is held briefly
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            exists = self.db.execute("SELECT id FROM models WHERE name=?", (name,)).fetchone()
+        stored = {k: _json_bytes(v) for k, v in (("mr", mr.to_json()), ("pr", pr_json), ("ur", ur.to_json()))}
+        record = {**(digests or {}), "stored": {k: hashlib.sha256(v).hexdigest() for k, v in stored.items()}}
+        if source_sha256:
+            record.setdefault("evidence", source_sha256)
+        blobs = {k: zlib.compress(v, 6) for k, v in stored.items()}
+        with self.transaction():
+            exists = self.query("SELECT id FROM models WHERE name=?", (name,)).fetchone()
             if exists and not replace:
-                raise LibraryError(f"the library already has a model named {name!r}", "use --replace or another name")
+                raise Conflict(f"the library already has a model named {name!r}", "use --replace or another name")
             if exists:
                 self._delete(exists[0])
-            cur = self.db.execute(
-                "INSERT INTO models(name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur, notes, code)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (name, created, source_sha256, python, torch, mr.root.cls, json.dumps(summary),
-                 _pack(mr.to_json()), _pack(pr_json), _pack(ur.to_json()), notes, zlib.compress(code, 6) if code else None),
-            )  # fmt: skip
-            mid = cur.lastrowid
+            mid = self.query(
+                "INSERT INTO models(name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur, notes, code,"
+                " added_by) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                (name, _text(created), _text(source_sha256), _text(python), _text(torch), _text(mr.root.cls), json.dumps(summary),
+                 blobs["mr"], blobs["pr"], blobs["ur"], _text(notes), zlib.compress(code, 6) if code else None, who),
+            ).fetchone()[0]  # fmt: skip
             rows = [(mid, "bytecode", c.bytecode_sha256, c.address) for c in pr.codes]
             rows += [(mid, "listing", c.listing_sha256, c.address) for c in pr.codes]
-            self.db.executemany("INSERT INTO code_hashes(model_id, kind, hash, code) VALUES (?,?,?,?)", rows)
+            self.query_many("INSERT INTO code_hashes(model_id, kind, hash, code) VALUES (?,?,?,?)", rows)
             self._store_invariants(mid, packed)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+            self.record_audit(who, "replace" if exists else action, name, record)
         return mid
 
-    def add_case(self, case_dir: Path, name: str, *, replace: bool = False, notes: str = "") -> int:
-        from zen.represent import case
+    def add_case(self, case_dir: Path, name: str, *, replace: bool = False, notes: str = "", who: str | None = None) -> int:
+        """Add a case's fingerprint; the files are read once, checked against the manifest's digests
+        and parsed by the same bounded readers a server uses for an upload (zen.library.bundle)."""
+        from zen.library.bundle import Bundle
 
-        manifest = case.load_manifest(case_dir)
-        # a base model's fingerprint is what every later attribution trusts: only an intact case
-        case.require_intact(case_dir, manifest, case.ALL_FILES)
-        code_file = Path(case_dir) / case.CODE_FILE
-        return self.add(name, case.load_mr(case_dir), case.load_pr(case_dir), case.load_ur(case_dir),
-                        source_sha256=manifest.get("evidence", {}).get("sha256"),
-                        python=manifest.get("python", {}).get("version"), torch=manifest.get("torch", {}).get("version"),
-                        notes=notes, replace=replace, code=code_file.read_bytes() if code_file.is_file() else None)  # fmt: skip
+        return self.add_fingerprint(name, Bundle.from_case(case_dir).fingerprint(), replace=replace, notes=notes, who=who)
+
+    def add_fingerprint(self, name: str, fp: Any, *, replace: bool = False, notes: str = "", who: str | None = None) -> int:
+        """Add a checked `zen.library.bundle.Fingerprint`."""
+        return self.add(name, fp.mr, fp.pr, fp.ur, source_sha256=fp.source_sha256, python=fp.python, torch=fp.torch,
+                        notes=notes, replace=replace, code=fp.code, who=who, digests=fp.digests)  # fmt: skip
 
     def code(self, name: str) -> bytes | None:
         """The base's rebuilt code objects (a case's code.marshal) when they were stored."""
-        row = self.db.execute("SELECT code FROM models WHERE name=?", (name,)).fetchone()
+        row = self.query("SELECT code FROM models WHERE name=?", (name,)).fetchone()
         if row is None:
-            raise LibraryError(f"no model named {name!r} in {self.path}")
+            raise NotFound(f"no model named {name!r} in {self.path}")
         return zlib.decompress(row[0]) if row[0] else None
 
     def _entry(self, row) -> Entry:
         (mid, name, created, sha, python, torch, root, summary, mr, pr, ur, notes) = row
-        return Entry(mid, name, created, sha, python, torch, root, json.loads(summary), notes, mr, pr, ur)
+        return Entry(mid, name, created, sha, python, torch, root, json.loads(summary), notes, bytes(mr), bytes(pr), bytes(ur))
 
     _COLUMNS = "id, name, created, source_sha256, python, torch, root_class, summary, mr, pr, ur, notes"
 
     def get(self, name: str) -> Entry:
-        row = self.db.execute(f"SELECT {self._COLUMNS} FROM models WHERE name=?", (name,)).fetchone()
+        row = self.query(f"SELECT {self._COLUMNS} FROM models WHERE name=?", (name,)).fetchone()
         if row is None:
-            raise LibraryError(f"no model named {name!r} in {self.path}", "`zen library list` shows the names")
+            raise NotFound(f"no model named {name!r} in {self.path}", "`zen library list` shows the names")
         return self._entry(row)
 
     def entries(self, names: Iterable[str] | None = None) -> list[Entry]:
         if names is None:
-            rows = self.db.execute(f"SELECT {self._COLUMNS} FROM models ORDER BY name").fetchall()
+            rows = self.query(f"SELECT {self._COLUMNS} FROM models ORDER BY name").fetchall()
         else:
             wanted = list(names)
             rows = []
             for i in range(0, len(wanted), 500):
                 part = wanted[i : i + 500]
-                q = f"SELECT {self._COLUMNS} FROM models WHERE name IN ({','.join('?' * len(part))}) ORDER BY name"
-                rows += self.db.execute(q, part).fetchall()
+                q = f"SELECT {self._COLUMNS} FROM models WHERE name IN ({','.join('?' * len(part))})"
+                rows += self.query(q, part).fetchall()
+            rows.sort(key=lambda r: r[1])
         return [self._entry(r) for r in rows]
 
     def list(self) -> list[dict]:
-        rows = self.db.execute("SELECT name, created, python, torch, root_class, summary, notes FROM models ORDER BY name")
-        return [{"name": n, "created": c, "python": p, "torch": t, "root_class": r, "summary": json.loads(s), "notes": no}
-                for n, c, p, t, r, s, no in rows]  # fmt: skip
+        rows = self.query("SELECT name, created, python, torch, root_class, summary, notes, added_by FROM models").fetchall()
+        out = [{"name": n, "created": c, "python": p, "torch": t, "root_class": r, "summary": json.loads(s), "notes": no,
+                "added_by": by} for n, c, p, t, r, s, no, by in rows]  # fmt: skip
+        out.sort(key=lambda r: r["name"])  # in Python: SQLite and PostgreSQL collate text differently
+        return out
+
+    def search(self, **filters: str | None) -> list[dict]:
+        """Entries matching every filter given (zen.library.search); the same rows on every backend."""
+        from zen.library.search import matching
+
+        return matching(self.list(), **filters)
+
+    def show(self, name: str) -> dict[str, Any]:
+        """One entry as `zen library show --json` prints it: metadata, layer types, model code modules."""
+        e = self.get(name)
+        mr, pr = e.mr, e.pr
+        row = self.query("SELECT added_by FROM models WHERE name=?", (name,)).fetchone()
+        return {"name": e.name, "created": e.created, "source_sha256": e.source_sha256, "python": e.python,
+                "torch": e.torch, "root_class": e.root_class, "notes": e.notes, "summary": e.summary,
+                "added_by": row[0] if row else "", "layer_types": mr.layer_types, "modules": pr.modules,
+                "classes": sorted(c.name for c in pr.classes), "code_objects": len(pr.codes)}  # fmt: skip
 
     def mr_invariants(self, names: Iterable[str] | None = None) -> list[InvariantRow]:
         """Summary and stored MR invariants of the named entries (all when None), sorted by name:
@@ -330,36 +416,40 @@ class Library:
         cols = ("SELECT m.name, m.summary, i.version, i.mr, i.spectrum FROM models m "
                 "LEFT JOIN invariants i ON i.model_id = m.id")  # fmt: skip
         if names is None:
-            rows = self.db.execute(f"{cols} ORDER BY m.name").fetchall()
+            rows = self.query(cols).fetchall()
         else:
             wanted, rows = list(names), []
             for i in range(0, len(wanted), 500):
                 part = wanted[i : i + 500]
-                rows += self.db.execute(f"{cols} WHERE m.name IN ({','.join('?' * len(part))})", part).fetchall()
-            rows.sort(key=lambda r: r[0])
-        return [InvariantRow(n, json.loads(s), v, mr, sp) for n, s, v, mr, sp in rows]
+                rows += self.query(f"{cols} WHERE m.name IN ({','.join('?' * len(part))})", part).fetchall()
+        rows.sort(key=lambda r: r[0])
+        return [InvariantRow(n, json.loads(s), v, _opt_bytes(mr), _opt_bytes(sp)) for n, s, v, mr, sp in rows]
 
     def views_blob(self, name: str) -> tuple[int, bytes] | None:
         """(invariants version, packed code views) of one entry, or None when it has none stored."""
-        row = self.db.execute("SELECT i.version, i.views FROM invariants i JOIN models m ON m.id = i.model_id "
-                              "WHERE m.name=?", (name,)).fetchone()  # fmt: skip
-        return (row[0], row[1]) if row else None
+        row = self.query("SELECT i.version, i.views FROM invariants i JOIN models m ON m.id = i.model_id "
+                         "WHERE m.name=?", (name,)).fetchone()  # fmt: skip
+        return (row[0], bytes(row[1])) if row else None
 
-    def remove(self, name: str) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            row = self.db.execute("SELECT id FROM models WHERE name=?", (name,)).fetchone()
+    def remove(self, name: str, *, who: str | None = None) -> None:
+        with self.transaction():
+            row = self.query("SELECT id, source_sha256 FROM models WHERE name=?", (name,)).fetchone()
             if row is not None:
                 self._delete(row[0])
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
+                self.record_audit(who or default_who(), "remove", name, {"evidence": row[1]} if row[1] else {})
         if row is None:
-            raise LibraryError(f"no model named {name!r} in {self.path}")
+            raise NotFound(f"no model named {name!r} in {self.path}")
 
     def __len__(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM models").fetchone()[0]
+        return self.query("SELECT COUNT(*) FROM models").fetchone()[0]
+
+    def audit_log(self, *, name: str | None = None, limit: int = 100) -> list[dict]:
+        """The latest writes, newest first (all, or those of one entry name)."""
+        where, params = ("WHERE name=?", [name]) if name is not None else ("", [])
+        rows = self.query(f"SELECT id, at, who, action, name, digests, detail FROM audit {where} ORDER BY id DESC LIMIT ?",
+                          [*params, max(0, int(limit))]).fetchall()  # fmt: skip
+        return [{"at": at, "who": who, "action": a, "name": n, "digests": json.loads(d), "detail": det}
+                for _, at, who, a, n, d, det in rows]  # fmt: skip
 
     # -- candidate selection (Algorithm 1, lines 3-7) -----------------------------------------
     def sharing(self, kind: str, hashes: Iterable[str]) -> dict[str, int]:
@@ -373,65 +463,32 @@ class Library:
             # sorted every matching row (millions for a transformers query against 10,000 entries).
             # A hash falls in one chunk only, so per-chunk counts add up to distinct counts.
             q = (f"SELECT model_id FROM (SELECT DISTINCT hash, model_id FROM code_hashes "
-                 f"WHERE kind=? AND hash IN ({','.join('?' * len(part))}))")  # fmt: skip
-            counts.update(mid for (mid,) in self.db.execute(q, [kind, *part]))
-        names = dict(self.db.execute("SELECT id, name FROM models"))
+                 f"WHERE kind=? AND hash IN ({','.join('?' * len(part))})) AS shared")  # fmt: skip
+            counts.update(mid for (mid,) in self.query(q, [kind, *part]).fetchall())
+        names = dict(self.query("SELECT id, name FROM models").fetchall())
         return {names[mid]: n for mid, n in counts.items() if mid in names}
 
     # -- sharing libraries ------------------------------------------------------------------------
     def export(self, path: Path, names: Iterable[str] | None = None) -> int:
-        import base64
+        from zen.library.exchange import export_file
 
-        items = [e.export() for e in self.entries(names)]
-        for item in items:
-            code = self.code(item["name"])
-            item["code_marshal"] = base64.b64encode(code).decode() if code else None
-        textio.write_json(path, {"format": 1, "kind": "zen-library-export", "models": items})
-        return len(items)
+        return export_file(self, path, names)
 
-    def import_(self, path: Path, *, replace: bool = False) -> list[str]:
-        """Add the models of an export file. The file comes from elsewhere: it must be a regular file,
-        and every model is checked against the MR/PR/UR schema before anything is added."""
-        import base64
-        import binascii
-        import stat
+    def export_data(self, names: Iterable[str] | None = None) -> dict[str, Any]:
+        from zen.library.exchange import export_data
 
-        from zen.represent.schema import CaseFileError, check_record, parse_json
+        return export_data(self, names)
 
-        try:
-            if not stat.S_ISREG(os.stat(path).st_mode):
-                raise LibraryError(f"{path} is not a regular file")
-        except OSError as exc:
-            raise LibraryError(f"cannot read library export {path}: {exc.strerror}") from None
-        try:
-            data = parse_json(Path(path))
-        except CaseFileError as exc:
-            raise LibraryError(f"cannot read library export {path}: {exc}") from None
-        if type(data) is not dict or data.get("kind") != "zen-library-export" or data.get("format") != 1:
-            raise LibraryError(f"{path} is not a zen library export")
-        models = data.get("models")
-        if type(models) is not list:
-            raise LibraryError(f"{path}: `models` is not a list")
-        checked = []
-        for i, item in enumerate(models):
-            where = f"{Path(path).name}: models[{i}]"
-            try:
-                if type(item) is not dict or type(item.get("name")) is not str or not item["name"]:
-                    raise CaseFileError(f"{where}: expected an object with a `name`")
-                for key, cls in (("mr", ModelMR), ("pr", ProgrammaticRepresentation), ("ur", UnifiedRepresentation)):
-                    check_record(item.get(key), cls, f"{where}.{key}", ("kind", "format"))
-                mr, pr, ur = (ModelMR.from_json(item["mr"]), ProgrammaticRepresentation.from_json(item["pr"]),
-                              UnifiedRepresentation.from_json(item["ur"]))  # fmt: skip
-                blob = item.get("code_marshal")
-                code = base64.b64decode(blob, validate=True) if isinstance(blob, str) and blob else None
-            except (CaseFileError, ValueError, TypeError, KeyError, binascii.Error) as exc:
-                raise LibraryError(f"{path} is not a valid library export: {exc}") from None
-            meta = {k: item.get(k) if isinstance(item.get(k), str) else None
-                    for k in ("source_sha256", "python", "torch", "created")}  # fmt: skip
-            checked.append((item["name"], mr, pr, ur, meta, str(item.get("notes") or ""), code))
-        names = []
-        for name, mr, pr, ur, meta, notes, code in checked:  # all valid: add them in one go
-            self.add(name, mr, pr, ur, source_sha256=meta["source_sha256"], python=meta["python"], torch=meta["torch"],
-                     notes=notes, replace=replace, created=meta["created"], code=code)  # fmt: skip
-            names.append(name)
-        return names
+    def import_(self, path: Path, *, replace: bool = False, who: str | None = None) -> list[str]:
+        """Add the models of an export file (checked as untrusted input: zen.library.exchange)."""
+        from zen.library.exchange import import_file
+
+        return import_file(self, path, replace=replace, who=who)
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None  # a summary comes from a case file: listings format it as a number
+
+
+def _opt_bytes(v: Any) -> bytes | None:
+    return None if v is None else bytes(v)

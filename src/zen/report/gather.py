@@ -122,7 +122,7 @@ def _artefacts(pr, base_pr, pairs) -> dict:
     return {"identical_functions": identical, "shared_classes": classes, "shared_modules": modules}
 
 
-def gather(case_dir: Path, *, library: Path | None = None, base: str | None = None, reuse_dir: Path | None = None,
+def gather(case_dir: Path, *, library: str | Path | None = None, base: str | None = None, reuse_dir: Path | None = None,
            decompile: bool = True, timeout: float = 600.0, analysis_dir: Path | None = None,
            drift_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
     case_dir = Path(case_dir)
@@ -152,25 +152,26 @@ def gather(case_dir: Path, *, library: Path | None = None, base: str | None = No
 def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: bool, timeout: float) -> None:
     import marshal
 
-    from zen.attribute.algorithm import attribute, primary_modules
+    from zen.attribute.algorithm import attribute_case, primary_modules
     from zen.attribute.pr_similarity import code_similarity, views
     from zen.diff.decompile import DECOMPILE_CALLS
     from zen.diff.view import change_summary, function_views
-    from zen.library.store import Library
+    from zen.library.backends import open_library
     from zen.reuse.package import diff_case
 
-    with Library(library, create=False) as lib:
-        if len(lib) == 0:
+    with open_library(library, create=False) as lib:
+        n = len(lib)
+        if n == 0:
             raise ZenError(f"the library {lib.path} is empty", "add base models with `zen library add`")
-        att = attribute(mr, pr, lib)
-        data["attribution"] = {**att.to_json(), "library": str(lib.path), "library_models": len(lib)}
-        chosen = base or att.attributed
+        att = attribute_case(case_dir, lib, loaded=(mr, pr))  # a zen serve computes it there, from the case's mr.json and pr.json
+        data["attribution"] = {**att, "library": str(lib.path), "library_models": n}
+        chosen = base or att["attributed"]
         if chosen is None:
             return
         entry = lib.get(chosen)
         base_blob = lib.code(chosen)
     data["base"] = chosen
-    if att.details.get("basis") == "mr-only":  # a decompiled executable: no code to set beside the base's
+    if att.get("basis") == "mr-only":  # a decompiled executable: no code to set beside the base's
         data["diff"] = {"error": "no code to compare: the model was decompiled from a compiled executable"}
         return
     rec_views = [v for v in views(pr, primary_modules(mr)) if v.model_code]

@@ -253,13 +253,7 @@ def load_manifest(case_dir: Path, *, signature: bool = True) -> dict:
     if type(m) is dict and m.get("kind") == "zen-decompile":
         raise CaseFileError(f"{case_dir} was written by `zen decompile` without probing its kernels: it has no case files",
                             "run `zen decompile MODEL.so -o DIR` where TVM is installed (not --static)")  # fmt: skip
-    if type(m) is not dict or m.get("kind") != "zen-case" or m.get("format") != CASE_FORMAT:
-        raise CaseFileError(f"{p} is not a zen case manifest (format {CASE_FORMAT})", "recover the case again")
-    errors = sorted(_manifest_validator().iter_errors(m), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        where = ".".join(str(x) for x in e.absolute_path) or "(top level)"
-        raise CaseFileError(f"{p}: {where}: {e.message[:200]}", "recover the case again")
+    m = check_manifest(m, str(p))
     if signature and (Path(case_dir) / SIG_FILE).exists():
         from zen.represent.signature import check_signature
 
@@ -267,6 +261,21 @@ def load_manifest(case_dir: Path, *, signature: bool = True) -> dict:
         if sig["status"] != "valid":
             raise CaseIntegrityError(f"{p}: the case is signed but {sig['reason']}",
                                      "the case is not the one that was signed; `zen verify-case` shows every file")  # fmt: skip
+    return m
+
+
+def check_manifest(m: Any, where: str) -> dict:
+    """A parsed manifest checked against `schemas/manifest.schema.json` (a case's, or one uploaded to
+    `zen serve` with a fingerprint); `where` names it in errors."""
+    from zen.represent.schema import CaseFileError
+
+    if type(m) is not dict or m.get("kind") != "zen-case" or m.get("format") != CASE_FORMAT:
+        raise CaseFileError(f"{where} is not a zen case manifest (format {CASE_FORMAT})", "recover the case again")
+    errors = sorted(_manifest_validator().iter_errors(m), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        path = ".".join(str(x) for x in e.absolute_path) or "(top level)"
+        raise CaseFileError(f"{where}: {path}: {e.message[:200]}", "recover the case again")
     return m
 
 

@@ -43,6 +43,11 @@ def parse_json(path: Path, what: str | None = None) -> Any:
         text = Path(path).read_bytes()
     except OSError as exc:
         raise CaseFileError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    return parse_json_bytes(text, what)
+
+
+def parse_json_bytes(text: bytes, what: str) -> Any:
+    """`parse_json` of bytes already read (an upload to `zen serve`, a file read once and hashed)."""
     try:
         data = json.loads(text)
     except RecursionError:
@@ -165,7 +170,11 @@ def load_record(path: Path, cls: type, kind: str, fmt: int) -> Any:
     """Parse `path`, check it against `cls` and its kind/format header, and build it with
     `cls.from_json`; every failure is a CaseFileError naming the file and where."""
     name = Path(path).name
-    data = parse_json(path, name)
+    return record_from_json(parse_json(path, name), cls, kind, fmt, name)
+
+
+def record_from_json(data: Any, cls: type, kind: str, fmt: int, name: str) -> Any:
+    """`load_record` of parsed JSON (from `parse_json_bytes`): the same checks, the same errors."""
     if type(data) is not dict:
         raise CaseFileError(f"{name}: expected an object, found {_kind(data)}", "recover the case again")
     if data.get("kind") != kind or data.get("format") != fmt:
