@@ -361,10 +361,11 @@ def case_of(name, source, family_images, hf_image, workdir):
 @pytest.fixture(scope="session")
 def base_library(family_images, hf_image, workdir):
     """A library of the three test-family bases plus transformers GPT-2 and Llama."""
+    from zen.attribute.invariants import packed
     from zen.library.store import Library
 
     path = workdir / "bases.sqlite"
-    with Library(path) as lib:
+    with Library(path, invariants=packed) as lib:
         for name, source in BASES.items():
             lib.add_case(case_of(name, source, family_images, hf_image, workdir), name)
     return path

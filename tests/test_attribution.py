@@ -18,6 +18,7 @@ import pytest
 from conftest import BASES, BENCH, case_of, recovered, zen
 
 from zen.attribute.algorithm import NO_SHARED_CODE, attribute
+from zen.attribute.invariants import packed
 from zen.attribute.mr_similarity import mr_similarity
 from zen.attribute.pr_similarity import attr_ss, code_similarity, ibss, views
 from zen.library.store import MIGRATIONS, SCHEMA_VERSION, Library
@@ -46,7 +47,7 @@ def test_forks_attributed_to_their_base(base_library, family_images, hf_image, w
 @pytest.mark.parametrize("base", sorted(BASES))
 def test_base_scores_one_against_itself(base_library, family_images, hf_image, workdir, base):
     c = case_of(base, BASES[base], family_images, hf_image, workdir)
-    with Library(base_library) as lib:
+    with Library(base_library, invariants=packed) as lib:
         res = attribute(case.load_mr(c), case.load_pr(c), lib)
     top = res.candidates[0]
     assert res.attributed == base and (round(top.mr.mrss, 9), round(top.pr, 9), round(top.ur, 9)) == (1.0, 1.0, 1.0)
@@ -105,7 +106,7 @@ def test_library_commands(base_library, workdir, tmp_path):
     assert again.returncode != 0 and "already has a model named" in again.stderr
     zen("library", "remove", "convnet", "--library", lib)
     assert [r["name"] for r in json.loads(zen("library", "list", "--library", lib, "--json").stdout)] == ["gpt2"]
-    with Library(lib) as db:  # removal also removed the entry's code hashes
+    with Library(lib, invariants=packed) as db:  # removal also removed the entry's code hashes
         assert db.db.execute("SELECT COUNT(DISTINCT model_id) FROM code_hashes").fetchone()[0] == 1
     missing = zen("library", "list", "--library", tmp_path / "none.sqlite", check=False)
     assert missing.returncode != 0 and "no base model library" in missing.stderr
@@ -125,17 +126,17 @@ def test_schema_migration(tmp_path, base_library):
                "VALUES (?,?,?,?,?,?,?,?,?,?)", row)  # fmt: skip
     db.commit()
     db.close()
-    with Library(old) as lib:
+    with Library(old, invariants=packed) as lib:
         assert lib.schema_version() == SCHEMA_VERSION
         assert lib.get("convnet").notes == "" and lib.get("convnet").mr.root.cls == "convnet.ConvNet"
         assert lib.code("convnet") is None  # a version-1 entry has no stored code; diff then shows listings
-    with Library(base_library) as lib:
+    with Library(base_library, invariants=packed) as lib:
         assert lib.code("convnet")  # entries added now keep the base's rebuilt code
 
 
 def _add_copies(args):
     path, case_dir, prefix, n = args
-    with Library(path) as lib:
+    with Library(path, invariants=packed) as lib:
         for i in range(n):
             lib.add_case(case_dir, f"{prefix}-{i}")
 
@@ -147,7 +148,7 @@ def test_concurrent_adds_lose_nothing(family_images, hf_image, workdir, tmp_path
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
         pool.map(_add_copies, jobs)
-    with Library(path) as lib:
+    with Library(path, invariants=packed) as lib:
         assert sorted(r["name"] for r in lib.list()) == sorted(f"w{w}-{i}" for w in range(4) for i in range(6))
         assert lib.db.execute("SELECT COUNT(*) FROM code_hashes").fetchone()[0] == 24 * 2 * 6
 
@@ -175,7 +176,7 @@ def test_entry_with_older_listing_format_is_flagged(family_images, hf_image, wor
     man = json.loads((old / case.MANIFEST).read_text())  # as an older zen wrote it: the manifest agrees
     man["files"][case.PR_FILE] = case.file_sha256(old / case.PR_FILE)
     (old / case.MANIFEST).write_text(json.dumps(man))
-    with Library(tmp_path / "lib.sqlite") as lib:
+    with Library(tmp_path / "lib.sqlite", invariants=packed) as lib:
         lib.add_case(old, "convnet")
         fork = case_of("convnet_se", "convnet", family_images, hf_image, workdir)
         att = attribute(case.load_mr(fork), case.load_pr(fork), lib)

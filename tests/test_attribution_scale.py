@@ -20,7 +20,7 @@ from conftest import BASES, case_of
 
 from zen.attribute.algorithm import FULL_COMPARE, attribute, primary_modules
 from zen.attribute.blas import _openblas_apis, one_thread
-from zen.attribute.invariants import invariants, mr_features, mr_score, unpack_mr, unpack_views
+from zen.attribute.invariants import invariants, mr_features, mr_score, packed, unpack_mr, unpack_views
 from zen.attribute.mr_similarity import mr_similarity
 from zen.attribute.pr_similarity import code_similarity, views
 from zen.library.store import MIGRATIONS, SCHEMA_VERSION, Library
@@ -53,7 +53,7 @@ def scale_library(base_library, family_images, hf_image, workdir, tmp_path_facto
     """The five real bases plus seeded perturbed copies of each: more than FULL_COMPARE candidates
     share code with every fork, so both fully compared and index-estimated candidates occur."""
     path = tmp_path_factory.mktemp("scale") / "scale.sqlite"
-    with Library(path) as lib:
+    with Library(path, invariants=packed) as lib:
         for name, source in BASES.items():
             mr, pr, ur = _loaded(name, source, family_images, hf_image, workdir)
             lib.add(name, mr, pr, ur)
@@ -67,7 +67,7 @@ def scale_library(base_library, family_images, hf_image, workdir, tmp_path_facto
 @pytest.mark.parametrize("fork", sorted(FORKS))
 def test_fast_attribution_equals_reference(scale_library, family_images, hf_image, workdir, fork):
     mr, pr, _ = _loaded(fork, FORKS[fork], family_images, hf_image, workdir)
-    with Library(scale_library) as lib:
+    with Library(scale_library, invariants=packed) as lib:
         fast, ref = attribute(mr, pr, lib), attribute(mr, pr, lib, reference=True)
     _same(fast, ref)
     assert {c.method for c in fast.candidates} >= {"algorithm-1"}
@@ -79,7 +79,7 @@ def test_no_shared_code_equals_reference(scale_library, zoo_image, workdir):
     from conftest import recovered
 
     c = recovered(*zoo_image, "cnn", workdir)[0]
-    with Library(scale_library) as lib:
+    with Library(scale_library, invariants=packed) as lib:
         fast = attribute(case.load_mr(c), case.load_pr(c), lib)
         ref = attribute(case.load_mr(c), case.load_pr(c), lib, reference=True)
     assert fast.attributed is None and fast.message == ref.message
@@ -107,7 +107,7 @@ def test_stored_invariants_equal_computed(scale_library, family_images, hf_image
     equals mr_similarity on real pairs, stored or not."""
     names = ["convnet", "gpt2", "llama", "mobile"]
     loaded = {n: _loaded(n, BASES[n], family_images, hf_image, workdir) for n in names}
-    with Library(scale_library) as lib:
+    with Library(scale_library, invariants=packed) as lib:
         rows = {r.name: r for r in lib.mr_invariants(names)}
         for n in names:
             mr, pr, _ = loaded[n]
@@ -144,7 +144,7 @@ def test_schema_3_library_migrated(tmp_path, scale_library, family_images, hf_im
     as on a library built by this zen, and the same as the reference."""
     old = tmp_path / "v3.sqlite"
     _v3_library(old, scale_library)
-    with Library(old) as lib:
+    with Library(old, invariants=packed) as lib:
         assert lib.schema_version() == SCHEMA_VERSION == 5
         n = len(lib)
         assert lib.db.execute("SELECT COUNT(*) FROM invariants").fetchone()[0] == n
@@ -154,7 +154,7 @@ def test_schema_3_library_migrated(tmp_path, scale_library, family_images, hf_im
         mr, pr, _ = _loaded("convnet_se", "convnet", family_images, hf_image, workdir)
         migrated = attribute(mr, pr, lib)
         _same(migrated, attribute(mr, pr, lib, reference=True))
-    with Library(scale_library) as lib:
+    with Library(scale_library, invariants=packed) as lib:
         _same(migrated, attribute(mr, pr, lib))
 
 
@@ -164,7 +164,7 @@ def test_entry_without_invariants_falls_back(tmp_path, scale_library, family_ima
 
     path = tmp_path / "partial.sqlite"
     shutil.copy(scale_library, path)
-    with Library(path) as lib:
+    with Library(path, invariants=packed) as lib:
         lib.db.execute("DELETE FROM invariants WHERE model_id = (SELECT id FROM models WHERE name='convnet')")
         lib.db.execute("UPDATE invariants SET version = version + 100 WHERE model_id = "
                        "(SELECT id FROM models WHERE name='convnet~1')")  # fmt: skip
@@ -176,7 +176,7 @@ def test_entry_without_invariants_falls_back(tmp_path, scale_library, family_ima
 def test_remove_and_replace_collect_code_bodies(tmp_path, family_images, hf_image, workdir):
     mr, pr, ur = _loaded("convnet", "convnet", family_images, hf_image, workdir)
     smr, spr, sur = _loaded("convnet_se", "convnet", family_images, hf_image, workdir)
-    with Library(tmp_path / "gc.sqlite") as lib:
+    with Library(tmp_path / "gc.sqlite", invariants=packed) as lib:
 
         def bodies() -> int:
             return lib.db.execute("SELECT COUNT(*) FROM code_bodies").fetchone()[0]
@@ -221,7 +221,7 @@ def test_same_code_family_is_told_apart_by_architecture(family_images, hf_image,
     tv_regnet_y_16gf at UR 0.955); ranked by MR similarity after the code share it is compared in
     full and wins at UR 1.0, in the fast path and in the reference alike."""
     mr, pr, ur = _loaded("convnet", BASES["convnet"], family_images, hf_image, workdir)
-    with Library(tmp_path / "family.sqlite") as lib:
+    with Library(tmp_path / "family.sqlite", invariants=packed) as lib:
         for k in range(FULL_COMPARE + 2):  # same code, other sizes
             pmr = perturb_mr(mr.to_json(), random.Random(f"family:{k}"))
             lib.add(f"a_size{k:02d}", ModelMR.from_json(pmr), pr, ur)

@@ -265,12 +265,13 @@ def test_library_add_and_report_on_a_decompiled_case(decompiled_cases, library, 
 def test_fast_and_reference_attribution_agree_on_a_compiled_model(decompiled_cases, library):
     """The MR-only path scores with the library's stored invariants; the per-pair reference gives the same result."""
     from zen.attribute.algorithm import attribute
+    from zen.attribute.invariants import packed
     from zen.library.store import Library
     from zen.represent import case
 
     name = MODELS[-1]
     mr, pr = case.load_mr(decompiled_cases[name]), case.load_pr(decompiled_cases[name])
-    with Library(library, create=False) as lib:
+    with Library(library, create=False, invariants=packed) as lib:
         fast, ref = attribute(mr, pr, lib), attribute(mr, pr, lib, reference=True)
     assert fast.to_json() == ref.to_json() and fast.attributed == f"recovered_{name}"
 

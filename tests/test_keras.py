@@ -307,6 +307,7 @@ def fork_image(workdir, tfpy):
 def _library_with_foreign_twin(workdir: Path, base_case: Path) -> Path:
     """A library holding the Keras Block as `keras-block`, and the very same fingerprint marked as a PyTorch
     model (`block-as-pytorch`): identical code and MR, so only the framework check can keep it from winning."""
+    from zen.attribute.invariants import packed
     from zen.library.store import Library
     from zen.represent import case
 
@@ -315,7 +316,7 @@ def _library_with_foreign_twin(workdir: Path, base_case: Path) -> Path:
     zen("library", "add", base_case, "--name", "keras-block", "--library", lib)
     mr, pr, ur = case.load_mr(base_case), case.load_pr(base_case), case.load_ur(base_case)
     mr.framework = "pytorch"
-    with Library(lib) as db:
+    with Library(lib, invariants=packed) as db:
         db.add("block-as-pytorch", mr, pr, ur)
     return lib
 
@@ -370,6 +371,7 @@ def test_subclassed_dataflow_from_call(keras_image, fork_image, workdir):
 def test_cross_framework_attribution_refused(keras_image, workdir):
     """A model of one framework never attributes to a base of the other, in the fast and the reference path."""
     from zen.attribute.algorithm import attribute
+    from zen.attribute.invariants import packed
     from zen.library.store import Library
     from zen.represent import case
 
@@ -378,7 +380,7 @@ def test_cross_framework_attribution_refused(keras_image, workdir):
     lib = _library_with_foreign_twin(workdir, base_case)
     mr, pr = case.load_mr(base_case), case.load_pr(base_case)
     mr.framework = "pytorch"  # the same model as a PyTorch query: only block-as-pytorch may be attributed
-    with Library(lib) as db:
+    with Library(lib, invariants=packed) as db:
         for reference in (False, True):
             res = attribute(mr, pr, db, reference=reference)
             assert res.attributed == "block-as-pytorch"

@@ -16,6 +16,7 @@ from conftest import recovered, zen
 from library_checks import problems
 
 from zen import childproc
+from zen.attribute.invariants import packed
 from zen.library.postgres import PostgresLibrary, redact
 from zen.library.schema import SCHEMA_VERSION, STEPS, render
 from zen.library.store import MIGRATIONS, Library, LibraryError
@@ -38,7 +39,7 @@ def _sqlite_shape(path) -> tuple[dict, set]:
 def test_one_schema_for_both_engines(pg_cluster, tmp_path):
     """Migrated from nothing, SQLite and PostgreSQL hold the same tables, columns and indexes; the
     SQLite rendering is the SQL every earlier zen ran (steps before 5 unchanged)."""
-    with Library(tmp_path / "s.sqlite") as lib:
+    with Library(tmp_path / "s.sqlite", invariants=packed) as lib:
         assert lib.schema_version() == SCHEMA_VERSION == len(STEPS)
     cols, idx = _sqlite_shape(tmp_path / "s.sqlite")
     url = pg_cluster.create_db("shape")

@@ -28,6 +28,7 @@ from library_checks import problems
 from zenserver import ZenServer
 
 from zen.attribute.algorithm import attribute_case
+from zen.attribute.invariants import packed
 from zen.library import tokens
 from zen.library.backends import open_library
 from zen.library.bundle import FILE_OF_PART
@@ -75,7 +76,7 @@ def test_same_attribution_sqlite_postgres_http(base_library, family_images, hf_i
                     zen("library", "add", c, "--name", name, "--library", srv.url)
                 else:
                     pglib.add_case(c, name)
-            with Library(base_library) as lite:
+            with Library(base_library, invariants=packed) as lite:
                 for fork, source in FORKS.items():
                     c = case_of(fork, source, family_images, hf_image, workdir)
                     local = attribute_case(c, lite)
@@ -128,7 +129,7 @@ def test_tokens_and_scopes(team, family_images, workdir, monkeypatch):
 
 def test_public_read_reads_only(tmp_path, family_images, workdir, monkeypatch):
     path = tmp_path / "public.sqlite"
-    with Library(path) as lib:
+    with Library(path, invariants=packed) as lib:
         lib.add_case(_convnet(family_images, workdir), "convnet")
     with ZenServer(path, "--public-read") as srv:
         assert [r["name"] for r in httpx.get(srv.url + "/models").json()] == ["convnet"]
@@ -246,7 +247,7 @@ def test_tls_with_private_ca(tmp_path, family_images, workdir, monkeypatch):
                    check=True, capture_output=True, timeout=60)  # fmt: skip
     path = tmp_path / "tls.sqlite"
     read = _tokens(str(path))["read"]
-    with Library(path) as lib:
+    with Library(path, invariants=packed) as lib:
         lib.add_case(_convnet(family_images, workdir), "convnet")
     with ZenServer(path, "--ssl-certfile", cert, "--ssl-keyfile", key) as srv:
         assert srv.url.startswith("https://")

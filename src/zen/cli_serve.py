@@ -65,11 +65,12 @@ def serve(
         raise ZenError("--max-upload-mb and --threads must be at least 1")
     import uvicorn
 
+    from zen.attribute.invariants import packed
     from zen.library.backends import default_library_spec, open_library
     from zen.library.bundle import Limits
     from zen.serve.app import ServeOptions, create_app
 
-    with open_library(spec, create=True) as lib:  # made and migrated once, here, not by racing threads
+    with open_library(spec, create=True, invariants=packed) as lib:  # made and migrated once, here, not by racing threads
         where, kind, n = lib.path, lib.kind, len(lib)
     sock = _listen(host, port)
     scheme = "https" if ssl_certfile else "http"

@@ -43,10 +43,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from zen.attribute.code_views import CodeView, MatchResult, primary_modules, views
 from zen.attribute.invariants import INVARIANTS_VERSION, OpMemo, mr_features, mr_score, unpack_mr, unpack_views
 from zen.attribute.matching import IbssCache
 from zen.attribute.mr_similarity import MRScore, mr_similarity
-from zen.attribute.pr_similarity import CodeView, MatchResult, class_similarity, code_similarity, views
+from zen.attribute.pr_similarity import class_similarity, code_similarity
 from zen.library.store import InvariantRow, Library
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation
@@ -123,13 +124,6 @@ class Attribution:
 
     def best(self) -> Candidate | None:
         return next((c for c in self.candidates if c.name == self.attributed), None)
-
-
-def primary_modules(mr: ModelMR) -> set[str]:
-    """Modules defining the model's own module classes (framework modules excluded)."""
-    from zen.cpython.closure import excluded
-
-    return {m.cls_module for m in mr.modules if not excluded(m.cls_module)}
 
 
 def compare(mr: ModelMR, entry, delta: list, *, optimal: bool = False, shared: int = 0, reference: bool = False,

@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from zen.attribute.code_views import CodeView, primary_modules, views
 from zen.attribute.mr_similarity import MRScore, module_graph, multiset_jaccard, ratio, spectrum
-from zen.attribute.pr_similarity import CodeView, views
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation
 
@@ -246,9 +246,12 @@ def _unpack(blob: bytes) -> Any:
     return json.loads(zlib.decompress(blob).decode("utf-8", "surrogatepass"))
 
 
-def invariants(mr: ModelMR, pr: ProgrammaticRepresentation) -> Invariants:
-    from zen.attribute.algorithm import primary_modules
+def packed(mr: ModelMR, pr: ProgrammaticRepresentation) -> tuple:
+    """The packed invariants a library stores for an entry (the function commands give `open_library`)."""
+    return invariants(mr, pr).pack()
 
+
+def invariants(mr: ModelMR, pr: ProgrammaticRepresentation) -> Invariants:
     return Invariants(mr_features(mr), views(pr, primary_modules(mr)), pr.listing_version)
 
 

@@ -27,8 +27,8 @@ from rapidfuzz import fuzz, process
 from scipy import sparse
 from scipy.optimize import linear_sum_assignment
 
+from zen.attribute.code_views import OPTIMAL_LIMIT, TOP_N, CodeView, MatchResult, Pair
 from zen.attribute.invariants import load_bodies
-from zen.attribute.pr_similarity import OPTIMAL_LIMIT, TOP_N, CodeView, MatchResult, Pair
 
 ROW_CHUNK = 512  # recovered rows scored at a time: bounds memory at ROW_CHUNK x |gamma| per matrix
 

@@ -31,7 +31,8 @@ def describe(spec: str | os.PathLike | None) -> str:
     return "postgresql" if is_postgres(s) else "http" if s.startswith(REMOTE_SCHEMES) else "sqlite"
 
 
-def open_library(spec: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False):
+def open_library(spec: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False,
+                 invariants=None):  # fmt: skip
     """The library `spec` names (None: the default), opened; a context manager.
 
     `create` (SQLite, PostgreSQL): make the library when there is none yet; commands that only
@@ -42,9 +43,9 @@ def open_library(spec: str | os.PathLike | None = None, *, create: bool = True, 
     if kind == "postgresql":
         from zen.library.postgres import PostgresLibrary
 
-        return PostgresLibrary(s, create=create)
+        return PostgresLibrary(s, create=create, invariants=invariants)
     if kind == "http":
         from zen.library.remote import RemoteLibrary
 
         return RemoteLibrary(s)
-    return Library(Path(s), create=create, any_thread=any_thread)
+    return Library(Path(s), create=create, any_thread=any_thread, invariants=invariants)

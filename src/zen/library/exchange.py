@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from zen.library.store import Library, LibraryError
+from zen.library.errors import LibraryError
 from zen.represent import textio
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
@@ -28,12 +28,12 @@ from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
 EXPORT_KIND = "zen-library-export"
 
 
-def export_data(lib: Library, names: Iterable[str] | None = None) -> dict[str, Any]:
+def export_data(lib: Any, names: Iterable[str] | None = None) -> dict[str, Any]:
     items = [e.export() for e in lib.entries(names)]
     if names is not None:
         missing = sorted(set(names) - {i["name"] for i in items})
         if missing:
-            from zen.library.store import NotFound
+            from zen.library.errors import NotFound
 
             raise NotFound(f"no model named {missing[0]!r} in {lib.path}", "`zen library list` shows the names")
     for item in items:
@@ -42,7 +42,7 @@ def export_data(lib: Library, names: Iterable[str] | None = None) -> dict[str, A
     return {"format": 1, "kind": EXPORT_KIND, "models": items}
 
 
-def export_file(lib: Library, path: Path, names: Iterable[str] | None = None) -> int:
+def export_file(lib: Any, path: Path, names: Iterable[str] | None = None) -> int:
     data = export_data(lib, None if names is None else list(names))
     textio.write_json(path, data)
     return len(data["models"])
@@ -91,7 +91,7 @@ def checked_models(data: Any, where: str) -> list[tuple]:
     return checked
 
 
-def import_data(lib: Library, data: Any, where: str, *, replace: bool = False, who: str | None = None) -> list[str]:
+def import_data(lib: Any, data: Any, where: str, *, replace: bool = False, who: str | None = None) -> list[str]:
     """Add the models of a parsed export (all checked first, then added)."""
     names = []
     for name, mr, pr, ur, meta, notes, code in checked_models(data, where):
@@ -101,5 +101,5 @@ def import_data(lib: Library, data: Any, where: str, *, replace: bool = False, w
     return names
 
 
-def import_file(lib: Library, path: Path, *, replace: bool = False, who: str | None = None) -> list[str]:
+def import_file(lib: Any, path: Path, *, replace: bool = False, who: str | None = None) -> list[str]:
     return import_data(lib, read_export(path), str(path), replace=replace, who=who)

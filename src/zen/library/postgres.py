@@ -48,7 +48,9 @@ class PostgresLibrary(Library):
 
     kind = "postgresql"
 
-    def __init__(self, url: str, *, create: bool = True, connect_timeout: int = 15, any_thread: bool = True) -> None:
+    def __init__(self, url: str, *, create: bool = True, connect_timeout: int = 15, any_thread: bool = True,
+                 invariants=None) -> None:  # fmt: skip
+        self.invariants_fn = invariants  # see Library
         try:
             import psycopg
         except ImportError:

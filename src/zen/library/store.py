@@ -34,12 +34,12 @@ import sqlite3
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from zen.errors import ZenError
+from zen.library.errors import Conflict, LibraryError, NotFound  # noqa: F401 - the library's errors, as before
 from zen.library.schema import SCHEMA_VERSION, render
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
@@ -58,18 +58,6 @@ class InvariantRow(NamedTuple):
     version: int | None
     mr: bytes | None
     spectrum: bytes | None
-
-
-class LibraryError(ZenError):
-    pass
-
-
-class NotFound(LibraryError):
-    """No such entry (a server answers 404)."""
-
-
-class Conflict(LibraryError):
-    """The entry exists and may not be overwritten (a server answers 409)."""
 
 
 def default_library_path() -> Path:
@@ -169,8 +157,13 @@ class Library:
     kind = "sqlite"
     remote = False
 
-    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False) -> None:
-        """`any_thread`: the connection may be used by any one thread at a time (a server's pool)."""
+    def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False,
+                 invariants: Callable | None = None) -> None:  # fmt: skip
+        """`any_thread`: the connection may be used by any one thread at a time (a server's pool). `invariants(mr, pr)`
+        packs an entry's attribution invariants (attribution's own function, given by the caller: the library
+        stores them, attribution owns what they are); without it entries are stored without, and attribution
+        decodes those per query."""
+        self.invariants_fn = invariants
         self.path = Path(path) if path is not None else default_library_path()
         if not self.path.exists():
             if not create:
@@ -247,17 +240,17 @@ class Library:
 
     def _backfill_invariants(self) -> None:
         """Compute the invariants of entries stored without them (a migration step; inside its
-        transaction). An entry whose MR/PR cannot be decoded is left without: attribution then
-        decodes it per query, and reports the same problem it always did."""
-        from zen.attribute.invariants import invariants
-
+        transaction), when the opener gave the function. An entry whose MR/PR cannot be decoded is left without:
+        attribution then decodes it per query, and reports the same problem it always did."""
+        if self.invariants_fn is None:
+            return
         todo = self.query("SELECT id, mr, pr FROM models WHERE id NOT IN (SELECT model_id FROM invariants)").fetchall()
         for mid, mr, pr in todo:
             try:
-                inv = invariants(ModelMR.from_json(_unpack(mr)), ProgrammaticRepresentation.from_json(_unpack(pr)))
+                packed = self.invariants_fn(ModelMR.from_json(_unpack(mr)), ProgrammaticRepresentation.from_json(_unpack(pr)))
             except (ValueError, TypeError, KeyError, zlib.error):
                 continue
-            self._store_invariants(mid, inv.pack())
+            self._store_invariants(mid, packed)
 
     def _store_invariants(self, mid: int, packed: tuple) -> None:
         row, bodies = packed
@@ -316,9 +309,7 @@ class Library:
                    "classes": len(pr.classes), "layer_types": len(mr.layer_types),
                    "parameter_elements": _int(mr.summary.get("parameter_elements")), "framework": mr.framework}  # fmt: skip
         created = created or _utc_now()
-        from zen.attribute.invariants import invariants
-
-        packed = invariants(mr, pr).pack()  # before the transaction: the write lock is held briefly
+        packed = self.invariants_fn(mr, pr) if self.invariants_fn else None  # before the transaction: the lock is short
         stored = {k: _json_bytes(v) for k, v in (("mr", mr.to_json()), ("pr", pr_json), ("ur", ur.to_json()))}
         record = {**(digests or {}), "stored": {k: hashlib.sha256(v).hexdigest() for k, v in stored.items()}}
         if source_sha256:
@@ -339,7 +330,8 @@ class Library:
             rows = [(mid, "bytecode", c.bytecode_sha256, c.address) for c in pr.codes]
             rows += [(mid, "listing", c.listing_sha256, c.address) for c in pr.codes]
             self.query_many("INSERT INTO code_hashes(model_id, kind, hash, code) VALUES (?,?,?,?)", rows)
-            self._store_invariants(mid, packed)
+            if packed is not None:
+                self._store_invariants(mid, packed)
             self.record_audit(who, "replace" if exists else action, name, record)
         return mid
 

@@ -31,7 +31,9 @@ class StorePool:
         self._all: list[Any] = []
 
     def _open(self) -> Any:
-        lib = open_library(self.spec, create=False, any_thread=True)
+        from zen.attribute.invariants import packed
+
+        lib = open_library(self.spec, create=False, any_thread=True, invariants=packed)
         if lib.kind == "sqlite":
             lib.query(f"PRAGMA cache_size = -{SQLITE_CACHE_KIB}")
         with self._lock:
