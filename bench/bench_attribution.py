@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from zen.acquire import acquire  # noqa: E402
 from zen.attribute.algorithm import attribute  # noqa: E402
+from zen.attribute.invariants import packed  # noqa: E402
 from zen.library.store import Library  # noqa: E402
 from zen.recover import recover  # noqa: E402
 from zen.represent import case  # noqa: E402
@@ -71,7 +72,7 @@ def measure(work: Path, sizes=(10, 100, 1000)) -> list[tuple[int, float, str | N
     rows = []
     for size in sizes:
         path = work / f"lib-{size}.sqlite"
-        with Library(path) as lib:
+        with Library(path, invariants=packed) as lib:
             lib.add("convnet", *base)
             for i in range(size - 1):
                 lib.add(f"synthetic-{i:04d}", *perturbed(*base, rng))

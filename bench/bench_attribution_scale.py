@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from zen.attribute.algorithm import attribute  # noqa: E402
+from zen.attribute.invariants import packed  # noqa: E402
 from zen.library.store import Library  # noqa: E402
 from zen.represent import case  # noqa: E402
 from zen.represent.mr import ModelMR  # noqa: E402
@@ -160,7 +161,7 @@ def build(work: Path, cases: dict, sizes: tuple[int, ...]) -> dict[int, Path]:
             dst.close()
             print(f"library of {n:,} entries built ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    with Library(tmp) as lib:
+    with Library(tmp, invariants=packed) as lib:
         lib.db.execute("PRAGMA synchronous = OFF")  # a scratch file: no fsync per entry
         have = {n for (n,) in lib.db.execute("SELECT name FROM models")}
         for i, (name, real, k) in enumerate(entries, 1):

@@ -41,6 +41,7 @@ from zenserver import ZenServer  # noqa: E402
 
 from zen import childproc  # noqa: E402
 from zen.acquire import acquire  # noqa: E402
+from zen.attribute.invariants import packed  # noqa: E402
 from zen.library import tokens  # noqa: E402
 from zen.library.backends import open_library  # noqa: E402
 from zen.library.bundle import Bundle  # noqa: E402
@@ -81,7 +82,7 @@ def fill(spec: str, c: dict[str, Path], size: int, extra: tuple[str, ...] = ()) 
 
     rng = random.Random(0)
     base = (case.load_mr(c["convnet"]), case.load_pr(c["convnet"]), case.load_ur(c["convnet"]))
-    with open_library(spec) as lib:
+    with open_library(spec, invariants=packed) as lib:
         lib.add_case(c["convnet"], "convnet")
         for name in extra:
             lib.add_fingerprint(name, Bundle.from_case(c[name]).fingerprint())

@@ -43,7 +43,7 @@ def test_one_schema_for_both_engines(pg_cluster, tmp_path):
         assert lib.schema_version() == SCHEMA_VERSION == len(STEPS)
     cols, idx = _sqlite_shape(tmp_path / "s.sqlite")
     url = pg_cluster.create_db("shape")
-    with PostgresLibrary(url) as lib:
+    with PostgresLibrary(url, invariants=packed) as lib:
         assert lib.schema_version() == SCHEMA_VERSION
         rows = lib.query("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema='public'").fetchall()
         pg_cols: dict[str, set] = {}
@@ -80,7 +80,7 @@ def test_postgres_library_like_sqlite(pg_cluster, family_images, workdir, tmp_pa
     assert out[url] == out[str(lite)]
     assert out[url][2] == ["convnet_se"] and out[url][3]["attributed"] == "convnet_se"
     zen("library", "remove", "convnet_se", "--library", url)
-    with PostgresLibrary(url) as lib:
+    with PostgresLibrary(url, invariants=packed) as lib:
         assert [r["name"] for r in lib.list()] == ["convnet"] and problems(lib) == []
         assert [a["action"] for a in lib.audit_log()] == ["remove", "add", "add"]
         assert lib.query("SELECT COUNT(*) FROM code_bodies").fetchone()[0] > 0
@@ -89,10 +89,11 @@ def test_postgres_library_like_sqlite(pg_cluster, family_images, workdir, tmp_pa
 WRITER = """
 import sys
 from zen.library.bundle import Bundle
+from zen.attribute.invariants import packed
 from zen.library.postgres import PostgresLibrary
 url, case, prefix, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 fp = Bundle.from_case(case).fingerprint()
-with PostgresLibrary(url) as lib:
+with PostgresLibrary(url, invariants=packed) as lib:
     for i in range(n):
         lib.add_fingerprint(f"{prefix}-{i}", fp)
         lib.add_fingerprint("contested", fp, replace=True)
@@ -112,7 +113,7 @@ def test_eight_processes_write_at_once(pg_cluster, family_images, workdir):
             procs.append(subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         results = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 and o.strip() == "done" for p, (o, _) in zip(procs, results)), [e[-500:] for _, e in results]
-    with PostgresLibrary(url) as lib:
+    with PostgresLibrary(url, invariants=packed) as lib:
         names = [r["name"] for r in lib.list()]
         assert sorted(names) == sorted([f"w{w}-{i}" for w in range(8) for i in range(5)] + ["contested"])
         assert problems(lib) == []
@@ -130,7 +131,7 @@ def test_postgres_errors_are_one_line(pg_cluster, tmp_path):
     empty = pg_cluster.create_db("empty")
     res = zen("library", "list", "--library", empty, check=False)
     assert res.returncode == 2 and "no base model library" in res.stderr
-    with PostgresLibrary(empty) as lib:  # created now (a write command creates it)
+    with PostgresLibrary(empty, invariants=packed) as lib:  # created now (a write command creates it)
         lib.query("UPDATE meta SET value='99' WHERE key='schema_version'")
     with pytest.raises(LibraryError, match="newer than this zen"):
-        PostgresLibrary(empty)
+        PostgresLibrary(empty, invariants=packed)

@@ -29,6 +29,7 @@ from zenserver import ZenServer
 
 from zen.attribute.algorithm import attribute_case
 from zen.attribute.invariants import packed
+from zen.attribute.invariants import packed
 from zen.library import tokens
 from zen.library.backends import open_library
 from zen.library.bundle import FILE_OF_PART
@@ -69,7 +70,7 @@ def test_same_attribution_sqlite_postgres_http(base_library, family_images, hf_i
     toks = _tokens(pg)
     with ZenServer(pg) as srv, RemoteLibrary(srv.url, token=toks["add"]) as remote:
         monkeypatch.setenv("ZEN_LIBRARY_TOKEN", toks["add"])
-        with PostgresLibrary(pg) as pglib:
+        with PostgresLibrary(pg, invariants=packed) as pglib:
             for name, source in BASES.items():
                 c = case_of(name, source, family_images, hf_image, workdir)
                 if name == "convnet":  # one uploaded by the command line, as an investigator adds one
@@ -114,7 +115,7 @@ def test_tokens_and_scopes(team, family_images, workdir, monkeypatch):
         assert [(a["action"], a["who"]) for a in log] == [("replace", "token:curateer"), ("add", "token:adder")]
         assert log[0]["digests"]["mr.json"] == json.loads((case / "manifest.json").read_text())["files"]["mr.json"]
         curator.remove("scoped")
-    with PostgresLibrary(url) as lib:  # only hashes are kept
+    with PostgresLibrary(url, invariants=packed) as lib:  # only hashes are kept
         stored = " ".join(str(v) for row in lib.query("SELECT * FROM tokens").fetchall() for v in row)
         assert not any(t in stored for t in toks.values()) and tokens.token_hash(toks["read"]) in stored
     monkeypatch.setenv("ZEN_LIBRARY_TOKEN", toks["read"])
@@ -168,7 +169,7 @@ def test_ten_clients_adding_at_once(team, family_images, workdir):
     for t in threads:
         t.join()
     assert errors == []
-    with PostgresLibrary(url) as lib:
+    with PostgresLibrary(url, invariants=packed) as lib:
         names = [r["name"] for r in lib.list() if r["name"].startswith("client")]
         assert sorted(names) == sorted(f"client{k}-{i}" for k in range(10) for i in range(20))
         assert problems(lib) == []
@@ -202,7 +203,7 @@ def test_kill9_mid_add_leaves_no_partial_entry(backend, pg_cluster, family_image
     big = case_of("llama", "hf", family_images, hf_image, workdir)  # 3,400 code objects: a long write
     spec = pg_cluster.create_db(f"kill{backend[0]}") if backend == "postgresql" else str(tmp_path / "kill.sqlite")
     toks = _tokens(spec)
-    with open_library(spec) as lib:
+    with open_library(spec, invariants=packed) as lib:
         lib.add_case(_convnet(family_images, workdir), "convnet")
     probe, landed = _writing(spec), False
     for attempt in range(5):
@@ -337,5 +338,5 @@ def test_hostile_uploads_are_refused_and_the_server_keeps_serving(team, family_i
     assert _post(srv, toks["add"], good, name="after-the-storm").status_code == 201
     gzipped = {p: gzip.compress(d, 1) for p, d in good.items()}
     assert _post(srv, toks["add"], gzipped, name="gzipped", gz=tuple(good)).status_code == 201
-    with PostgresLibrary(url) as lib:
+    with PostgresLibrary(url, invariants=packed) as lib:
         assert problems(lib) == [] and "hostile" not in {r["name"] for r in lib.list()}

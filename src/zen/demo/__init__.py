@@ -68,7 +68,9 @@ def _library(workdir: Path, console: Console, keep: bool) -> Path:
         console.print(f"recovered; {image.name} deleted (--keep keeps the images)")
     lib_path = workdir / "library.sqlite"
     lib_path.unlink(missing_ok=True)
-    with Library(lib_path) as lib:
+    from zen.attribute.invariants import packed
+
+    with Library(lib_path, invariants=packed) as lib:
         lib.add_case(workdir / "base-case", BASE_NAME)
     console.print(f"recovered {res.mr.root.cls} ({len(res.mr.modules)} modules) and added it as {BASE_NAME!r} to {lib_path}")
     return lib_path

@@ -50,7 +50,7 @@ def export_file(lib: Any, path: Path, names: Iterable[str] | None = None) -> int
 
 def read_export(path: Path) -> Any:
     """An export file parsed with bounded nesting (it must be a regular file)."""
-    from zen.represent.schema import CaseFileError, parse_json
+    from zen.represent.schema import MAX_BLOB_STRING, CaseFileError, parse_json
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
@@ -58,14 +58,14 @@ def read_export(path: Path) -> Any:
     except OSError as exc:
         raise LibraryError(f"cannot read library export {path}: {exc.strerror}") from None
     try:
-        return parse_json(Path(path))
+        return parse_json(Path(path), max_string=MAX_BLOB_STRING)
     except CaseFileError as exc:
         raise LibraryError(f"cannot read library export {path}: {exc}") from None
 
 
 def checked_models(data: Any, where: str) -> list[tuple]:
     """Every model of a parsed export, checked: (name, mr, pr, ur, meta, notes, code)."""
-    from zen.represent.schema import CaseFileError, check_record
+    from zen.represent.schema import CaseFileError, check_depth, check_record
 
     if type(data) is not dict or data.get("kind") != EXPORT_KIND or data.get("format") != 1:
         raise LibraryError(f"{where} is not a zen library export")
@@ -80,6 +80,7 @@ def checked_models(data: Any, where: str) -> list[tuple]:
                 raise CaseFileError(f"{at}: expected an object with a `name`")
             for key, cls in (("mr", ModelMR), ("pr", ProgrammaticRepresentation), ("ur", UnifiedRepresentation)):
                 check_record(item.get(key), cls, f"{at}.{key}", ("kind", "format"))
+                check_depth(item[key], f"{at}.{key}")  # only code_marshal may be long: the records keep the case limit
             mr, pr, ur = (ModelMR.from_json(item["mr"]), ProgrammaticRepresentation.from_json(item["pr"]),
                           UnifiedRepresentation.from_json(item["ur"]))  # fmt: skip
             blob = item.get("code_marshal")

@@ -161,8 +161,9 @@ class Library:
                  invariants: Callable | None = None) -> None:  # fmt: skip
         """`any_thread`: the connection may be used by any one thread at a time (a server's pool). `invariants(mr, pr)`
         packs an entry's attribution invariants (attribution's own function, given by the caller: the library
-        stores them, attribution owns what they are); without it entries are stored without, and attribution
-        decodes those per query."""
+        stores them, attribution owns what they are). A library opened without it reads, lists and removes but
+        refuses to add: an entry stored without its invariants would be slower to match and fail `problems`
+        checks, silently (the demo's library once was)."""
         self.invariants_fn = invariants
         self.path = Path(path) if path is not None else default_library_path()
         if not self.path.exists():
@@ -309,7 +310,9 @@ class Library:
                    "classes": len(pr.classes), "layer_types": len(mr.layer_types),
                    "parameter_elements": _int(mr.summary.get("parameter_elements")), "framework": mr.framework}  # fmt: skip
         created = created or _utc_now()
-        packed = self.invariants_fn(mr, pr) if self.invariants_fn else None  # before the transaction: the lock is short
+        if self.invariants_fn is None:
+            raise TypeError("Library.add needs the library opened with invariants= (zen.attribute.invariants.packed)")
+        packed = self.invariants_fn(mr, pr)  # before the transaction: the lock is short
         stored = {k: _json_bytes(v) for k, v in (("mr", mr.to_json()), ("pr", pr_json), ("ur", ur.to_json()))}
         record = {**(digests or {}), "stored": {k: hashlib.sha256(v).hexdigest() for k, v in stored.items()}}
         if source_sha256:
@@ -330,8 +333,7 @@ class Library:
             rows = [(mid, "bytecode", c.bytecode_sha256, c.address) for c in pr.codes]
             rows += [(mid, "listing", c.listing_sha256, c.address) for c in pr.codes]
             self.query_many("INSERT INTO code_hashes(model_id, kind, hash, code) VALUES (?,?,?,?)", rows)
-            if packed is not None:
-                self._store_invariants(mid, packed)
+            self._store_invariants(mid, packed)
             self.record_audit(who, "replace" if exists else action, name, record)
         return mid
 

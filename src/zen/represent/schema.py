@@ -30,23 +30,24 @@ from zen.errors import ZenError
 
 MAX_DEPTH = 200  # nesting of JSON containers in a case file (real cases stay below 40)
 MAX_STRING = 1 << 20  # characters of one string (names, addresses, literals; real cases stay below 100,000)
+MAX_BLOB_STRING = 1 << 28  # a library export carries each model's code.marshal as base64 (5 MB for a small CNN)
 
 
 class CaseFileError(ZenError):
     """A case file is not valid: unreadable, not JSON, too deep, or not of the expected shape."""
 
 
-def parse_json(path: Path, what: str | None = None) -> Any:
+def parse_json(path: Path, what: str | None = None, max_string: int = MAX_STRING) -> Any:
     """Parse a JSON file with bounded nesting; every failure is a CaseFileError naming the file."""
     what = what or Path(path).name
     try:
         text = Path(path).read_bytes()
     except OSError as exc:
         raise CaseFileError(f"{path} cannot be read: {exc.strerror or exc}") from None
-    return parse_json_bytes(text, what)
+    return parse_json_bytes(text, what, max_string)
 
 
-def parse_json_bytes(text: bytes, what: str) -> Any:
+def parse_json_bytes(text: bytes, what: str, max_string: int = MAX_STRING) -> Any:
     """`parse_json` of bytes already read (an upload to `zen serve`, a file read once and hashed)."""
     try:
         data = json.loads(text)
@@ -54,7 +55,7 @@ def parse_json_bytes(text: bytes, what: str) -> Any:
         raise CaseFileError(f"{what} is nested too deeply to be a zen file", "recover the case again") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise CaseFileError(f"{what} is not valid JSON: {exc}", "recover the case again") from None
-    check_depth(data, what)
+    check_depth(data, what, max_string=max_string)
     return data
 
 

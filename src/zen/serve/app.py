@@ -200,9 +200,9 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
 
         def work() -> dict:
             from zen.library.exchange import import_data
-            from zen.represent.schema import parse_json_bytes
+            from zen.represent.schema import MAX_BLOB_STRING, parse_json_bytes
 
-            data = parse_json_bytes(body, "the import")
+            data = parse_json_bytes(body, "the import", MAX_BLOB_STRING)
             with pool.lease() as lib:
                 return {"imported": import_data(lib, data, "the import", replace=replace, who=p.who)}
 
