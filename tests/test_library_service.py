@@ -29,7 +29,6 @@ from zenserver import ZenServer
 
 from zen.attribute.algorithm import attribute_case
 from zen.attribute.invariants import packed
-from zen.attribute.invariants import packed
 from zen.library import tokens
 from zen.library.backends import open_library
 from zen.library.bundle import FILE_OF_PART
