@@ -161,8 +161,10 @@ def main() -> int:
             with open_library(spec) as lib:
                 toks[spec] = tokens.create(lib, "bench", ["read"])
         rows = []
-        plan = (("convnet_se vs 1,000 entries", (lite, pgurl), c["convnet_se"]),
-                ("mistral (pr.json 23 MB) vs 3 entries", (small, pgsmall), c["mistral"]))
+        plan = (
+            ("convnet_se vs 1,000 entries", (lite, pgurl), c["convnet_se"]),
+            ("mistral (pr.json 23 MB) vs 3 entries", (small, pgsmall), c["mistral"]),
+        )
         for label, (lib_s, lib_p), query in plan:
             with ZenServer(lib_s) as s1, ZenServer(lib_p) as s2:
                 med = compare(query, {"local SQLite": (lib_s, ""), "zen serve (SQLite)": (s1.url, toks[lib_s]),

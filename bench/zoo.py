@@ -209,7 +209,6 @@ def check(pkg: str, io_path: str, out_path: str, site: str | None) -> None:
     Path(out_path).write_text(json.dumps(res))
 
 
-
 # -- one model, end to end (also used by tests/test_zoo.py) -----------------------------------------
 def zen(*args: Any, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
@@ -469,6 +468,7 @@ def main() -> None:
     listed = catalogue(str(site) if site else None)
     write_md({n: state[n] for n in listed if n in state}, args.out, meta, [n for n in listed if n not in state])
     print(f"wrote {args.out}")
+
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ("deploy", "check"):
     sys.path.insert(0, str(ROOT / "src"))

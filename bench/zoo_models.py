@@ -61,8 +61,10 @@ OWN_CODE = ("tvvalues_resnet18",)  # models whose own module (in their deploy di
 
 def torchvision_names(site: str) -> list[str]:
     """Every classification builder plus the segmentation and detection builders (listed by a child)."""
-    code = ("import sys; sys.path.insert(0, %r); from zoo import prepare; prepare(%r); import torchvision.models as m; "
-            "print(' '.join(m.list_models(module=m) + m.list_models(module=m.segmentation) + m.list_models(module=m.detection)))")
+    code = (
+        "import sys; sys.path.insert(0, %r); from zoo import prepare; prepare(%r); import torchvision.models as m; "
+        "print(' '.join(m.list_models(module=m) + m.list_models(module=m.segmentation) + m.list_models(module=m.detection)))"
+    )
     res = subprocess.run([sys.executable, "-c", code % (str(HERE), site)], capture_output=True, text=True, timeout=300)
     return [f"tv_{n}" for n in res.stdout.split()] if res.returncode == 0 else []
 

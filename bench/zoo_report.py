@@ -87,6 +87,10 @@ def write_md(state: dict, out: Path, meta: dict, pending: list[str] = ()) -> Non
     if notes:
         lines += ["", "## Values reported as not rebuildable (problem entries)", ""] + notes
     if pending:
-        lines += ["", f"## Not run yet ({len(pending)}; `python bench/zoo.py` resumes with them)", "",
-                  ", ".join(f"`{n}`" for n in pending)]
+        lines += [
+            "",
+            f"## Not run yet ({len(pending)}; `python bench/zoo.py` resumes with them)",
+            "",
+            ", ".join(f"`{n}`" for n in pending),
+        ]
     out.write_text("\n".join(lines) + "\n")

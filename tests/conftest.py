@@ -89,7 +89,7 @@ def zen(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Comp
 
 # Modules an attacker would plant where the evidence lies: each writes a marker file when imported.
 TRAPS = ("depyf", "bisect", "numpy", "torch", "sitecustomize", "usercustomize", "zen", "tvm", "safetensors", "json",
-         "runpy", "keras", "tensorflow", "typer", "rich", "transformers", "tomllib", "marshal_helpers")
+         "runpy", "keras", "tensorflow", "typer", "rich", "transformers", "tomllib", "marshal_helpers")  # fmt: skip
 
 
 def booby_trapped(where: Path) -> tuple[Path, Path]:
@@ -464,8 +464,6 @@ def guest(workdir):
         }
     for p in images.values():
         p.unlink(missing_ok=True)
-
-
 
 
 # -- the library as a service (issue 32): one throwaway PostgreSQL cluster per session -------------

@@ -101,7 +101,7 @@ def test_neural_cleanse_flags_the_trojan_and_not_its_clean_twin(analysis_cases, 
     assert index[am.TARGET] > 2 * bd["threshold"] and min(bd["classes"], key=lambda c: c["l1"])["class"] == am.TARGET
     # the reverse-engineered trigger lies where the patch was planted
     mask = load_file(str(out / "triggers.safetensors"))[f"mask_{am.TARGET}"].double()
-    around = mask[am.PATCH[0].start - 1: am.PATCH[0].stop + 1, am.PATCH[1].start - 1: am.PATCH[1].stop + 1]
+    around = mask[am.PATCH[0].start - 1 : am.PATCH[0].stop + 1, am.PATCH[1].start - 1 : am.PATCH[1].stop + 1]
     assert around.sum() / mask.sum() > 0.6, mask
     assert f"trigger_class_{am.TARGET}.png" in doc["files"] and "anomaly.png" in doc["files"]
     assert doc["backdoor"]["trigger_images"] == {str(am.TARGET): f"trigger_class_{am.TARGET}.png"}

@@ -22,8 +22,18 @@ from conftest import booby_trapped, zen_command
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
-MODELS = ["cnn", "mlp", "resnet", "encoder", "mobile", "cnn_unfused", "mlp_unfused", "resnet_unfused", "encoder_unfused",
-          "hf_bert_tiny_unfused"]
+MODELS = [
+    "cnn",
+    "mlp",
+    "resnet",
+    "encoder",
+    "mobile",
+    "cnn_unfused",
+    "mlp_unfused",
+    "resnet_unfused",
+    "encoder_unfused",
+    "hf_bert_tiny_unfused",
+]
 BUILT = MODELS + ["resnet_detached", "int8_mlp", "int8_mlp_unfused"]
 
 
@@ -49,8 +59,9 @@ def zen(*args: str) -> subprocess.CompletedProcess:
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tvm_libs")
     specs = [m.replace("_unfused", ":unfused").replace("_detached", ":detached") for m in BUILT]
-    proc = subprocess.run([sys.executable, str(HERE / "targets" / "tvm_models.py"), str(out), *specs],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "targets" / "tvm_models.py"), str(out), *specs], capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     strip = shutil.which("strip")
     if strip:
@@ -73,17 +84,23 @@ def decompiled(built, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedP
 
 def _run_package(pkg: Path, x: np.ndarray, params: Path | None = None) -> np.ndarray:
     """Import the generated package in a child (it runs torch), return its output on x."""
-    code = ("import sys, numpy as np, torch; sys.path.insert(0, sys.argv[1]); import importlib; "
-            "p = sys.argv[5] if len(sys.argv) > 5 else None; "
-            "m = importlib.import_module(sys.argv[2]).load(params=p); assert not m.training; "
-            "x = torch.from_numpy(np.load(sys.argv[3]));\n"
-            "with torch.no_grad(): y = m(x)\n"
-            "np.save(sys.argv[4], y.numpy())")
+    code = (
+        "import sys, numpy as np, torch; sys.path.insert(0, sys.argv[1]); import importlib; "
+        "p = sys.argv[5] if len(sys.argv) > 5 else None; "
+        "m = importlib.import_module(sys.argv[2]).load(params=p); assert not m.training; "
+        "x = torch.from_numpy(np.load(sys.argv[3]));\n"
+        "with torch.no_grad(): y = m(x)\n"
+        "np.save(sys.argv[4], y.numpy())"
+    )
     out = pkg.parent / f"{pkg.name}.out.npy"
     np.save(pkg.parent / f"{pkg.name}.in.npy", x)
     extra = [str(params)] if params else []
-    proc = subprocess.run([sys.executable, "-c", code, str(pkg.parent), pkg.name, str(pkg.parent / f"{pkg.name}.in.npy"),
-                           str(out), *extra], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(pkg.parent), pkg.name, str(pkg.parent / f"{pkg.name}.in.npy"), str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return np.load(out)
 
@@ -159,17 +176,33 @@ def test_split_shuffle_and_gate_kernels(built, decompiled):
     outputs); another gates a 1x1 conv with a hard sigmoid. Each is read back as those operators."""
     _, pkg = decompiled["mobile"]
     graph = json.loads((pkg / "graph.json").read_text())
-    by_kernel = {n["kernel"]: [o["op"] if o["op"] != "act" else o["fn"] for o in n["attrs"]["ops"]]
-                 for n in graph["nodes"] if not n["builtin"]}
+    by_kernel = {
+        n["kernel"]: [o["op"] if o["op"] != "act" else o["fn"] for o in n["attrs"]["ops"]]
+        for n in graph["nodes"]
+        if not n["builtin"]
+    }
     two = [k for k in by_kernel if k.count("batch_norm") == 2 and k.endswith("_split")]
-    assert two and by_kernel[two[0]] == ["batch_norm", "relu", "batch_norm", "relu", "concatenate", "reshape",
-                                         "transpose", "reshape", "split"]
+    assert two and by_kernel[two[0]] == [
+        "batch_norm",
+        "relu",
+        "batch_norm",
+        "relu",
+        "concatenate",
+        "reshape",
+        "transpose",
+        "reshape",
+        "split",
+    ]
     one = next(k for k in by_kernel if k.count("batch_norm") == 1 and k.endswith("_split"))
     assert by_kernel[one] == ["batch_norm", "relu", "concatenate", "reshape", "transpose", "reshape", "split"]
     node = next(n for n in graph["nodes"] if n["kernel"] == two[0])
     shuffle = [o for o in node["attrs"]["ops"] if o["op"] in ("reshape", "transpose", "split")]
     assert [o.get("shape") or o.get("perm") or o.get("sizes") for o in shuffle] == [
-        [1, 2, 16, 8, 8], [0, 2, 1, 3, 4], [1, 32, 8, 8], [16, 16]]  # groups 2, 16 channels each, then halves
+        [1, 2, 16, 8, 8],
+        [0, 2, 1, 3, 4],
+        [1, 32, 8, 8],
+        [16, 16],
+    ]  # groups 2, 16 channels each, then halves
     gate = next(k for k in by_kernel if "clip" in k and k.startswith("fused_conv2d"))
     assert by_kernel[gate] == ["conv2d", "add", "hardsigmoid", "multiply"]
 
@@ -190,10 +223,12 @@ def test_constant_only_kernels_are_folded(built, decompiled):
 
 def test_static_parse_without_tvm(built):
     """The static layers read the function table, bytecode and weights without importing TVM."""
-    code = ("import sys, json; from zen.compiled.load import load_graph; "
-            "lib, ex, g = load_graph(sys.argv[1]); "
-            "print(json.dumps([sys.modules.get('tvm') is None, sys.modules.get('torch') is None, "
-            "ex.function('main').params, len(g.kernels()), len(g.tensor_constants())]))")
+    code = (
+        "import sys, json; from zen.compiled.load import load_graph; "
+        "lib, ex, g = load_graph(sys.argv[1]); "
+        "print(json.dumps([sys.modules.get('tvm') is None, sys.modules.get('torch') is None, "
+        "ex.function('main').params, len(g.kernels()), len(g.tensor_constants())]))"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(built / "cnn.so")], capture_output=True, text=True, env=_env())
     assert proc.returncode == 0, proc.stderr
     no_tvm, no_torch, params, kernels, weights = json.loads(proc.stdout)
@@ -208,9 +243,9 @@ def test_bad_library_gives_clear_error(damage, built, tmp_path):
     if damage == "truncate_head":
         bad.write_bytes(data[:3000])
     elif damage == "truncate_blob":
-        bad.write_bytes(data[:at + 200])
+        bad.write_bytes(data[: at + 200])
     elif damage == "zero_blob":
-        bad.write_bytes(data[:at + 40] + bytes(len(data) - at - 40))
+        bad.write_bytes(data[: at + 40] + bytes(len(data) - at - 40))
     elif damage == "not_elf":
         bad.write_bytes(b"hello world" * 100)
     proc = zen("decompile", str(bad), "-o", str(tmp_path / "out"))
@@ -228,7 +263,7 @@ def test_corrupt_counts_are_bounded(built):
     lib, _ = load_executable(built / "cnn.so")
     data = bytearray(lib.data)
     at = data.find(b"0.14") + 4  # the function-table count follows the version string
-    data[at:at + 8] = struct.pack("<Q", 1 << 60)
+    data[at : at + 8] = struct.pack("<Q", 1 << 60)
     from zen.compiled.tvm_blob import vm_payload
     from zen.compiled.vm_executable import parse_executable
 
@@ -242,7 +277,7 @@ def test_other_vm_format_version_is_refused(built, tmp_path):
     at = data.find(b"\x04\x00\x00\x00\x00\x00\x00\x000.14")
     assert at > 0
     bad = tmp_path / "other.so"
-    bad.write_bytes(data[:at + 8] + b"0.99" + data[at + 12:])
+    bad.write_bytes(data[: at + 8] + b"0.99" + data[at + 12 :])
     proc = zen("decompile", str(bad), "-o", str(tmp_path / "out"))
     assert proc.returncode == 2 and "format version '0.99' is not supported" in proc.stderr
 
@@ -265,8 +300,12 @@ def test_torchvision_resnet18(tmp_path):
     site = Path(os.environ.get("ZEN_ZOO_SITE", site))
     if not (site / "torchvision").is_dir():
         pytest.skip("torchvision is not installed in the zoo side directory (python bench/zoo.py installs it)")
-    proc = subprocess.run([sys.executable, str(HERE / "targets" / "tvm_models.py"), str(tmp_path), "tv_resnet18"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "targets" / "tvm_models.py"), str(tmp_path), "tv_resnet18"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = zen("decompile", str(tmp_path / "tv_resnet18.so"), "-o", str(tmp_path / "pkg_rn18"))
     assert res.returncode == 0, res.stderr
@@ -278,8 +317,12 @@ def test_torchvision_resnet18(tmp_path):
     assert np.abs(mine - ref).max() < 1e-5 * (1 + np.abs(ref).max())
     truth = json.loads((tmp_path / "tv_resnet18.json").read_text())
     graph = json.loads((tmp_path / "pkg_rn18" / "graph.json").read_text())
-    convs = sorted((o["stride"], o["padding"], o["groups"]) for n in graph["nodes"]
-                   for o in (n.get("attrs") or {}).get("ops", []) if o["op"] == "conv2d")
+    convs = sorted(
+        (o["stride"], o["padding"], o["groups"])
+        for n in graph["nodes"]
+        for o in (n.get("attrs") or {}).get("ops", [])
+        if o["op"] == "conv2d"
+    )
     assert convs == sorted((c["stride"], c["padding"], c["groups"]) for c in truth["layers"] if c["type"] == "conv2d")
 
 
@@ -301,8 +344,13 @@ def test_behaviour_only_recognition(name, built, tmp_path):
 def test_without_tvm_the_static_part_is_still_written(built, tmp_path):
     """No TVM for probing: graph, bytecode and manifest are written, the problem is named, exit code 5."""
     env = dict(_env(), ZEN_TVM_PYTHON=str(tmp_path / "no-such-python"))
-    proc = subprocess.run([sys.executable, "-m", "zen", "decompile", str(built / "mlp.so"), "-o", str(tmp_path / "out")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zen", "decompile", str(built / "mlp.so"), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 5 and "TVM is not importable" in proc.stderr
     assert (tmp_path / "out" / "graph.json").is_file() and not (tmp_path / "out" / "model.py").exists()
 
@@ -324,8 +372,11 @@ def test_detached_weights_come_from_a_params_file(built, decompiled, tmp_path):
     x = np.load(built / "resnet_detached.input.npy")
     mine = _run_package(pkg, x, built / "resnet_detached.params.safetensors")
     assert np.abs(mine - np.load(built / "resnet_detached.torch.npy")).max() < 1e-5
-    res = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(pkg.parent)!r}); "
-                          f"import {pkg.name} as p; p.load()"], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(pkg.parent)!r}); import {pkg.name} as p; p.load()"],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode != 0 and "pass params=FILE" in res.stderr
 
 
@@ -349,7 +400,7 @@ def test_random_corruption_never_escapes_as_a_bug(built, tmp_path):
         for _ in range(rng.choice([1, 4, 16])):
             d[off + rng.randrange(len(payload)) if rng.random() < 0.8 else rng.randrange(len(d))] = rng.randrange(256)
         if rng.random() < 0.2:
-            d = d[:rng.randrange(len(d))]
+            d = d[: rng.randrange(len(d))]
         bad.write_bytes(bytes(d))
         try:
             load_graph(bad)
@@ -361,13 +412,16 @@ def test_random_corruption_never_escapes_as_a_bug(built, tmp_path):
 
 def test_compiled_exec_mode_is_refused_clearly(tmp_path):
     """exec_mode='compiled' puts main() into native code: no bytecode, a clear refusal."""
-    script = ("import sys, torch, tvm\nfrom tvm import relax\nfrom tvm.relax.frontend.torch import from_exported_program\n"
-              "m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())\n"
-              "mod = from_exported_program(torch.export.export(m, (torch.randn(1, 4),)))\n"
-              "t = tvm.target.Target('llvm')\n"
-              "relax.build(relax.get_default_pipeline(t)(mod), target=t, exec_mode='compiled').export_library(sys.argv[1])\n")
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "compiled.so")], capture_output=True, text=True,
-                          timeout=600)
+    script = (
+        "import sys, torch, tvm\nfrom tvm import relax\nfrom tvm.relax.frontend.torch import from_exported_program\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())\n"
+        "mod = from_exported_program(torch.export.export(m, (torch.randn(1, 4),)))\n"
+        "t = tvm.target.Target('llvm')\n"
+        "relax.build(relax.get_default_pipeline(t)(mod), target=t, exec_mode='compiled').export_library(sys.argv[1])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "compiled.so")], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = zen("decompile", str(tmp_path / "compiled.so"), "-o", str(tmp_path / "out"))
     assert res.returncode == 2 and "exec_mode='compiled'" in res.stderr and "Traceback" not in res.stderr
@@ -394,8 +448,10 @@ def test_int8_model_rebuilt_with_scales_and_weights(name, built, decompiled):
     acts = [o for n in graph["nodes"] for o in (n.get("attrs") or {}).get("ops", []) if o.get("fn") in ("fake_quant", "quantize")]
     got = sorted((round(o["scale"], 5), o["zero_point"]) for o in acts)
     assert got == sorted([(q["x_scale"], q["x_zp"]), (q["h_scale"], q["h_zp"])])
-    hashes = {hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-              for a in load_file(str(pkg / "weights.safetensors")).values()}
+    hashes = {
+        hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+        for a in load_file(str(pkg / "weights.safetensors")).values()
+    }
     if name == "int8_mlp":
         assert set(truth["dequantized_sha256"].values()) <= hashes
     else:

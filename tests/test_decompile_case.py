@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(not _has_tvm(), reason="apache-tvm is not instal
 
 # The process that holds the PyTorch models (built exactly as tvm_models.build builds them) and
 # writes what it knows about them; it waits on stdin while it is imaged.
-HOLDER = r'''
+HOLDER = r"""
 import hashlib, json, sys
 from pathlib import Path
 import torch
@@ -71,7 +71,7 @@ for name in names:
 (out / "truth.json").write_text(json.dumps(truth))
 print("READY", flush=True)
 sys.stdin.read()
-'''
+"""
 
 
 def _env() -> dict:
@@ -81,8 +81,7 @@ def _env() -> dict:
 
 
 def zen(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zen", *map(str, args)], capture_output=True, text=True, env=_env(),
-                          timeout=900)
+    return subprocess.run([sys.executable, "-m", "zen", *map(str, args)], capture_output=True, text=True, env=_env(), timeout=900)
 
 
 @pytest.fixture(scope="session")
@@ -90,8 +89,9 @@ def decompiled_cases(tmp_path_factory) -> dict[str, Path]:
     """Each model's TVM library (fused, llvm) decompiled into a case directory."""
     out = tmp_path_factory.mktemp("tvm_case_libs")
     specs = MODELS + [u.replace("_unfused", ":unfused") for u in UNFUSED] + ["resnet:detached"]
-    proc = subprocess.run([sys.executable, str(TARGETS / "tvm_models.py"), str(out), *specs], capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(TARGETS / "tvm_models.py"), str(out), *specs], capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = {}
     for name in MODELS + UNFUSED + ["resnet_detached"]:
@@ -106,8 +106,13 @@ def recovered_cases(tmp_path_factory) -> tuple[dict, dict[str, Path]]:
     """The same models recovered by `zen recover` from an image of a process holding them: (truth, cases)."""
     work = tmp_path_factory.mktemp("tvm_case_holder")
     (work / "holder.py").write_text(HOLDER)
-    proc = subprocess.Popen([sys.executable, str(work / "holder.py"), str(work), str(TARGETS), *MODELS],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(work / "holder.py"), str(work), str(TARGETS), *MODELS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         line = ""
@@ -166,6 +171,7 @@ def test_mr_matches_the_original_layers(name, decompiled_cases, recovered_cases)
                 continue
             got = weights[f"{m['path']}.{key}"]
             assert list(got.shape) == shape and _sha(got) == sha, (orig["path"], key)
+
     # parameter-free layers the original registered (pools, activations) are there with equal settings
     # (`inplace` is a Python-side memory choice an executable does not keep)
     def settings(hyper: dict) -> str:

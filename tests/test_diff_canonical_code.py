@@ -25,13 +25,25 @@ def _other(x):
 
 
 def _enc(code_bytes: bytes) -> dict:
-    return {"function": "fork:_act", "code": base64.b64encode(code_bytes).decode(),
-            "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+    return {
+        "function": "fork:_act",
+        "code": base64.b64encode(code_bytes).decode(),
+        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+    }
 
 
 def _cls(module: str, attrs: dict) -> ClassRecord:
-    return ClassRecord(address="0x1", name=f"{module}.Block", module=module, qualname="Block", bases=[],
-                       mro_names=[], methods=[], model_specific=True, attributes=attrs)
+    return ClassRecord(
+        address="0x1",
+        name=f"{module}.Block",
+        module=module,
+        qualname="Block",
+        bases=[],
+        mro_names=[],
+        methods=[],
+        model_specific=True,
+        attributes=attrs,
+    )
 
 
 def test_old_plain_marshal_equals_canonical():

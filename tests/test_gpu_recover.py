@@ -35,7 +35,7 @@ def _zen(*args, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def _fake_cuda_gdb(where: Path) -> Path:
     exe = where / "cuda-gdb"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {TARGETS / 'fake_cuda_gdb.py'} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {TARGETS / "fake_cuda_gdb.py"} "$@"\n')
     exe.chmod(0o755)
     return exe
 

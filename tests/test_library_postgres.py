@@ -49,8 +49,10 @@ def test_one_schema_for_both_engines(pg_cluster, tmp_path):
         pg_cols: dict[str, set] = {}
         for t, c in rows:
             pg_cols.setdefault(t, set()).add(c)
-        q = ("SELECT indexname FROM pg_indexes WHERE schemaname='public' "
-             "AND indexname NOT LIKE '%_pkey' AND indexname NOT LIKE '%_key'")
+        q = (
+            "SELECT indexname FROM pg_indexes WHERE schemaname='public' "
+            "AND indexname NOT LIKE '%_pkey' AND indexname NOT LIKE '%_key'"
+        )
         pg_idx = {n for (n,) in lib.query(q).fetchall()}
     assert pg_cols == cols and pg_idx == idx
     assert {"audit", "tokens"} <= set(cols) and "added_by" in cols["models"]

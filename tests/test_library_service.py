@@ -298,11 +298,19 @@ def test_hostile_uploads_are_refused_and_the_server_keeps_serving(team, family_i
     weights = {**{p: (FILE_OF_PART[p], d) for p, d in good.items() if p != "code"}, "weights": ("w", b"1")}
     six = {**{p: (FILE_OF_PART[p], d) for p, d in good.items()}, "weights": ("w", b"1")}
     cases = {
-        "garbage multipart": (lambda: httpx.post(srv.url + "/models", headers={**_auth(toks["add"]),
-                              "Content-Type": "multipart/form-data; boundary=zz"}, content=os.urandom(4096)), 400),  # fmt: skip
+        "garbage multipart": (
+            lambda: httpx.post(
+                srv.url + "/models",
+                headers={**_auth(toks["add"]), "Content-Type": "multipart/form-data; boundary=zz"},
+                content=os.urandom(4096),
+            ),
+            400,
+        ),  # fmt: skip
         "not multipart": (lambda: httpx.post(srv.url + "/models", headers=_auth(toks["add"]), json={"mr": 1}), 415),
-        "oversized body": (lambda: httpx.post(srv.url + "/models", headers=_auth(toks["add"]),
-                                              content=b"x" * (17 << 20)), 413),  # fmt: skip
+        "oversized body": (
+            lambda: httpx.post(srv.url + "/models", headers=_auth(toks["add"]), content=b"x" * (17 << 20)),
+            413,
+        ),  # fmt: skip
         "deeply nested": (lambda: _post(srv, toks["add"], _vouched(good, mr=deep)), 422),
         "nested past the bound": (lambda: _post(srv, toks["add"], _vouched(good, mr=nested)), 422),
         "schema-breaking": (lambda: _post(srv, toks["add"], _vouched(good, mr=wrong_type)), 422),
@@ -313,10 +321,14 @@ def test_hostile_uploads_are_refused_and_the_server_keeps_serving(team, family_i
         "file the manifest lacks": (lambda: _post(srv, toks["add"], {**good, "manifest": unvouched}), 422),
         "manifest not a manifest": (lambda: _post(srv, toks["add"], {**good, "manifest": b'{"kind": "zen-case"}'}), 422),
         "missing part": (lambda: _post(srv, toks["add"], {k: v for k, v in good.items() if k != "ur"}), 422),
-        "weights part": (lambda: httpx.post(srv.url + "/models", headers=_auth(toks["add"]), data={"name": "x"},
-                                            files=weights), 422),  # fmt: skip
-        "too many parts": (lambda: httpx.post(srv.url + "/models", headers=_auth(toks["add"]), data={"name": "x"},
-                                              files=six), 400),  # fmt: skip
+        "weights part": (
+            lambda: httpx.post(srv.url + "/models", headers=_auth(toks["add"]), data={"name": "x"}, files=weights),
+            422,
+        ),  # fmt: skip
+        "too many parts": (
+            lambda: httpx.post(srv.url + "/models", headers=_auth(toks["add"]), data={"name": "x"}, files=six),
+            400,
+        ),  # fmt: skip
         "decompression bomb": (lambda: _post(srv, toks["add"], {**good, "pr": bomb}, gz=("pr",)), 413),
         "not gzip": (lambda: _post(srv, toks["add"], good, gz=("ur",)), 422),
         "bad name": (lambda: _post(srv, toks["add"], good, name=" spaced "), 400),

@@ -37,8 +37,15 @@ def main(paths: list[str]) -> int:
         found = {tuple(t) for t in (ops.split_kernel_name(k) for k in graph.kernels()) if t and len(t) > 1}
         seen.update(found)
     patterns = [{"ops": list(k), "libraries": n} for k, n in sorted(seen.items(), key=lambda e: (-e[1], len(e[0]), e[0]))]
-    json.dump({"about": "op sequences of fused TVM kernels, counted once per library (tools/fusion_patterns.py)",
-               "libraries": libraries, "patterns": patterns}, sys.stdout, indent=1)
+    json.dump(
+        {
+            "about": "op sequences of fused TVM kernels, counted once per library (tools/fusion_patterns.py)",
+            "libraries": libraries,
+            "patterns": patterns,
+        },
+        sys.stdout,
+        indent=1,
+    )
     sys.stdout.write("\n")
     return 0
 

@@ -30,6 +30,7 @@ def bindir() -> Path | None:
     found = shutil.which("initdb")
     if found and shutil.which("pg_ctl"):
         return Path(found).parent
+
     def version(p: str) -> int:
         v = p.split("/")[4]
         return int(v) if v.isdigit() else 0

@@ -41,8 +41,9 @@ app = typer.Typer(
     help="zen: recover deep-learning models, and the code that implements them, from memory images of Python processes "
     "(process cores, live PIDs, or whole-machine RAM images: LiME, AVML, raw, ELF dumps).",
 )
-profile_app = typer.Typer(no_args_is_help=True, help="Calibrate layout profiles (struct offsets) for a Python, torch or "
-                          "TensorFlow version.")
+profile_app = typer.Typer(
+    no_args_is_help=True, help="Calibrate layout profiles (struct offsets) for a Python, torch or TensorFlow version."
+)
 app.add_typer(profile_app, name="profile")
 app.add_typer(cli_library.library_app, name="library")
 app.add_typer(cli_serve.serve_app, name="serve")
@@ -238,8 +239,12 @@ def recover(
     symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
     gpu: list[Path] | None = typer.Option(None, "--gpu", help=GPU_HELP),
     model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
-    limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on what is read "
-                                           "from the image (max_str, max_items, max_module_depth, ...; see README)."),
+    limit: list[str] | None = typer.Option(
+        None,
+        "--limit",
+        help="NAME=VALUE: raise or lower a bound on what is read "
+        "from the image (max_str, max_items, max_module_depth, ...; see README).",
+    ),
     sign: Path | None = typer.Option(None, "--sign", help="Sign the manifest with this Ed25519 key (manifest.sig)."),
     rehash: bool = typer.Option(False, "--rehash", help="Hash the image again even if zen hashed it unchanged before."),
 ) -> None:
@@ -263,8 +268,13 @@ def recover(
         def tick(stage: str, done: int, total: int) -> None:
             prog.update(task, description=stage, completed=done, total=total)
 
-        res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, progress=tick, symbols=symbols,
-                                                         limits=limit, gpu=gpu, rehash=rehash))
+        res = _frozen(
+            image,
+            pid,
+            lambda: do_recover(
+                image, pid, output, model=model, progress=tick, symbols=symbols, limits=limit, gpu=gpu, rehash=rehash
+            ),
+        )
     _render_recover(res)
     if sign is not None:
         from zen.represent.signature import sign_case

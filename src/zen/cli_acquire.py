@@ -29,13 +29,23 @@ def acquire(
         help="--lean skips unwritten read-only file mappings (readers take them from disk); "
         "--all (default) copies every mapping.",
     ),
-    gpu: str = typer.Option("auto", "--gpu", help="GPU memory of a CUDA process, written to IMAGE.gpu0.nvcudmp: auto "
-                            "(the driver's dump if the process enabled it, else cuda-gdb), driver, cuda-gdb or none."),
+    gpu: str = typer.Option(
+        "auto",
+        "--gpu",
+        help="GPU memory of a CUDA process, written to IMAGE.gpu0.nvcudmp: auto "
+        "(the driver's dump if the process enabled it, else cuda-gdb), driver, cuda-gdb or none.",
+    ),
     cuda_gdb: str | None = typer.Option(None, "--cuda-gdb", help="The cuda-gdb to use (default: on PATH)."),
-    allow_abort: bool = typer.Option(False, "--allow-abort", help="Let the driver's dump end the process (when its "
-                                     "CUDA_COREDUMP_GENERATION_FLAGS lack skip_abort)."),
-    gpu_timeout: float | None = typer.Option(None, "--gpu-timeout", help="Seconds allowed for the GPU dump "
-                                             "(default: 600 for the driver, 120 + 1 s per 5 MB for cuda-gdb)."),
+    allow_abort: bool = typer.Option(
+        False,
+        "--allow-abort",
+        help="Let the driver's dump end the process (when its CUDA_COREDUMP_GENERATION_FLAGS lack skip_abort).",
+    ),
+    gpu_timeout: float | None = typer.Option(
+        None,
+        "--gpu-timeout",
+        help="Seconds allowed for the GPU dump (default: 600 for the driver, 120 + 1 s per 5 MB for cuda-gdb).",
+    ),
 ) -> None:
     """Image a live process into an ELF core file (the process is stopped while it is read); for a CUDA process,
     also its GPU memory (see README 'Models on GPUs')."""
@@ -56,8 +66,10 @@ def acquire(
             prog.update(task, completed=done, total=total)
 
         res = do_acquire(pid, output, lean=lean, progress=tick, note=plan.note() if plan.route != "not-cuda" else None)
-    out.print(f"wrote {res.path} ({res.bytes_written:,} bytes of {res.regions} mappings, mode {res.mode}) "
-              f"in {res.seconds:.2f} s; sha256 {res.sha256}")
+    out.print(
+        f"wrote {res.path} ({res.bytes_written:,} bytes of {res.regions} mappings, mode {res.mode}) "
+        f"in {res.seconds:.2f} s; sha256 {res.sha256}"
+    )
     for f in res.failed_regions:
         err.print(f"[yellow]unreadable: {escape(f)}[/yellow]")
     if plan.route == "not-cuda":

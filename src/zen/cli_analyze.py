@@ -23,9 +23,13 @@ EXIT_PARTIAL = 5
 def analyze(
     target: Path = typer.Argument(..., help="A case directory (`zen recover`) or a reuse package (`zen reuse`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Directory for analysis.json, adversarial examples and plots."),
-    inputs: Path | None = typer.Option(None, "--inputs", help="safetensors file: the batch as 'x' (or its only tensor), "
-                                       "optional integer 'labels'. Default: the inputs recovered from the image, else "
-                                       "inputs made from the model's input spec."),
+    inputs: Path | None = typer.Option(
+        None,
+        "--inputs",
+        help="safetensors file: the batch as 'x' (or its only tensor), "
+        "optional integer 'labels'. Default: the inputs recovered from the image, else "
+        "inputs made from the model's input spec.",
+    ),
     attack: str = typer.Option("fgsm,pgd", "--attack", help="Attacks to run: fgsm, pgd (comma-separated), or none."),
     eps: str = typer.Option("0.01,0.03,0.1", "--eps", help="L-inf epsilons, in input units (comma-separated)."),
     backdoor: bool = typer.Option(False, "--backdoor", help="Also search for backdoors with Neural Cleanse (ART)."),
@@ -34,8 +38,9 @@ def analyze(
     batch_size: int = typer.Option(32, "--batch-size", help="Batch size of the attacks and of Neural Cleanse."),
     pgd_steps: int = typer.Option(10, "--pgd-steps", help="PGD iterations (step size eps/4, one random start)."),
     nc_steps: int = typer.Option(100, "--nc-steps", help="Neural Cleanse: most optimisation epochs per class."),
-    input_shape: str | None = typer.Option(None, "--input-shape", help="C,H,W (or F): make inputs of this sample shape "
-                                           "(instead of recovered ones)."),
+    input_shape: str | None = typer.Option(
+        None, "--input-shape", help="C,H,W (or F): make inputs of this sample shape (instead of recovered ones)."
+    ),
     samples: int = typer.Option(16, "--samples", help="How many inputs to make from the spec."),
     threads: int = typer.Option(1, "--threads", help="torch threads (1 makes CPU results reproducible)."),
     device: str = typer.Option("cpu", "--device", help="Run the model on this device (cpu, cuda:0)."),

@@ -41,17 +41,33 @@ def compare(library: Path, package: Path, timeout: float = TIMEOUT) -> dict:
 def decompile(
     library: Path = typer.Argument(..., help="A model library (.so) written by TVM's export_library (relax VM)."),
     output: Path = typer.Option(..., "-o", "--output", help="Directory for the package, graph.json and manifest.json."),
-    probe: bool = typer.Option(True, "--probe/--static", help="Probe kernels with TVM in a child process (needed to "
-                               "rebuild); --static only parses the library."),
+    probe: bool = typer.Option(
+        True,
+        "--probe/--static",
+        help="Probe kernels with TVM in a child process (needed to rebuild); --static only parses the library.",
+    ),
     check: bool = typer.Option(True, "--check/--no-check", help="Compare the rebuilt model with the executable."),
-    names: bool = typer.Option(True, "--names/--behaviour-only", help="Use kernel names as hints; --behaviour-only "
-                               "ignores them (as for hashed names): single-operator kernels are recognised by behaviour."),
+    names: bool = typer.Option(
+        True,
+        "--names/--behaviour-only",
+        help="Use kernel names as hints; --behaviour-only "
+        "ignores them (as for hashed names): single-operator kernels are recognised by behaviour.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
-    limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: raise or lower a bound on each kernel's "
-                                           "search (kernel_trials, kernel_leaves, pattern_trials, pattern_leaves; "
-                                           "recorded in manifest.json)."),
-    timeout: float = typer.Option(TIMEOUT, "--timeout", min=1.0, help="Safety net: seconds a probing or checking "
-                                  "child may run before zen stops with an error (exit 7); never changes a result."),
+    limit: list[str] | None = typer.Option(
+        None,
+        "--limit",
+        help="NAME=VALUE: raise or lower a bound on each kernel's "
+        "search (kernel_trials, kernel_leaves, pattern_trials, pattern_leaves; "
+        "recorded in manifest.json).",
+    ),
+    timeout: float = typer.Option(
+        TIMEOUT,
+        "--timeout",
+        min=1.0,
+        help="Safety net: seconds a probing or checking "
+        "child may run before zen stops with an error (exit 7); never changes a result.",
+    ),
 ) -> None:
     """Decompile a TVM-built model library into a PyTorch package (`import DIR; DIR.load()`).
 
@@ -81,32 +97,41 @@ def decompile(
         out.print_json(json.dumps(manifest, default=str))
     else:
         ex, g = manifest["executable"], manifest["graph"]
-        out.print(f"[bold]{escape(str(library))}[/bold]: relax VM {ex['vm_version']}, {g['kernel_calls']} kernel calls "
-                  f"({g['distinct_kernels']} kernels), {ex['weight_tensors']} weight tensors"
-                  + (", stripped" if ex["stripped"] else ""))
+        out.print(
+            f"[bold]{escape(str(library))}[/bold]: relax VM {ex['vm_version']}, {g['kernel_calls']} kernel calls "
+            f"({g['distinct_kernels']} kernels), {ex['weight_tensors']} weight tensors" + (", stripped" if ex["stripped"] else "")
+        )
         ops = ", ".join(f"{k}×{v}" for k, v in manifest["operators"].items())
         if ops:
             out.print(f"operators: {escape(ops)}")
         det = manifest.get("detached_parameters") or []
         if det:
-            err.print(f"[yellow]note: {len(det)} weights are inputs of the executable, not in it: "
-                      f"{escape(', '.join(d['name'] for d in det))}; load(params=FILE) supplies them[/yellow]")
+            err.print(
+                f"[yellow]note: {len(det)} weights are inputs of the executable, not in it: "
+                f"{escape(', '.join(d['name'] for d in det))}; load(params=FILE) supplies them[/yellow]"
+            )
         fold = manifest.get("folded")
         if fold:
-            err.print(f"[yellow]note: {fold['kernel_calls']} kernel calls read only constants and matched no operator; "
-                      f"their outputs are kept as constant buffers: {escape(', '.join(fold['kernels']))}[/yellow]")
+            err.print(
+                f"[yellow]note: {fold['kernel_calls']} kernel calls read only constants and matched no operator; "
+                f"their outputs are kept as constant buffers: {escape(', '.join(fold['kernels']))}[/yellow]"
+            )
         if manifest["rebuilt"]:
             out.print(f"package written: {escape(str(output))} (import it and call load())")
             if not output.name.isidentifier():
-                err.print(f"[yellow]note: {escape(output.name)} is not a Python identifier: rename the directory to "
-                          "import it as a package[/yellow]")
+                err.print(
+                    f"[yellow]note: {escape(output.name)} is not a Python identifier: rename the directory to "
+                    "import it as a package[/yellow]"
+                )
         eq = manifest.get("equivalence")
         if eq:
             if "error" in eq:
                 err.print(f"[yellow]problem: {escape(eq['error'])}[/yellow]")
             else:
-                out.print(f"rebuilt vs executable: max abs difference {eq['max_abs_diff']:.3g} "
-                          f"(outputs up to {eq['max_abs_output']:.3g}, {eq['trials']} random inputs)")
+                out.print(
+                    f"rebuilt vs executable: max abs difference {eq['max_abs_diff']:.3g} "
+                    f"(outputs up to {eq['max_abs_output']:.3g}, {eq['trials']} random inputs)"
+                )
     for p in manifest["problems"]:
         err.print(f"[yellow]problem: {escape(p)}[/yellow]")
     if (probe and not manifest["rebuilt"]) or "error" in (manifest.get("equivalence") or {}):

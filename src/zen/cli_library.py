@@ -15,8 +15,12 @@ from zen.errors import ZenError
 library_app = typer.Typer(no_args_is_help=True, help="The Base Model Library: fingerprints of known base models.")
 out, err = consoles()
 
-LIB_OPT = typer.Option(None, "--library", help="Library: a SQLite file, a postgresql:// URL or the http(s):// URL of a zen "
-                       "serve (token in $ZEN_LIBRARY_TOKEN). Default: $ZEN_LIBRARY or ~/.local/share/zen/library.sqlite.")
+LIB_OPT = typer.Option(
+    None,
+    "--library",
+    help="Library: a SQLite file, a postgresql:// URL or the http(s):// URL of a zen "
+    "serve (token in $ZEN_LIBRARY_TOKEN). Default: $ZEN_LIBRARY or ~/.local/share/zen/library.sqlite.",
+)
 
 
 EXIT_PARTIAL = 5
@@ -130,8 +134,9 @@ def show(name: str = typer.Argument(...), library: str | None = LIB_OPT, as_json
               + (f" by {e['added_by']}" if info.get("added_by") else "") + ")")  # fmt: skip
     out.print(f"source image sha256: {e['source_sha256']}")
     out.print("layers: " + escape(", ".join(f"{k.rsplit('.', 1)[-1]}×{v}" for k, v in info["layer_types"].items())))
-    out.print(f"model code: {info['code_objects']} code objects, {len(info['classes'])} classes in "
-              f"{len(info['modules'])} modules")
+    out.print(
+        f"model code: {info['code_objects']} code objects, {len(info['classes'])} classes in {len(info['modules'])} modules"
+    )
     for m in sorted(info["modules"])[:30]:
         out.print(f"  {escape(m)}")
 
@@ -234,6 +239,7 @@ def attribute(
     t = Table(
         "base model", "UR", "MR", "PR", "Arch", "TS", "OP", "graph", "COs", "CLS", "identical", "changed", "added", "method"
     )
+
     def n(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.2f}"  # None: the PR side of a compiled model
 

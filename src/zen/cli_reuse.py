@@ -38,10 +38,18 @@ def diff(
     patch: Path | None = typer.Option(None, "-o", "--patch", help="Also write the patch file (JSON) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
     source: bool = typer.Option(True, "--source/--listing", help="Diff decompiled source (depyf) where possible."),
-    limit: list[str] | None = typer.Option(None, "--limit", help="NAME=VALUE: decompile_calls, the Python calls depyf may "
-                                           "make per function before it is shown as a listing (recorded with --json)."),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Safety net: seconds decompilation may take before "
-                                  "zen stops with an error (exit 7); never changes what is shown."),
+    limit: list[str] | None = typer.Option(
+        None,
+        "--limit",
+        help="NAME=VALUE: decompile_calls, the Python calls depyf may "
+        "make per function before it is shown as a listing (recorded with --json).",
+    ),
+    timeout: float = typer.Option(
+        600.0,
+        "--timeout",
+        min=1.0,
+        help="Safety net: seconds decompilation may take before zen stops with an error (exit 7); never changes what is shown.",
+    ),
 ) -> None:
     """What the recovered model changed relative to a base model (ZEN Algorithm 2).
 
@@ -238,8 +246,11 @@ def verify(
     save: Path | None = typer.Option(None, "-o", "--save", help="Write the outputs here (safetensors)."),
     threads: int = typer.Option(1, "--threads", help="torch threads (1 makes CPU results reproducible)."),
     as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
-    device: str = typer.Option("cpu", "--device", help="PyTorch packages: run the model on this device (cpu, cuda:0); "
-                               "inputs are moved there, outputs compared on the CPU."),
+    device: str = typer.Option(
+        "cpu",
+        "--device",
+        help="PyTorch packages: run the model on this device (cpu, cuda:0); inputs are moved there, outputs compared on the CPU.",
+    ),
     python: str | None = typer.Option(
         None,
         "--python",

@@ -208,8 +208,28 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
                                  "acquire the image again, or find a complete copy") from None  # fmt: skip
         raise
     sections = {"torch": {"version": tv}}
-    return _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings,
-                   t0, started, sections, {"cpython": ip.P.source, "torch": tprof.source}, digests, bounds)
+    return _finish(
+        out,
+        space,
+        image,
+        pid,
+        hasher,
+        ip,
+        mr,
+        slots,
+        extra,
+        chosen,
+        how,
+        roots,
+        problems,
+        timings,
+        t0,
+        started,
+        sections,
+        {"cpython": ip.P.source, "torch": tprof.source},
+        digests,
+        bounds,
+    )
 
 
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
@@ -251,8 +271,28 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     textio.write_text(out / case.MR_FILE, mr.dumps())
     sections = {**km.versions, "framework": "keras"}
     profiles = {"cpython": ip.P.source, "tf": km.profile.source if km.profile else None}
-    return _finish(out, space, image, pid, hasher, ip, mr, km.slots, km.extra, km.chosen, km.how, mr.roots, problems,
-                   timings, t0, started, sections, profiles, digests, bounds)
+    return _finish(
+        out,
+        space,
+        image,
+        pid,
+        hasher,
+        ip,
+        mr,
+        km.slots,
+        km.extra,
+        km.chosen,
+        km.how,
+        mr.roots,
+        problems,
+        timings,
+        t0,
+        started,
+        sections,
+        profiles,
+        digests,
+        bounds,
+    )
 
 
 def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> None:

@@ -15,8 +15,7 @@ args = sys.argv[1:]
 pid = int(args[args.index("-p") + 1])
 commands = [args[i + 1] for i, a in enumerate(args) if a == "-ex"]
 os.kill(pid, 0)  # attaching needs the process
-KNOWN = {"set pagination off", "set confirm off", "set max-value-size unlimited", "set print thread-events off",
-         "detach", "quit"}
+KNOWN = {"set pagination off", "set confirm off", "set max-value-size unlimited", "set print thread-events off", "detach", "quit"}
 DUMP = re.compile(r"^dump binary value (\S+) \*\(@global unsigned char \(\*\)\[(\d+)\]\)(0x[0-9a-f]+)$")
 mem = GpuCoreSpace(os.environ["ZEN_FAKE_DEVICE_MEMORY"])
 failed = False

@@ -121,7 +121,7 @@ def driver() -> None:
     with open(pipe, "rb") as fh:  # the driver holds its pipe open for reading
         while not fh.read(1):
             time.sleep(0.05)
-    target = (os.environ.get("CUDA_COREDUMP_FILE") or f"core_{int(time.time())}_{host}_{pid}.nvcudmp")
+    target = os.environ.get("CUDA_COREDUMP_FILE") or f"core_{int(time.time())}_{host}_{pid}.nvcudmp"
     target = target.replace("%p", pid).replace("%h", host).replace("%t", str(int(time.time())))
     with open(os.path.join(OUT, "device-memory.nvcudmp"), "rb") as src, open(target, "wb") as dst:
         while block := src.read(64 << 10):

@@ -246,8 +246,11 @@ def build_models() -> dict:
     nin = keras.Input((5,), name="nin")
     h = inner(nin)
     sub_in = keras.Input((6,), name="sub_in")
-    sub = keras.Model(sub_in, layers.Dense(4, activation="sigmoid", kernel_initializer=keras.initializers.HeNormal(seed=1),
-                                             name="s1")(sub_in), name="sub")
+    sub = keras.Model(
+        sub_in,
+        layers.Dense(4, activation="sigmoid", kernel_initializer=keras.initializers.HeNormal(seed=1), name="s1")(sub_in),
+        name="sub",
+    )
     nested = keras.Model(nin, layers.Dense(2, name="nout")(layers.Concatenate(name="ncat")([sub(h), h])), name="nested")
 
     mobile = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)

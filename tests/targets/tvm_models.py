@@ -173,17 +173,29 @@ class MobileBlocks(nn.Module):
         c = 16
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
         self.se_reduce, self.se_expand = nn.Conv2d(16, 8, 1), nn.Conv2d(8, 16, 1)
-        self.down1 = nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1, groups=16, bias=False), nn.BatchNorm2d(16),
-                                   nn.Conv2d(16, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.down1 = nn.Sequential(
+            nn.Conv2d(16, 16, 3, 2, 1, groups=16, bias=False),
+            nn.BatchNorm2d(16),
+            nn.Conv2d(16, c, 1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+        )
         self.down2 = self._branch(16, c, 2)
         self.unit1, self.unit2 = self._branch(c, c, 1), self._branch(c, c, 1)
         self.fc = nn.Linear(2 * c, 5)
 
     @staticmethod
     def _branch(cin: int, c: int, stride: int) -> nn.Sequential:
-        return nn.Sequential(nn.Conv2d(cin, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
-                             nn.Conv2d(c, c, 3, stride, 1, groups=c, bias=False), nn.BatchNorm2d(c),
-                             nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        return nn.Sequential(
+            nn.Conv2d(cin, c, 1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+            nn.Conv2d(c, c, 3, stride, 1, groups=c, bias=False),
+            nn.BatchNorm2d(c),
+            nn.Conv2d(c, c, 1, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+        )
 
     @staticmethod
     def _shuffle(x, groups: int = 2):
@@ -207,12 +219,19 @@ def hf_model(kind: str):
     import transformers
 
     if kind == "bert":
-        cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      intermediate_size=64, max_position_embeddings=32)
+        cfg = transformers.BertConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=32,
+        )
         enc = transformers.BertModel(cfg, add_pooling_layer=False)
     else:
-        cfg = transformers.DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                                            max_position_embeddings=32)
+        cfg = transformers.DistilBertConfig(
+            vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=32
+        )
         enc = transformers.DistilBertModel(cfg)
 
     class Wrapped(nn.Module):
@@ -227,28 +246,38 @@ def hf_model(kind: str):
     return Wrapped
 
 
-MODELS = {"lenet": (LeNet, (1, 1, 28, 28)), "encoder": (Encoder, (2, 8, 32)), "encoder_mha": (TorchEncoder, (2, 8, 32)),
-          "cnn": (SmallCNN, (1, 3, 32, 32)), "mlp": (MLP, (2, 32)), "resnet": (ResBlockNet, (1, 3, 40, 40)),
-          "conv1d": (Conv1dNet, (2, 4, 64)), "deep_mlp": (DeepMLP, (4, 20)), "mobile": (MobileBlocks, (1, 3, 32, 32))}
+MODELS = {
+    "lenet": (LeNet, (1, 1, 28, 28)),
+    "encoder": (Encoder, (2, 8, 32)),
+    "encoder_mha": (TorchEncoder, (2, 8, 32)),
+    "cnn": (SmallCNN, (1, 3, 32, 32)),
+    "mlp": (MLP, (2, 32)),
+    "resnet": (ResBlockNet, (1, 3, 40, 40)),
+    "conv1d": (Conv1dNet, (2, 4, 64)),
+    "deep_mlp": (DeepMLP, (4, 20)),
+    "mobile": (MobileBlocks, (1, 3, 32, 32)),
+}
 HF = {"hf_bert_tiny": ("bert", (1, 8, 32)), "hf_distilbert_tiny": ("distilbert", (1, 8, 32))}
 
 
 # torchvision/timm models (random init, no downloads), from bench/zoo.py's side directory when available
-ZOO = {"tv_resnet18": ("torchvision.models", "resnet18", (1, 3, 64, 64)),
-       "tv_mobilenet_v2": ("torchvision.models", "mobilenet_v2", (1, 3, 64, 64)),
-       "tv_squeezenet": ("torchvision.models", "squeezenet1_1", (1, 3, 64, 64)),
-       "tv_shufflenet": ("torchvision.models", "shufflenet_v2_x0_5", (1, 3, 64, 64)),
-       "timm_vit_tiny": ("timm", "vit_tiny_patch16_224", (1, 3, 32, 32)),
-       "timm_resnet10t": ("timm", "resnet10t", (1, 3, 64, 64)),
-       "tv_mobilenet_v3_small": ("torchvision.models", "mobilenet_v3_small", (1, 3, 64, 64)),
-       "tv_mnasnet": ("torchvision.models", "mnasnet0_5", (1, 3, 64, 64)),
-       "tv_regnet_x_400mf": ("torchvision.models", "regnet_x_400mf", (1, 3, 64, 64)),
-       "tv_efficientnet_b0": ("torchvision.models", "efficientnet_b0", (1, 3, 64, 64)),
-       "tv_densenet121": ("torchvision.models", "densenet121", (1, 3, 32, 32)),
-       "tv_googlenet": ("torchvision.models", "googlenet", (1, 3, 64, 64)),
-       "timm_convnext_atto": ("timm", "convnext_atto", (1, 3, 64, 64)),
-       "timm_mixer": ("timm", "mixer_s16_224", (1, 3, 32, 32)),
-       "timm_ghostnet": ("timm", "ghostnet_050", (1, 3, 64, 64))}
+ZOO = {
+    "tv_resnet18": ("torchvision.models", "resnet18", (1, 3, 64, 64)),
+    "tv_mobilenet_v2": ("torchvision.models", "mobilenet_v2", (1, 3, 64, 64)),
+    "tv_squeezenet": ("torchvision.models", "squeezenet1_1", (1, 3, 64, 64)),
+    "tv_shufflenet": ("torchvision.models", "shufflenet_v2_x0_5", (1, 3, 64, 64)),
+    "timm_vit_tiny": ("timm", "vit_tiny_patch16_224", (1, 3, 32, 32)),
+    "timm_resnet10t": ("timm", "resnet10t", (1, 3, 64, 64)),
+    "tv_mobilenet_v3_small": ("torchvision.models", "mobilenet_v3_small", (1, 3, 64, 64)),
+    "tv_mnasnet": ("torchvision.models", "mnasnet0_5", (1, 3, 64, 64)),
+    "tv_regnet_x_400mf": ("torchvision.models", "regnet_x_400mf", (1, 3, 64, 64)),
+    "tv_efficientnet_b0": ("torchvision.models", "efficientnet_b0", (1, 3, 64, 64)),
+    "tv_densenet121": ("torchvision.models", "densenet121", (1, 3, 32, 32)),
+    "tv_googlenet": ("torchvision.models", "googlenet", (1, 3, 64, 64)),
+    "timm_convnext_atto": ("timm", "convnext_atto", (1, 3, 64, 64)),
+    "timm_mixer": ("timm", "mixer_s16_224", (1, 3, 32, 32)),
+    "timm_ghostnet": ("timm", "ghostnet_050", (1, 3, 64, 64)),
+}
 
 
 _PREPARED: list = []
@@ -278,14 +307,20 @@ def ground_truth(model: nn.Module) -> list[dict]:
     for name, m in model.named_modules():
         if isinstance(m, (nn.Conv1d, nn.Conv2d)):
             kind = "conv2d" if isinstance(m, nn.Conv2d) else "conv1d"
-            layers.append({"name": name, "type": kind, "stride": m.stride[0], "padding": m.padding[0],
-                           "dilation": m.dilation[0], "groups": m.groups})
+            layers.append(
+                {
+                    "name": name,
+                    "type": kind,
+                    "stride": m.stride[0],
+                    "padding": m.padding[0],
+                    "dilation": m.dilation[0],
+                    "groups": m.groups,
+                }
+            )
         elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)):
-            layers.append({"name": name, "type": "layer_norm" if isinstance(m, nn.LayerNorm) else "batch_norm",
-                           "eps": m.eps})
+            layers.append({"name": name, "type": "layer_norm" if isinstance(m, nn.LayerNorm) else "batch_norm", "eps": m.eps})
         elif isinstance(m, nn.MaxPool2d):
-            layers.append({"name": name, "type": "max_pool2d", "kernel": m.kernel_size, "stride": m.stride,
-                           "padding": m.padding})
+            layers.append({"name": name, "type": "max_pool2d", "kernel": m.kernel_size, "stride": m.stride, "padding": m.padding})
     return layers
 
 
@@ -315,8 +350,9 @@ def build_int8(out: Path, stem: str, fused: bool) -> None:
     with bb.function("main", [x]):
         with bb.dataflow():
             h = bb.emit(qdq(x, q["x_scale"], q["x_zp"]))
-            w1f = R.dequantize(relax.const(w1), relax.const(q["w1_scale"], "float32"), relax.const(0, "int8"), axis=-1,
-                               out_dtype="float32")
+            w1f = R.dequantize(
+                relax.const(w1), relax.const(q["w1_scale"], "float32"), relax.const(0, "int8"), axis=-1, out_dtype="float32"
+            )
             h = bb.emit(R.nn.relu(R.add(R.matmul(h, w1f), relax.const(b1))))
             h = bb.emit(qdq(h, q["h_scale"], q["h_zp"]))
             w2f = R.dequantize(relax.const(w2), relax.const(w2_scale), relax.const(0, "int8"), axis=1, out_dtype="float32")
@@ -324,8 +360,11 @@ def build_int8(out: Path, stem: str, fused: bool) -> None:
         bb.emit_func_output(y)
     target = tvm.target.Target("llvm")
     mod = bb.get()
-    ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target)) if fused else \
-        tvm.compile(mod, target=target)
+    ex = (
+        tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+        if fused
+        else tvm.compile(mod, target=target)
+    )
     ex.export_library(str(out / f"{stem}.so"))
     xin = np.random.default_rng(42).standard_normal((2, 16)).astype("float32") * 2
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / f"{stem}.so")), tvm.cpu())
@@ -333,11 +372,16 @@ def build_int8(out: Path, stem: str, fused: bool) -> None:
     dequant = {"w1": w1.astype("float32") * np.float32(q["w1_scale"]), "w2": w2.astype("float32") * w2_scale}
     np.save(out / f"{stem}.input.npy", xin)
     np.save(out / f"{stem}.tvm.npy", got)
-    truth = {"name": stem, "input_shape": [2, 16], "layers": [], "quant": {**q, "w2_scale": w2_scale.tolist()},
-             "dequantized_sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in dequant.items()},
-             "int8_sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in (("w1", w1), ("w2", w2))},
-             "w2_scale_sha256": hashlib.sha256(w2_scale.tobytes()).hexdigest(),
-             "tvm_vs_torch": 0.0}
+    truth = {
+        "name": stem,
+        "input_shape": [2, 16],
+        "layers": [],
+        "quant": {**q, "w2_scale": w2_scale.tolist()},
+        "dequantized_sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in dequant.items()},
+        "int8_sha256": {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in (("w1", w1), ("w2", w2))},
+        "w2_scale_sha256": hashlib.sha256(w2_scale.tobytes()).hexdigest(),
+        "tvm_vs_torch": 0.0,
+    }
     (out / f"{stem}.json").write_text(json.dumps(truth, indent=1))
 
 
@@ -385,13 +429,21 @@ def build(out: Path, spec: str) -> None:
     got = got[0] if not hasattr(got, "numpy") else got
     with torch.no_grad():
         ref = model(x)
-    params = {k: hashlib.sha256(np.ascontiguousarray(v.numpy()).tobytes()).hexdigest()
-              for k, v in model.state_dict().items() if v.dtype.is_floating_point}
+    params = {
+        k: hashlib.sha256(np.ascontiguousarray(v.numpy()).tobytes()).hexdigest()
+        for k, v in model.state_dict().items()
+        if v.dtype.is_floating_point
+    }
     np.save(out / f"{stem}.input.npy", x.numpy())
     np.save(out / f"{stem}.torch.npy", ref.numpy())
     np.save(out / f"{stem}.tvm.npy", got.numpy())
-    truth = {"name": stem, "input_shape": list(shape), "layers": ground_truth(model), "param_sha256": params,
-             "tvm_vs_torch": float(np.abs(got.numpy() - ref.numpy()).max())}
+    truth = {
+        "name": stem,
+        "input_shape": list(shape),
+        "layers": ground_truth(model),
+        "param_sha256": params,
+        "tvm_vs_torch": float(np.abs(got.numpy() - ref.numpy()).max()),
+    }
     (out / f"{stem}.json").write_text(json.dumps(truth, indent=1))
 
 

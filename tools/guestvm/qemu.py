@@ -87,8 +87,11 @@ class VMConfig:
             "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             "-virtfs",
             f"local,path={self.share},mount_tag=share,security_model=none,multidevs=remap",
-            *[a for i, p in enumerate(self.expose)
-              for a in ("-virtfs", f"local,path={p},mount_tag=x{i},security_model=none,readonly=on,multidevs=remap")],
+            *[
+                a
+                for i, p in enumerate(self.expose)
+                for a in ("-virtfs", f"local,path={p},mount_tag=x{i},security_model=none,readonly=on,multidevs=remap")
+            ],
         ]
         if self.disk is not None:
             a += ["-drive", f"file={self.disk},if=virtio,format=raw,cache=unsafe"]

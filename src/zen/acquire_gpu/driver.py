@@ -77,7 +77,7 @@ def _complete(path: str) -> bool:
         return False
     if len(head) < 64 or head[:4] != b"\x7fELF":
         return False
-    shoff, = struct.unpack_from("<Q", head, 40)
+    (shoff,) = struct.unpack_from("<Q", head, 40)
     shentsize, shnum = struct.unpack_from("<HH", head, 58)
     return shoff > 0 and shoff + shentsize * shnum == size
 

@@ -67,14 +67,14 @@ def compare(fa: TensorFile, fb: TensorFile, key: str) -> Sums:
     ba, bb = fa.bits(key), fb.bits(key)
     s = Sums(numel=int(ra.size))
     for i in range(0, ra.size, CHUNK):
-        a = to_float64(dtype, np.asarray(ra[i:i + CHUNK]))
-        b = to_float64(dtype, np.asarray(rb[i:i + CHUNK]))
+        a = to_float64(dtype, np.asarray(ra[i : i + CHUNK]))
+        b = to_float64(dtype, np.asarray(rb[i : i + CHUNK]))
         d = b - a
         s.aa += float(np.dot(a, a))
         s.bb += float(np.dot(b, b))
         s.ab += float(np.dot(a, b))
         s.dd += float(np.dot(d, d))
-        s.changed += int(np.count_nonzero(np.asarray(ba[i:i + CHUNK]) != np.asarray(bb[i:i + CHUNK])))
+        s.changed += int(np.count_nonzero(np.asarray(ba[i : i + CHUNK]) != np.asarray(bb[i : i + CHUNK])))
     return s
 
 

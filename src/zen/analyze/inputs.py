@@ -79,8 +79,11 @@ def _from_spec(subject: Subject, input_shape: list[int] | None, samples: int) ->
 
     plan: dict[str, Any] = {"source": "spec", "samples": samples, "labels_key": None}
     if input_shape is not None:
-        plan.update(sample_shape=list(input_shape), probe=None,
-                    describe=f"made from the input spec given with --input-shape {list(input_shape)} ({samples} seeded samples)")
+        plan.update(
+            sample_shape=list(input_shape),
+            probe=None,
+            describe=f"made from the input spec given with --input-shape {list(input_shape)} ({samples} seeded samples)",
+        )
         return plan
     layer = first_layer(subject.mr)
     if layer is None:

@@ -95,7 +95,7 @@ class TorchNeuralCleanse(NeuralCleanseMixin, PyTorchClassifier):
             order = torch.from_numpy(rng.permutation(n)).to(dev)
             regs, accs = [], []
             for b in range(nbatches):
-                xb = x_all[order[b * self.batch_size:(b + 1) * self.batch_size]]
+                xb = x_all[order[b * self.batch_size : (b + 1) * self.batch_size]]
                 mask, pattern = current()
                 x_adv = (1 - mask) * xb + mask * pattern
                 out = model(x_adv)

@@ -63,8 +63,11 @@ def check_weights(mr: ModelMR, weights: Path, where: Path) -> None:
                            "write the package again with `zen reuse CASE -o DIR`")  # fmt: skip
         want = ST_CODE.get(t.dtype)
         if list(info.shape) != list(t.shape) or (want is not None and info.dtype != want):
-            raise ZenError(f"{weights} does not match the model's architecture: {t.key} is {info.dtype}{list(info.shape)}, "
-                           f"the MR says {t.dtype}{list(t.shape)}", "write the package again with `zen reuse CASE -o DIR`")
+            raise ZenError(
+                f"{weights} does not match the model's architecture: {t.key} is {info.dtype}{list(info.shape)}, "
+                f"the MR says {t.dtype}{list(t.shape)}",
+                "write the package again with `zen reuse CASE -o DIR`",
+            )
 
 
 def _refuse_keras(where: Path) -> None:

@@ -198,19 +198,25 @@ def _attribute_compiled(mr: ModelMR, library: Library, reference: bool) -> Attri
         att.explanation = att.message + "; MR similarities of the other frameworks' bases are listed."
         return att
     best = own[0]
-    why = ("The model was decompiled from a compiled executable, which holds no Python code, so the programmatic "
-           "representation (PR) cannot be compared and UR is not defined: attribution rests on the mathematical "
-           "representation alone, weaker evidence than code. ")
-    parts = (f"MR {best.mr.mrss:.2f}: graph {best.mr.graph:.2f}, layer types {best.mr.arch:.2f}, tensors "
-             f"{best.mr.ts:.2f}, operators {best.mr.op:.2f}")
-    weights = (" MR compares architectures, not weight values: to tell a base from a fine-tuned copy of it, "
-               "compare the weights (zen diff).")
+    why = (
+        "The model was decompiled from a compiled executable, which holds no Python code, so the programmatic "
+        "representation (PR) cannot be compared and UR is not defined: attribution rests on the mathematical "
+        "representation alone, weaker evidence than code. "
+    )
+    parts = (
+        f"MR {best.mr.mrss:.2f}: graph {best.mr.graph:.2f}, layer types {best.mr.arch:.2f}, tensors "
+        f"{best.mr.ts:.2f}, operators {best.mr.op:.2f}"
+    )
+    weights = (
+        " MR compares architectures, not weight values: to tell a base from a fine-tuned copy of it, "
+        "compare the weights (zen diff)."
+    )
     if best.mr.mrss < MR_ONLY_MIN:
         att.attributed = None
-        att.message = (f"no base in the library has an architecture close to this model's (best MR "
-                       f"{best.mr.mrss:.2f} < {MR_ONLY_MIN:.2f})")
-        att.explanation = (why + f"No base reaches MR {MR_ONLY_MIN:.2f}, so none is named; the closest is {best.name} "
-                           f"({parts}).")
+        att.message = (
+            f"no base in the library has an architecture close to this model's (best MR {best.mr.mrss:.2f} < {MR_ONLY_MIN:.2f})"
+        )
+        att.explanation = why + f"No base reaches MR {MR_ONLY_MIN:.2f}, so none is named; the closest is {best.name} ({parts})."
         return att
     tied = [c.name for c in own[1:] if abs(c.mr.mrss - best.mr.mrss) < 1e-9]
     att.explanation = (

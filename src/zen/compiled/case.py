@@ -216,8 +216,12 @@ class _Builder:
             if w is None or w.ndim != 2:
                 return None  # matmul of two activations (attention): no layer
             w, note = (w, where) if op == "dense" else (w.T, f"{where}; used transposed by matmul")
-            m = self.module("torch.nn.modules.linear", "Linear",
-                            {"in_features": repr(int(w.shape[1])), "out_features": repr(int(w.shape[0]))}, feeds)
+            m = self.module(
+                "torch.nn.modules.linear",
+                "Linear",
+                {"in_features": repr(int(w.shape[1])), "out_features": repr(int(w.shape[0]))},
+                feeds,
+            )
             self.tensor(m, "weight", w, note)
             return m
         if op == "batch_norm" and len(consts) == 5 and all(c is not None for c, _ in consts[1:]):
@@ -260,8 +264,13 @@ class _Builder:
         if op in ("avg_pool2d", "avg_pool1d"):
             one = op.endswith("1d")
             f = (lambda v: repr((v,))) if one else repr  # AvgPool1d stores 1-tuples
-            hyper = {"kernel_size": f(a["kernel"]), "stride": f(a["stride"]), "padding": f(a["padding"]),
-                     "ceil_mode": repr(bool(a["ceil"])), "count_include_pad": repr(bool(a["count_include_pad"]))}
+            hyper = {
+                "kernel_size": f(a["kernel"]),
+                "stride": f(a["stride"]),
+                "padding": f(a["padding"]),
+                "ceil_mode": repr(bool(a["ceil"])),
+                "count_include_pad": repr(bool(a["count_include_pad"])),
+            }
             if not one:
                 hyper["divisor_override"] = "None"
             return self.module("torch.nn.modules.pooling", f"AvgPool{op[-2:]}", hyper, feeds)
@@ -310,7 +319,7 @@ def _is_buffer(key: str, modules: list[ModuleRecord]) -> bool:
 
 def _record(key: str, a: np.ndarray | Detached, note: str, buffer: bool) -> TensorRecord:
     if isinstance(a, Detached):
-        stride = [int(np.prod(a.shape[i + 1:], dtype=np.int64)) for i in range(a.ndim)]
+        stride = [int(np.prod(a.shape[i + 1 :], dtype=np.int64)) for i in range(a.ndim)]
         return TensorRecord(key=key, kind="buffer" if buffer else "parameter", dtype=a.dtype, shape=list(a.shape),
                             stride=stride, storage_offset=0, device="cpu", requires_grad=False, nbytes=a.nbytes,
                             address="0x0", storage="0x0", python_type="torch.nn.parameter.Parameter", status="missing",
@@ -349,13 +358,19 @@ def write_case(out: Path, graph: Graph, results: dict[int, dict], manifest: dict
     mr, tensors = build_mr(graph, results)
     missing = [k for k, a in tensors.items() if isinstance(a, Detached)]
     if missing:
-        mr.problems.append(f"{len(missing)} weights are inputs of the executable, not in it (detached): "
-                           f"{', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}; state_dict.safetensors lacks them")
+        mr.problems.append(
+            f"{len(missing)} weights are inputs of the executable, not in it (detached): "
+            f"{', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}; state_dict.safetensors lacks them"
+        )
     tensors = {k: a for k, a in tensors.items() if not isinstance(a, Detached)}
     (out / MR_FILE).write_text(mr.dumps())
     (out / PR_FILE).write_text(json.dumps(empty_pr(library.name), indent=1) + "\n")
-    ur = {"format": UR_FORMAT, "kind": "zen-ur", "shared_code_objects": 0,
-          "nodes": [{"path": m.path, "cls": m.cls, "classes": [], "methods": [], "owned": [], "used": []} for m in mr.modules]}
+    ur = {
+        "format": UR_FORMAT,
+        "kind": "zen-ur",
+        "shared_code_objects": 0,
+        "nodes": [{"path": m.path, "cls": m.cls, "classes": [], "methods": [], "owned": [], "used": []} for m in mr.modules],
+    }
     (out / UR_FILE).write_text(json.dumps(ur, indent=1) + "\n")
     entries = [Entry(k, DTYPES[str(a.dtype)], tuple(a.shape), a.nbytes) for k, a in tensors.items()]
     w = SafetensorsWriter(out / STATE_DICT, entries, {"format": "pt", "producer": "zen decompile (PyTorch names)"})

@@ -19,11 +19,29 @@ from zen.compiled.errors import ExecutableError
 from zen.compiled.graph import Graph
 from zen.represent.safetensors_io import Entry, SafetensorsWriter
 
-ROLES = {"conv1d": ["weight"], "conv2d": ["weight"], "matmul": ["weight"], "dense": ["weight"],
-         "batch_norm": ["gamma", "beta", "running_mean", "running_var"], "layer_norm": ["weight", "bias"],
-         "take": ["table", "indices"], "add": ["bias"], "multiply": ["scale"]}
-ST_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "int64": "I64", "int32": "I32", "int8": "I8",
-             "uint8": "U8", "int16": "I16", "bool": "BOOL", "uint16": "BF16"}
+ROLES = {
+    "conv1d": ["weight"],
+    "conv2d": ["weight"],
+    "matmul": ["weight"],
+    "dense": ["weight"],
+    "batch_norm": ["gamma", "beta", "running_mean", "running_var"],
+    "layer_norm": ["weight", "bias"],
+    "take": ["table", "indices"],
+    "add": ["bias"],
+    "multiply": ["scale"],
+}
+ST_DTYPES = {
+    "float32": "F32",
+    "float64": "F64",
+    "float16": "F16",
+    "int64": "I64",
+    "int32": "I32",
+    "int8": "I8",
+    "uint8": "U8",
+    "int16": "I16",
+    "bool": "BOOL",
+    "uint16": "BF16",
+}
 
 INIT = '''"""Model decompiled by zen {version} from the TVM library {library} (sha256 {sha}).
 
@@ -115,8 +133,8 @@ def generate(graph: Graph, results: dict[int, dict]) -> tuple[str, dict[str, np.
         body.append(f"        # kernel {n.kernel}")
         args = list(n.inputs)
         per_output = res.get("per_output", [res["steps"]])
-        used_later = {v for m in graph.nodes[n.id + 1:] for kind, v in m.inputs if kind == "value"} | set(graph.outputs)
-        for o in n.outputs[len(per_output):]:
+        used_later = {v for m in graph.nodes[n.id + 1 :] for kind, v in m.inputs if kind == "value"} | set(graph.outputs)
+        for o in n.outputs[len(per_output) :]:
             if o in used_later:
                 raise ExecutableError(f"kernel {n.kernel}: output {n.outputs.index(o)} is used but was not reproduced")
         for oi, steps in enumerate(per_output):
@@ -141,55 +159,71 @@ def generate(graph: Graph, results: dict[int, dict]) -> tuple[str, dict[str, np.
                 if step["op"] == "gather":
                     attrs = dict(attrs)
                     if "index" in attrs:
-                        attrs["index_name"] = "self." + _add(tensors, f"k{n.id}_gather_index",
-                                                             np.asarray(attrs["index"], dtype=np.int64))
+                        attrs["index_name"] = "self." + _add(
+                            tensors, f"k{n.id}_gather_index", np.asarray(attrs["index"], dtype=np.int64)
+                        )
                     if isinstance(attrs.get("shift"), list):
-                        attrs["shift_name"] = "self." + _add(tensors, f"k{n.id}_gather_shift",
-                                                             np.asarray(attrs["shift"], dtype=np.float32).reshape(attrs["shape"]))
+                        attrs["shift_name"] = "self." + _add(
+                            tensors, f"k{n.id}_gather_shift", np.asarray(attrs["shift"], dtype=np.float32).reshape(attrs["shape"])
+                        )
                 if step["op"] == "constant":  # computed from constants only (see probe._fold): kept as a buffer
-                    attrs = dict(attrs, name="self." + _add(tensors, f"k{n.id}_folded{attrs['output'] or ''}",
-                                                           np.array(res["folded_values"][attrs["output"]], order="C")))
+                    attrs = dict(
+                        attrs,
+                        name="self."
+                        + _add(
+                            tensors,
+                            f"k{n.id}_folded{attrs['output'] or ''}",
+                            np.array(res["folded_values"][attrs["output"]], order="C"),
+                        ),
+                    )
                 expr = ops.expression(step["op"], attrs, argn)
                 body.append(f"        h = {expr}")
                 last = "h"
             body.append(f"        {out[oi]} = {last}")
     outs = [var[o] for o in graph.outputs]
     ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ",)"
-    params = [f'        self.register_parameter("{k}", nn.Parameter(torch.empty({list(a.shape)}, dtype=torch.{_torch_dtype(a)}), '
-              f'requires_grad=False))' if a.dtype.kind == "f" else
-              f'        self.register_buffer("{k}", torch.empty({list(a.shape)}, dtype=torch.{_torch_dtype(a)}))'
-              for k, a in tensors.items()]
+    params = [
+        f'        self.register_parameter("{k}", nn.Parameter(torch.empty({list(a.shape)}, dtype=torch.{_torch_dtype(a)}), '
+        f"requires_grad=False))"
+        if a.dtype.kind == "f"
+        else f'        self.register_buffer("{k}", torch.empty({list(a.shape)}, dtype=torch.{_torch_dtype(a)}))'
+        for k, a in tensors.items()
+    ]
     inputs = [(list(graph.values[i].shape or ()), graph.values[i].dtype) for i in data_inputs]
     det = [(_ident(graph.values[i].input_name), list(graph.values[i].shape or ()), graph.values[i].dtype) for i in detached]
     vm_inputs = [(_ident(graph.values[i].input_name or f"x{i}"), i in detached) for i in graph.inputs]
-    params += [f'        self.register_parameter("{k}", nn.Parameter(torch.empty({shape}, dtype=torch.{dt}), '
-               f'requires_grad=False))' for k, shape, dt in det]
-    src = "\n".join([
-        '"""Generated by zen decompile: the computation of a TVM-compiled model as PyTorch code.',
-        "",
-        "One block per kernel of the executable, in the order the VM bytecode calls them. Parameters hold",
-        "the constants of the executable's constant pool, named by kernel number, operator and role.",
-        '"""',
-        "",
-        "import torch",
-        "import torch.nn.functional as F",
-        "from torch import nn",
-        "",
-        f"INPUTS = {inputs!r}  # shape and dtype of each forward() argument",
-        f"DETACHED = {det!r}  # weights the executable takes as inputs: load(params=...) supplies them",
-        f"VM_INPUTS = {vm_inputs!r}  # the executable's main() arguments in order (name, detached)",
-        "",
-        "",
-        "class DecompiledModel(nn.Module):",
-        "    def __init__(self):",
-        "        super().__init__()",
-        *(params or ["        pass"]),
-        "",
-        f"    def forward(self, {', '.join(var[i] for i in data_inputs)}):",
-        *body,
-        f"        return {ret}",
-        "",
-    ])
+    params += [
+        f'        self.register_parameter("{k}", nn.Parameter(torch.empty({shape}, dtype=torch.{dt}), requires_grad=False))'
+        for k, shape, dt in det
+    ]
+    src = "\n".join(
+        [
+            '"""Generated by zen decompile: the computation of a TVM-compiled model as PyTorch code.',
+            "",
+            "One block per kernel of the executable, in the order the VM bytecode calls them. Parameters hold",
+            "the constants of the executable's constant pool, named by kernel number, operator and role.",
+            '"""',
+            "",
+            "import torch",
+            "import torch.nn.functional as F",
+            "from torch import nn",
+            "",
+            f"INPUTS = {inputs!r}  # shape and dtype of each forward() argument",
+            f"DETACHED = {det!r}  # weights the executable takes as inputs: load(params=...) supplies them",
+            f"VM_INPUTS = {vm_inputs!r}  # the executable's main() arguments in order (name, detached)",
+            "",
+            "",
+            "class DecompiledModel(nn.Module):",
+            "    def __init__(self):",
+            "        super().__init__()",
+            *(params or ["        pass"]),
+            "",
+            f"    def forward(self, {', '.join(var[i] for i in data_inputs)}):",
+            *body,
+            f"        return {ret}",
+            "",
+        ]
+    )
     return src, tensors
 
 
@@ -208,8 +242,18 @@ def _add(tensors: dict[str, np.ndarray], name: str, a: np.ndarray) -> str:
 
 
 def _torch_dtype(a: np.ndarray) -> str:
-    return {"float32": "float32", "float64": "float64", "float16": "float16", "int64": "int64", "int32": "int32",
-            "int8": "int8", "uint8": "uint8", "int16": "int16", "bool": "bool", "uint16": "bfloat16"}[str(a.dtype)]
+    return {
+        "float32": "float32",
+        "float64": "float64",
+        "float16": "float16",
+        "int64": "int64",
+        "int32": "int32",
+        "int8": "int8",
+        "uint8": "uint8",
+        "int16": "int16",
+        "bool": "bool",
+        "uint16": "bfloat16",
+    }[str(a.dtype)]
 
 
 def write_package(out: Path, graph: Graph, results: dict[int, dict], meta: dict) -> Path:
@@ -224,6 +268,5 @@ def write_package(out: Path, graph: Graph, results: dict[int, dict], meta: dict)
             w.write(k, [a.tobytes()])
     finally:
         w.close()
-    (out / "__init__.py").write_text(INIT.format(version=meta["zen"], library=json.dumps(meta["library"]),
-                                                 sha=meta["sha256"]))
+    (out / "__init__.py").write_text(INIT.format(version=meta["zen"], library=json.dumps(meta["library"]), sha=meta["sha256"]))
     return out

@@ -43,22 +43,43 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
     sha = hashlib.sha256(lib.data).hexdigest()
     kernels = [n for n in graph.nodes if not n.builtin]
     manifest = {
-        "format": FORMAT, "kind": "zen-decompile", "tool": f"zen {__version__}",  # "zen-case" once case files exist
+        "format": FORMAT,
+        "kind": "zen-decompile",
+        "tool": f"zen {__version__}",  # "zen-case" once case files exist
         "evidence": {"path": str(library), "size": len(lib.data), "sha256": sha},
-        "executable": {"vm_version": ex.version, "magic": hex(ex.magic), "blob_found_by": lib.found_by,
-                       "stripped": lib.stripped, "functions": [f.name for f in ex.functions if f.kind != "packed"],
-                       "kernel_symbols": len(lib.kernels), "constants": len(ex.constants),
-                       "weight_tensors": len(graph.tensor_constants()), "instructions": len(ex.instructions)},
-        "graph": {"kernel_calls": len(kernels), "distinct_kernels": len(graph.kernels()),
-                  "inputs": [{"name": graph.values[i].input_name, "shape": graph.values[i].shape,
-                              "dtype": graph.values[i].dtype} for i in graph.inputs]},
-        "problems": list(graph.notes), "timings": {"static_s": round(t_static, 3)},
+        "executable": {
+            "vm_version": ex.version,
+            "magic": hex(ex.magic),
+            "blob_found_by": lib.found_by,
+            "stripped": lib.stripped,
+            "functions": [f.name for f in ex.functions if f.kind != "packed"],
+            "kernel_symbols": len(lib.kernels),
+            "constants": len(ex.constants),
+            "weight_tensors": len(graph.tensor_constants()),
+            "instructions": len(ex.instructions),
+        },
+        "graph": {
+            "kernel_calls": len(kernels),
+            "distinct_kernels": len(graph.kernels()),
+            "inputs": [
+                {"name": graph.values[i].input_name, "shape": graph.values[i].shape, "dtype": graph.values[i].dtype}
+                for i in graph.inputs
+            ],
+        },
+        "problems": list(graph.notes),
+        "timings": {"static_s": round(t_static, 3)},
     }
     from zen.compiled.codegen import detached_inputs
 
     manifest["detached_parameters"] = [
-        {"name": graph.values[v].input_name, "shape": graph.values[v].shape, "dtype": graph.values[v].dtype,
-         **({"shape_guessed": True} if graph.values[v].shape_guessed else {})} for v in detached_inputs(graph)]
+        {
+            "name": graph.values[v].input_name,
+            "shape": graph.values[v].shape,
+            "dtype": graph.values[v].dtype,
+            **({"shape_guessed": True} if graph.values[v].shape_guessed else {}),
+        }
+        for v in detached_inputs(graph)
+    ]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     from zen.compiled.case import CASE_FILES
@@ -79,14 +100,21 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
     for n in kernels:
         if n.id in results:
             r = results[n.id]
-            n.attrs = {"status": r.get("status"), "ops": [{"op": s["op"], **s["attrs"]} for s in r.get("steps", [])],
-                       "error": r.get("error"), "reason": r.get("reason"),
-                       **({"method": r["method"]} if r.get("method") else {})}
+            n.attrs = {
+                "status": r.get("status"),
+                "ops": [{"op": s["op"], **s["attrs"]} for s in r.get("steps", [])],
+                "error": r.get("error"),
+                "reason": r.get("reason"),
+                **({"method": r["method"]} if r.get("method") else {}),
+            }
     folded = [n.kernel for n in kernels if results.get(n.id, {}).get("folded")]
     if folded:
-        manifest["folded"] = {"kernel_calls": len(folded), "kernels": sorted(set(folded)),
-                              "why": "these calls read only constants and matched no operator; their outputs are "
-                                     "constant and kept as buffers of the rebuilt model"}
+        manifest["folded"] = {
+            "kernel_calls": len(folded),
+            "kernels": sorted(set(folded)),
+            "why": "these calls read only constants and matched no operator; their outputs are "
+            "constant and kept as buffers of the rebuilt model",
+        }
     unresolved = [n.kernel for n in kernels if results and results.get(n.id, {}).get("status") != "ok"]
     if unresolved:
         manifest["problems"].append("kernels not reproduced by any candidate: " + ", ".join(sorted(set(unresolved))))
@@ -95,8 +123,9 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
             if results.get(n.id, {}).get("status") != "ok" and results.get(n.id, {}).get("stopped"):
                 stopped.setdefault(results[n.id]["stopped"], set()).add(n.kernel)
         for limit, names in sorted(stopped.items()):
-            manifest["problems"].append(f"the search stopped at {limit} for: {', '.join(sorted(names))} "
-                                        "(raise it with --limit NAME=VALUE)")
+            manifest["problems"].append(
+                f"the search stopped at {limit} for: {', '.join(sorted(names))} (raise it with --limit NAME=VALUE)"
+            )
     (out / "graph.json").write_text(json.dumps(graph.to_json(), indent=1, default=str) + "\n")
     manifest["operators"] = _op_counts(kernels)
     rebuilt = bool(results) and not unresolved

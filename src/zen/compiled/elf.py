@@ -76,8 +76,9 @@ def open_library(path: Path) -> Library:
     if data[:4] != b"\x7fELF":
         if data[:8] in (struct.pack("<Q", 0xD225DE2F4214151E), struct.pack("<Q", 0xD225DE2F4214151D)):
             return Library(Path(path), data, None, found_by="raw VMExecutable file")
-        raise ExecutableError(f"{path} is not an ELF shared library (starts with {data[:4]!r})",
-                              "give the .so file written by TVM's export_library")
+        raise ExecutableError(
+            f"{path} is not an ELF shared library (starts with {data[:4]!r})", "give the .so file written by TVM's export_library"
+        )
     import io
 
     try:
@@ -98,13 +99,17 @@ def open_library(path: Path) -> Library:
         if LIBRARY_BIN in symbols:
             blob = _vaddr_to_offset(elf, symbols[LIBRARY_BIN])
     except _PARSE_ERRORS as exc:
-        raise ExecutableError(f"{path}: malformed ELF file ({type(exc).__name__}: {exc})",
-                              "the file is truncated or corrupt; use an intact copy of the library") from None
-    kernels = {n[len(KERNEL_PREFIX):]: a for n, a in symbols.items() if n != LIBRARY_BIN}
+        raise ExecutableError(
+            f"{path}: malformed ELF file ({type(exc).__name__}: {exc})",
+            "the file is truncated or corrupt; use an intact copy of the library",
+        ) from None
+    kernels = {n[len(KERNEL_PREFIX) :]: a for n, a in symbols.items() if n != LIBRARY_BIN}
     found_by = "symbol " + LIBRARY_BIN
     if blob is None or blob >= len(data):
         blob, found_by = _scan_for_blob(data), "content scan"
         if blob is None:
-            raise ExecutableError(f"{path} holds no TVM module blob (no {LIBRARY_BIN} symbol and no relax.VMExecutable)",
-                                  "zen decompiles libraries written by TVM's relax export_library (TVM >= 0.20)")
+            raise ExecutableError(
+                f"{path} holds no TVM module blob (no {LIBRARY_BIN} symbol and no relax.VMExecutable)",
+                "zen decompiles libraries written by TVM's relax export_library (TVM >= 0.20)",
+            )
     return Library(Path(path), data, blob, kernels, found_by, str(machine), stripped)

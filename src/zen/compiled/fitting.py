@@ -74,8 +74,9 @@ def quantize(x: np.ndarray, y: np.ndarray, dtype: np.dtype) -> list[dict]:
     lo, hi = float(np.minimum(a, b).max()), float(np.maximum(a, b).min())
     inv = (lo + hi) / 2 if lo <= hi else slope
     scale = float(np.float32(1.0 / inv))
-    return [{"fn": "quantize", "scale": scale, "zero_point": zp, "qmin": int(info.min), "qmax": int(info.max),
-             "dtype": str(dtype)}]
+    return [
+        {"fn": "quantize", "scale": scale, "zero_point": zp, "qmin": int(info.min), "qmax": int(info.max), "dtype": str(dtype)}
+    ]
 
 
 def fake_quant(x: np.ndarray, y: np.ndarray) -> list[dict]:

@@ -64,13 +64,29 @@ class Graph:
 
     def to_json(self) -> dict:
         return {
-            "inputs": self.inputs, "outputs": self.outputs,
-            "values": {str(v.id): {"shape": list(v.shape) if v.shape is not None else None, "dtype": v.dtype,
-                                   "producer": v.producer, "input": v.input_name,
-                                   **({"detached": True} if v.input_name and not v.checked else {})}
-                       for v in self.values.values()},
-            "nodes": [{"id": n.id, "kernel": n.kernel, "builtin": n.builtin, "inputs": [list(i) for i in n.inputs],
-                       "outputs": n.outputs, "attrs": n.attrs} for n in self.nodes],
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "values": {
+                str(v.id): {
+                    "shape": list(v.shape) if v.shape is not None else None,
+                    "dtype": v.dtype,
+                    "producer": v.producer,
+                    "input": v.input_name,
+                    **({"detached": True} if v.input_name and not v.checked else {}),
+                }
+                for v in self.values.values()
+            },
+            "nodes": [
+                {
+                    "id": n.id,
+                    "kernel": n.kernel,
+                    "builtin": n.builtin,
+                    "inputs": [list(i) for i in n.inputs],
+                    "outputs": n.outputs,
+                    "attrs": n.attrs,
+                }
+                for n in self.nodes
+            ],
             "constants": {str(i): _const_summary(self.constants[i]) for i in self.tensor_constants()},
             "notes": self.notes,
         }
@@ -103,8 +119,10 @@ def build_graph(ex: Executable, entry: str = "main", signatures: dict | None = N
     `signatures` (zen.compiled.signatures) give shapes of inputs the bytecode does not check."""
     f = ex.function(entry)
     if f.kind == "vm_tir":
-        raise ExecutableError(f"{entry} was compiled to native code (exec_mode='compiled'): there is no bytecode to decompile",
-                              "libraries built with exec_mode='bytecode' (tvm.compile's default) are supported")
+        raise ExecutableError(
+            f"{entry} was compiled to native code (exec_mode='compiled'): there is no bytecode to decompile",
+            "libraries built with exec_mode='bytecode' (tvm.compile's default) are supported",
+        )
     consts = ex.constants
     values: dict[int, Value] = {}
     regs: dict[int, Any] = {}
@@ -139,7 +157,7 @@ def build_graph(ex: Executable, entry: str = "main", signatures: dict | None = N
 
     if f.end - f.start > MAX_INSTRUCTIONS:
         raise ExecutableError(f"{entry} has {f.end - f.start} instructions, more than zen walks")
-    for ins in ex.instructions[f.start:f.end]:
+    for ins in ex.instructions[f.start : f.end]:
         if ins.op in ("goto", "if"):
             notes.append(f"{entry} has control flow ({ins.op}); only straight-line code is decompiled")
             continue
@@ -166,8 +184,13 @@ def build_graph(ex: Executable, entry: str = "main", signatures: dict | None = N
             if r and r[0] == "value" and isinstance(dt, DType):
                 values[r[1]].dtype = dt.name
             continue
-        if callee in ("vm.builtin.alloc_storage", "vm.builtin.null_value", "vm.builtin.check_tuple_info",
-                      "vm.builtin.check_shape_info", "vm.builtin.check_prim_value_info"):
+        if callee in (
+            "vm.builtin.alloc_storage",
+            "vm.builtin.null_value",
+            "vm.builtin.check_tuple_info",
+            "vm.builtin.check_shape_info",
+            "vm.builtin.check_prim_value_info",
+        ):
             if callee == "vm.builtin.alloc_storage":
                 regs[ins.dst] = ("storage", None)
             elif callee == "vm.builtin.null_value":
@@ -176,8 +199,9 @@ def build_graph(ex: Executable, entry: str = "main", signatures: dict | None = N
         if callee == "vm.builtin.alloc_tensor":
             shape = const(a[2].value) if len(a) > 3 and a[2].kind == "const" else None
             dt = const(a[3].value) if len(a) > 3 and a[3].kind == "const" else None
-            v = Value(len(values), tuple(shape) if isinstance(shape, tuple) else None,
-                      dt.name if isinstance(dt, DType) else "float32")
+            v = Value(
+                len(values), tuple(shape) if isinstance(shape, tuple) else None, dt.name if isinstance(dt, DType) else "float32"
+            )
             values[v.id] = v
             regs[ins.dst] = ("value", v.id)
             continue

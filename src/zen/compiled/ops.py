@@ -22,32 +22,106 @@ Shape = tuple[int, ...]
 
 # ops with operands beyond the running value: how many tensor operands they take in total
 ANCHORS = {"conv1d": 2, "conv2d": 2, "matmul": 2, "dense": 2, "batch_norm": 5, "layer_norm": 3, "take": 2, "where": 3}
-BINARY = {"add": "torch.add({a}, {b})", "subtract": "torch.sub({a}, {b})", "multiply": "torch.mul({a}, {b})",
-          "divide": "torch.div({a}, {b})", "maximum": "torch.maximum({a}, {b})", "minimum": "torch.minimum({a}, {b})",
-          "power": "torch.pow({a}, {b})", "equal": "torch.eq({a}, {b})", "not_equal": "torch.ne({a}, {b})",
-          "less": "torch.lt({a}, {b})", "greater": "torch.gt({a}, {b})", "logical_and": "torch.logical_and({a}, {b})",
-          "logical_or": "torch.logical_or({a}, {b})"}
-SHAPED = {"reshape", "flatten", "expand_dims", "squeeze", "transpose", "permute_dims", "mean", "sum", "max",
-          "softmax", "log_softmax", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool1d", "avg_pool1d",
-          "concatenate", "zeros", "ones", "full", "cast", "broadcast_to", "split"}
-UNARY_TOKENS = {"relu", "sigmoid", "tanh", "erf", "exp", "sqrt", "rsqrt", "negative", "clip", "gelu", "gelu_tanh",
-                "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu", "softplus", "abs", "log", "square", "logical_not",
-                "quantize", "dequantize", "act"}  # act: an activation named by nothing (generic fusion patterns)
+BINARY = {
+    "add": "torch.add({a}, {b})",
+    "subtract": "torch.sub({a}, {b})",
+    "multiply": "torch.mul({a}, {b})",
+    "divide": "torch.div({a}, {b})",
+    "maximum": "torch.maximum({a}, {b})",
+    "minimum": "torch.minimum({a}, {b})",
+    "power": "torch.pow({a}, {b})",
+    "equal": "torch.eq({a}, {b})",
+    "not_equal": "torch.ne({a}, {b})",
+    "less": "torch.lt({a}, {b})",
+    "greater": "torch.gt({a}, {b})",
+    "logical_and": "torch.logical_and({a}, {b})",
+    "logical_or": "torch.logical_or({a}, {b})",
+}
+SHAPED = {
+    "reshape",
+    "flatten",
+    "expand_dims",
+    "squeeze",
+    "transpose",
+    "permute_dims",
+    "mean",
+    "sum",
+    "max",
+    "softmax",
+    "log_softmax",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "max_pool1d",
+    "avg_pool1d",
+    "concatenate",
+    "zeros",
+    "ones",
+    "full",
+    "cast",
+    "broadcast_to",
+    "split",
+}
+UNARY_TOKENS = {
+    "relu",
+    "sigmoid",
+    "tanh",
+    "erf",
+    "exp",
+    "sqrt",
+    "rsqrt",
+    "negative",
+    "clip",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "hardswish",
+    "hardsigmoid",
+    "leaky_relu",
+    "elu",
+    "softplus",
+    "abs",
+    "log",
+    "square",
+    "logical_not",
+    "quantize",
+    "dequantize",
+    "act",
+}  # act: an activation named by nothing (generic fusion patterns)
 VOCAB = set(ANCHORS) | set(BINARY) | SHAPED | UNARY_TOKENS
 RESHAPES = {"reshape", "flatten", "expand_dims", "squeeze", "broadcast_to"}
 SHAPE_PRESERVING = set(BINARY) | UNARY_TOKENS | {"batch_norm", "layer_norm", "softmax", "log_softmax", "act", "cast"}
 
 # elementwise functions told apart by how they respond to inputs (NeuroDeX: behaviour, not names)
 ACTIVATIONS = {
-    "identity": "{x}", "relu": "F.relu({x})", "relu6": "F.relu6({x})", "sigmoid": "torch.sigmoid({x})",
-    "tanh": "torch.tanh({x})", "gelu": "F.gelu({x})", "gelu_tanh": "F.gelu({x}, approximate='tanh')",
-    "silu": "F.silu({x})", "hardswish": "F.hardswish({x})", "hardsigmoid": "F.hardsigmoid({x})",
-    "leaky_relu": "F.leaky_relu({x}, {slope})", "elu": "F.elu({x})", "softplus": "F.softplus({x})",
-    "mish": "F.mish({x})", "exp": "torch.exp({x})", "erf": "torch.erf({x})", "sqrt": "torch.sqrt({x})",
-    "rsqrt": "torch.rsqrt({x})", "negative": "torch.neg({x})", "abs": "torch.abs({x})", "square": "torch.square({x})",
-    "log": "torch.log({x})", "logical_not": "torch.logical_not({x})",
-    "eq_neginf": "torch.eq({x}, float('-inf'))", "ne_neginf": "torch.ne({x}, float('-inf'))",
-    "isfinite": "torch.isfinite({x})", "eq_zero": "torch.eq({x}, 0)", "ne_zero": "torch.ne({x}, 0)",
+    "identity": "{x}",
+    "relu": "F.relu({x})",
+    "relu6": "F.relu6({x})",
+    "sigmoid": "torch.sigmoid({x})",
+    "tanh": "torch.tanh({x})",
+    "gelu": "F.gelu({x})",
+    "gelu_tanh": "F.gelu({x}, approximate='tanh')",
+    "silu": "F.silu({x})",
+    "hardswish": "F.hardswish({x})",
+    "hardsigmoid": "F.hardsigmoid({x})",
+    "leaky_relu": "F.leaky_relu({x}, {slope})",
+    "elu": "F.elu({x})",
+    "softplus": "F.softplus({x})",
+    "mish": "F.mish({x})",
+    "exp": "torch.exp({x})",
+    "erf": "torch.erf({x})",
+    "sqrt": "torch.sqrt({x})",
+    "rsqrt": "torch.rsqrt({x})",
+    "negative": "torch.neg({x})",
+    "abs": "torch.abs({x})",
+    "square": "torch.square({x})",
+    "log": "torch.log({x})",
+    "logical_not": "torch.logical_not({x})",
+    "eq_neginf": "torch.eq({x}, float('-inf'))",
+    "ne_neginf": "torch.ne({x}, float('-inf'))",
+    "isfinite": "torch.isfinite({x})",
+    "eq_zero": "torch.eq({x}, 0)",
+    "ne_zero": "torch.ne({x}, 0)",
     "clamp": "torch.clamp({x}, {lo}, {hi})",
     "affine": "torch.add(torch.mul({x}, {scale}), {shift})",
     # relax quantize then dequantize (int8 activations): round(x / scale) + zero point, clamped, mapped back
@@ -57,24 +131,53 @@ ACTIVATIONS = {
 # the relax ops (other than scalar add/subtract/multiply/divide) each activation is lowered to: a run of ops
 # named in a kernel can only be an activation whose lowering contains them all
 ACT_TOKENS = {
-    "identity": set(), "relu": {"relu"}, "relu6": {"clip"}, "sigmoid": {"sigmoid"}, "tanh": {"tanh"},
-    "gelu": {"erf", "gelu"}, "gelu_tanh": {"tanh", "power", "gelu", "gelu_tanh"}, "silu": {"sigmoid", "silu"},
-    "hardswish": {"clip", "hardswish"}, "hardsigmoid": {"clip", "hardsigmoid"}, "elu": {"exp", "elu"},
-    "softplus": {"exp", "log", "softplus"}, "mish": {"exp", "log", "tanh", "softplus"}, "exp": {"exp"},
-    "erf": {"erf"}, "sqrt": {"sqrt"}, "rsqrt": {"rsqrt", "sqrt"}, "negative": {"negative"}, "abs": {"abs"},
-    "square": {"square"}, "log": {"log"},
+    "identity": set(),
+    "relu": {"relu"},
+    "relu6": {"clip"},
+    "sigmoid": {"sigmoid"},
+    "tanh": {"tanh"},
+    "gelu": {"erf", "gelu"},
+    "gelu_tanh": {"tanh", "power", "gelu", "gelu_tanh"},
+    "silu": {"sigmoid", "silu"},
+    "hardswish": {"clip", "hardswish"},
+    "hardsigmoid": {"clip", "hardsigmoid"},
+    "elu": {"exp", "elu"},
+    "softplus": {"exp", "log", "softplus"},
+    "mish": {"exp", "log", "tanh", "softplus"},
+    "exp": {"exp"},
+    "erf": {"erf"},
+    "sqrt": {"sqrt"},
+    "rsqrt": {"rsqrt", "sqrt"},
+    "negative": {"negative"},
+    "abs": {"abs"},
+    "square": {"square"},
+    "log": {"log"},
 }
 EPS = [1e-5, 1e-3, 1e-6, 1e-12, 1e-4, 1e-2, 1e-1, 1e-8, 1e-7, 1e-9, 1e-10, 1e-11]
 
 
 # a kernel's body TVM commonly fuses: an anchor, then a bias or residual add, an activation ("act": any,
 # told by behaviour) and a gate; tried after the collected patterns for kernels whose names say nothing
-GENERIC_TAILS = (["add"], ["add", "act"], ["act"], ["add", "add"], ["add", "add", "act"], ["add", "act", "add"],
-                 ["add", "act", "multiply"], ["add", "add", "act", "multiply"], ["act", "add"], ["add", "act", "multiply", "add"])
+GENERIC_TAILS = (
+    ["add"],
+    ["add", "act"],
+    ["act"],
+    ["add", "add"],
+    ["add", "add", "act"],
+    ["add", "act", "add"],
+    ["add", "act", "multiply"],
+    ["add", "add", "act", "multiply"],
+    ["act", "add"],
+    ["add", "act", "multiply", "add"],
+)
 GENERIC_ANCHORS = ("conv2d", "matmul", "batch_norm", "layer_norm", "conv1d")
 # a normalisation fused with the concatenation feeding it or fed by it (dense blocks, ghost modules)
-GENERIC_JOINS = [["concatenate", "batch_norm", "act"], ["concatenate", "batch_norm"], ["batch_norm", "act", "concatenate"],
-                 ["batch_norm", "concatenate"]]
+GENERIC_JOINS = [
+    ["concatenate", "batch_norm", "act"],
+    ["concatenate", "batch_norm"],
+    ["batch_norm", "act", "concatenate"],
+    ["batch_norm", "concatenate"],
+]
 
 
 def fusion_patterns() -> list[list[str]]:
@@ -109,11 +212,11 @@ def split_kernel_name(name: str) -> list[str] | None:
             i += 1
             continue
         for width in (3, 2, 1):
-            cand = "_".join(parts[i:i + width])
+            cand = "_".join(parts[i : i + width])
             base = cand
             while base and base not in VOCAB and base[-1].isdigit():
                 base = base[:-1]
-            if base in VOCAB and len(parts[i:i + width]) == width:
+            if base in VOCAB and len(parts[i : i + width]) == width:
                 ops.append(base)
                 i += width
                 break
@@ -155,7 +258,7 @@ def pool_candidates(x: Shape, out: Shape | None, nd: int, kind: str) -> list[dic
             for p in range(0, k // 2 + 1):
                 for ceil in (False, True):
                     if tuple(_pool_size(n, k, s, p, ceil) for n in x[2:]) == tuple(out[2:]):
-                        for cip in ((True,) if kind == "max" or p == 0 else (False, True)):
+                        for cip in (True,) if kind == "max" or p == 0 else (False, True):
                             res.append({"kernel": k, "stride": s, "padding": p, "ceil": ceil, "count_include_pad": cip})
     res.sort(key=lambda a: (a["ceil"], a["padding"] != 0, a["stride"] != a["kernel"]))
     return res
@@ -189,8 +292,12 @@ def candidates(op: str, x: Shape, operands: list[Shape], out: Shape | None, out_
     if op in ("softmax", "log_softmax"):
         return [{"dim": d} for d in [-1] + list(range(len(x) - 1))]
     if op == "reshape" and out is None:  # ahead of a transpose: one axis split in two (a channel shuffle's groups)
-        return [{"shape": list(x[:d]) + [g, n // g] + list(x[d + 1:])}
-                for d, n in sorted(enumerate(x), key=lambda e: (e[1] == 1, e[0] != 1, e[0])) for g in range(2, n) if n % g == 0]
+        return [
+            {"shape": list(x[:d]) + [g, n // g] + list(x[d + 1 :])}
+            for d, n in sorted(enumerate(x), key=lambda e: (e[1] == 1, e[0] != 1, e[0]))
+            for g in range(2, n)
+            if n % g == 0
+        ]
     if op in ("reshape", "flatten", "expand_dims", "squeeze", "zeros", "ones", "broadcast_to"):
         return [{"shape": list(out)}] if out is not None else []
     if op in ("transpose", "permute_dims"):
@@ -239,8 +346,10 @@ def expression(op: str, attrs: dict, args: list[str]) -> str:
     a = {k: _fmt(v) for k, v in attrs.items()}
     x = args[0] if args else ""
     if op in ("conv1d", "conv2d"):
-        return (f"F.{op}({x}, {args[1]}, None, stride={a['stride']}, padding={a['padding']}, "
-                f"dilation={a['dilation']}, groups={a['groups']})")
+        return (
+            f"F.{op}({x}, {args[1]}, None, stride={a['stride']}, padding={a['padding']}, "
+            f"dilation={a['dilation']}, groups={a['groups']})"
+        )
     if op in ("matmul", "dense"):
         return f"torch.matmul({x}, {args[1]})" if op == "matmul" else f"F.linear({x}, {args[1]})"
     if op == "batch_norm":
@@ -255,8 +364,10 @@ def expression(op: str, attrs: dict, args: list[str]) -> str:
     if op in ("max_pool2d", "max_pool1d"):
         return f"F.{op}({x}, {a['kernel']}, {a['stride']}, {a['padding']}, ceil_mode={a['ceil']})"
     if op in ("avg_pool2d", "avg_pool1d"):
-        return (f"F.{op}({x}, {a['kernel']}, {a['stride']}, {a['padding']}, ceil_mode={a['ceil']}, "
-                f"count_include_pad={a['count_include_pad']})")
+        return (
+            f"F.{op}({x}, {a['kernel']}, {a['stride']}, {a['padding']}, ceil_mode={a['ceil']}, "
+            f"count_include_pad={a['count_include_pad']})"
+        )
     if op == "adaptive_avg_pool2d":
         return f"F.adaptive_avg_pool2d({x}, {a['size']})"
     if op in ("mean", "sum"):

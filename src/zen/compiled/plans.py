@@ -13,8 +13,7 @@ from __future__ import annotations
 from zen.compiled import ops
 
 MAX_PLANS = 256
-FALLBACK_1 = ("act", "reshape", "transpose", "softmax", "log_softmax", "mean", "max_pool2d", "avg_pool2d",
-              "adaptive_avg_pool2d")
+FALLBACK_1 = ("act", "reshape", "transpose", "softmax", "log_softmax", "mean", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
 FALLBACK_2 = ("conv2d", "conv1d", "matmul", "add", "multiply", "subtract", "divide", "maximum", "minimum")
 FALLBACK_N = {3: ("layer_norm", "where"), 5: ("batch_norm",)}
 
@@ -33,8 +32,16 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
             return steps
         return steps + [{"op": "act", "operands": [("cur",)] if have_cur else [("in", 0)], "hint": list(run)}]
 
-    def walk(i: int, q: int, stack: tuple[int, ...], saved: int, steps: list[dict], run: list[str], cur: bool,
-             pend: tuple[int, ...] = ()) -> None:
+    def walk(
+        i: int,
+        q: int,
+        stack: tuple[int, ...],
+        saved: int,
+        steps: list[dict],
+        run: list[str],
+        cur: bool,
+        pend: tuple[int, ...] = (),
+    ) -> None:
         if len(out) >= MAX_PLANS:
             return
         if i == len(tokens):
@@ -48,19 +55,43 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
             if t in ops.ANCHORS:
                 a = ops.ANCHORS[t]
                 if q + a <= n_in:
-                    walk(i + 1, q + a, stack, saved, steps + [{"op": t, "operands": [("in", q + k) for k in range(a)]}],
-                         [], True, pend)
-                if q + 1 + a <= n_in and "concatenate" in tokens[i + 1:]:  # the first input waits for the concatenation
-                    walk(i + 1, q + 1 + a, stack, saved,
-                         steps + [{"op": t, "operands": [("in", q + 1 + k) for k in range(a)]}], [], True, (q,))
+                    walk(
+                        i + 1,
+                        q + a,
+                        stack,
+                        saved,
+                        steps + [{"op": t, "operands": [("in", q + k) for k in range(a)]}],
+                        [],
+                        True,
+                        pend,
+                    )
+                if q + 1 + a <= n_in and "concatenate" in tokens[i + 1 :]:  # the first input waits for the concatenation
+                    walk(
+                        i + 1,
+                        q + 1 + a,
+                        stack,
+                        saved,
+                        steps + [{"op": t, "operands": [("in", q + 1 + k) for k in range(a)]}],
+                        [],
+                        True,
+                        (q,),
+                    )
             elif t in ops.BINARY and q + 2 <= n_in:
                 walk(i + 1, q + 2, stack, saved, steps + [{"op": t, "operands": [("in", q), ("in", q + 1)]}], [], True, pend)
             elif t in ops.BINARY or t in ops.UNARY_TOKENS:
                 walk(i + 1, q + 1 if n_in else q, stack, saved, steps, [t], False, pend)
             elif t == "concatenate":  # joins a run of inputs; later ops (a fused batch norm) may take the rest
                 for end in range(n_in, q, -1):
-                    walk(i + 1, end, stack, saved, steps + [{"op": t, "operands": [("in", k) for k in range(q, end)]}],
-                         [], True, pend)
+                    walk(
+                        i + 1,
+                        end,
+                        stack,
+                        saved,
+                        steps + [{"op": t, "operands": [("in", k) for k in range(q, end)]}],
+                        [],
+                        True,
+                        pend,
+                    )
             else:
                 take = 1 if q < n_in and t not in ("zeros", "ones", "full") else 0
                 walk(i + 1, q + take, stack, saved, steps + [{"op": t, "operands": [("in", q)] if take else []}], [], True, pend)
@@ -70,16 +101,25 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
         if t in ops.UNARY_TOKENS:
             walk(i + 1, q, stack, saved, steps, run + [t], cur, pend)
             if cur and not run and q < n_in:  # an elementwise op on a fresh input starts a second branch
-                walk(i + 1, q + 1, stack + (saved,), saved + 1,
-                     steps + [{"op": "act", "operands": [("in", q)], "hint": [t], "save": saved}], [], True, pend)
+                walk(
+                    i + 1,
+                    q + 1,
+                    stack + (saved,),
+                    saved + 1,
+                    steps + [{"op": "act", "operands": [("in", q)], "hint": [t], "save": saved}],
+                    [],
+                    True,
+                    pend,
+                )
             return
         base = flush(steps, run, cur)
         if t in ops.BINARY:
             if q < n_in:
                 walk(i + 1, q + 1, stack, saved, base + [{"op": t, "operands": [("cur",), ("in", q)]}], [], True, pend)
             if stack:
-                walk(i + 1, q, stack[:-1], saved, base + [{"op": t, "operands": [("cur",), ("saved", stack[-1])]}], [],
-                     True, pend)
+                walk(
+                    i + 1, q, stack[:-1], saved, base + [{"op": t, "operands": [("cur",), ("saved", stack[-1])]}], [], True, pend
+                )
             walk(i + 1, q, stack, saved, steps, run + [t], cur, pend)
             for k in range(q):  # an input read again (a residual connection around a fused block)
                 walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",), ("in", k)]}], [], True, pend)
@@ -87,14 +127,38 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
         if t in ops.ANCHORS:
             a = ops.ANCHORS[t]
             if q + a - 1 <= n_in:
-                walk(i + 1, q + a - 1, stack, saved,
-                     base + [{"op": t, "operands": [("cur",)] + [("in", q + k) for k in range(a - 1)]}], [], True, pend)
+                walk(
+                    i + 1,
+                    q + a - 1,
+                    stack,
+                    saved,
+                    base + [{"op": t, "operands": [("cur",)] + [("in", q + k) for k in range(a - 1)]}],
+                    [],
+                    True,
+                    pend,
+                )
             if q + a <= n_in:  # a second branch on fresh inputs; the running value waits to be rejoined
-                walk(i + 1, q + a, stack + (saved,), saved + 1,
-                     base + [{"op": t, "operands": [("in", q + k) for k in range(a)], "save": saved}], [], True, pend)
+                walk(
+                    i + 1,
+                    q + a,
+                    stack + (saved,),
+                    saved + 1,
+                    base + [{"op": t, "operands": [("in", q + k) for k in range(a)], "save": saved}],
+                    [],
+                    True,
+                    pend,
+                )
             if a >= 3 and stack and q + a - 2 <= n_in:  # where(cond, x, y): the condition, an input, a saved branch
-                walk(i + 1, q + a - 2, stack[:-1], saved, base + [{"op": t, "operands": [("cur",)] + [
-                    ("in", q + k) for k in range(a - 2)] + [("saved", stack[-1])]}], [], True, pend)
+                walk(
+                    i + 1,
+                    q + a - 2,
+                    stack[:-1],
+                    saved,
+                    base + [{"op": t, "operands": [("cur",)] + [("in", q + k) for k in range(a - 2)] + [("saved", stack[-1])]}],
+                    [],
+                    True,
+                    pend,
+                )
             return
         if t == "concatenate":
             if pend:  # inputs set aside by the first op (a channel-split branch passed through)
@@ -113,8 +177,16 @@ def plans(tokens: list[str] | None, n_in: int) -> list[list[dict]]:
             return
         walk(i + 1, q, stack, saved, base + [{"op": t, "operands": [("cur",)]}], [], True, pend)
         if t == "cast" and q < n_in:  # a cast of a fresh input starts a second branch
-            walk(i + 1, q + 1, stack + (saved,), saved + 1, base + [{"op": t, "operands": [("in", q)], "save": saved}],
-                 [], True, pend)
+            walk(
+                i + 1,
+                q + 1,
+                stack + (saved,),
+                saved + 1,
+                base + [{"op": t, "operands": [("in", q)], "save": saved}],
+                [],
+                True,
+                pend,
+            )
 
     walk(0, 0, (), 0, [], [], False)
     return out

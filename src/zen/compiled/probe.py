@@ -36,8 +36,9 @@ THREADS = 1  # TVM's and torch's: results (and the errors recorded) must not fol
 class Kernel:
     """One kernel call: its TVM function, probe inputs, and the reference outputs it computed."""
 
-    def __init__(self, tvm, func, spec: dict, consts: list, rng: np.random.Generator,
-                 given: list[np.ndarray | None] | None = None) -> None:
+    def __init__(
+        self, tvm, func, spec: dict, consts: list, rng: np.random.Generator, given: list[np.ndarray | None] | None = None
+    ) -> None:
         import torch
 
         self.tvm, self.func, self.spec, self.torch = tvm, func, spec, torch
@@ -99,8 +100,10 @@ def _fold(k: Kernel, spec: dict, fold_dir: str) -> dict:
 
 
 def _steps_json(steps: list) -> list[dict]:
-    return [{"op": op, "attrs": a, "operands": [list(o) for o in opd], **({"save": sv} if sv is not None else {})}
-            for op, a, opd, sv in steps]
+    return [
+        {"op": op, "attrs": a, "operands": [list(o) for o in opd], **({"save": sv} if sv is not None else {})}
+        for op, a, opd, sv in steps
+    ]
 
 
 def main() -> int:

@@ -56,8 +56,10 @@ def tvm_available(python: str | None = None, timeout: float = TIMEOUT) -> bool:
 
 
 def timed_out(what: str, timeout: float) -> TimeLimitExceeded:
-    return TimeLimitExceeded(f"{what} did not finish within the safety limit of {timeout:.0f} s (--timeout)",
-                             "raise it with `zen decompile --timeout SECONDS` if the machine is very slow or busy")
+    return TimeLimitExceeded(
+        f"{what} did not finish within the safety limit of {timeout:.0f} s (--timeout)",
+        "raise it with `zen decompile --timeout SECONDS` if the machine is very slow or busy",
+    )
 
 
 def request(graph: Graph, library: Path, use_names: bool = True, limits: SearchLimits | None = None) -> dict:
@@ -84,18 +86,31 @@ def request(graph: Graph, library: Path, use_names: bool = True, limits: SearchL
             elif kind == "value":
                 val = graph.values[v]
                 if val.shape is None:
-                    raise ExecutableError(f"kernel {n.kernel}: input v{v} has no static shape",
-                                          "models with dynamic shapes are not supported yet")
-                inputs.append({"kind": "value", "value": v, "shape": list(val.shape), "dtype": val.dtype,
-                               "root": roots.get(v, ["value", v])})
+                    raise ExecutableError(
+                        f"kernel {n.kernel}: input v{v} has no static shape", "models with dynamic shapes are not supported yet"
+                    )
+                inputs.append(
+                    {
+                        "kind": "value",
+                        "value": v,
+                        "shape": list(val.shape),
+                        "dtype": val.dtype,
+                        "root": roots.get(v, ["value", v]),
+                    }
+                )
             else:
                 raise ExecutableError(f"kernel {n.kernel} takes a {kind} argument, which zen cannot probe yet")
         for i in inputs:
             i["index_bound"] = bound
         outs = [{"shape": list(graph.values[o].shape or ()), "dtype": graph.values[o].dtype} for o in n.outputs]
         kernels.append({"node": n.id, "kernel": n.kernel, "inputs": inputs, "outputs": outs, "output_values": n.outputs})
-    return {"library": str(Path(library).resolve()), "kernels": kernels, "seed": 0, "use_names": use_names,
-            "limits": (limits or SearchLimits()).to_json()}
+    return {
+        "library": str(Path(library).resolve()),
+        "kernels": kernels,
+        "seed": 0,
+        "use_names": use_names,
+        "limits": (limits or SearchLimits()).to_json(),
+    }
 
 
 def probe(graph: Graph, library: Path, timeout: float = TIMEOUT, use_names: bool = True,
@@ -109,8 +124,7 @@ def probe(graph: Graph, library: Path, timeout: float = TIMEOUT, use_names: bool
         results = _run_child(req, timeout)
         for r in results.values():  # kernels computed from constants only: their outputs, as the child saved them
             if r.get("folded"):
-                r["folded_values"] = [_load_folded(Path(fold_dir), r["node"], o, spec)
-                                      for o, spec in enumerate(r["folded"])]
+                r["folded_values"] = [_load_folded(Path(fold_dir), r["node"], o, spec) for o, spec in enumerate(r["folded"])]
     return results
 
 
@@ -120,8 +134,10 @@ def _load_folded(fold_dir: Path, node: int, output: int, spec: dict) -> np.ndarr
     except (OSError, ValueError):
         raise ExecutableError(f"the probing child did not save the folded output {output} of kernel call {node}") from None
     if list(a.shape) != list(spec.get("shape", [])) or str(a.dtype) != spec.get("dtype"):
-        raise ExecutableError(f"folded output {output} of kernel call {node} has shape {list(a.shape)} {a.dtype}, "
-                              f"expected {spec.get('shape')} {spec.get('dtype')}")
+        raise ExecutableError(
+            f"folded output {output} of kernel call {node} has shape {list(a.shape)} {a.dtype}, "
+            f"expected {spec.get('shape')} {spec.get('dtype')}"
+        )
     return a
 
 
@@ -135,8 +151,9 @@ def _run_child(req: dict, timeout: float) -> dict[int, dict]:
         raise ExecutableError(f"cannot start the probing interpreter {tvm_python()}: {exc}") from None
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise ExecutableError(f"probing the kernels failed: {tail}",
-                              "TVM could not load or run the library (wrong architecture, missing runtime?)")
+        raise ExecutableError(
+            f"probing the kernels failed: {tail}", "TVM could not load or run the library (wrong architecture, missing runtime?)"
+        )
     try:
         return {r["node"]: r for r in json.loads(proc.stdout)["results"]}
     except (ValueError, KeyError, TypeError):

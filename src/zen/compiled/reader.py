@@ -31,13 +31,15 @@ class Reader:
         return self.end - self.pos
 
     def fail(self, field: str, reason: str) -> ExecutableError:
-        return ExecutableError(f"{self.what}: {field} at offset {self.pos}: {reason}",
-                               "the file is truncated or corrupt, or was written by an unsupported TVM version")
+        return ExecutableError(
+            f"{self.what}: {field} at offset {self.pos}: {reason}",
+            "the file is truncated or corrupt, or was written by an unsupported TVM version",
+        )
 
     def take(self, n: int, field: str) -> memoryview:
         if n < 0 or n > self.remaining:
             raise self.fail(field, f"needs {n} bytes, {self.remaining} left")
-        view = self.data[self.pos:self.pos + n]
+        view = self.data[self.pos : self.pos + n]
         self.pos += n
         return view
 

@@ -84,22 +84,34 @@ class _Joined:
 def _search_split(k, tokens: list[str], tol: float, budget: Budget, top: bool) -> dict | None:
     shapes = [o.shape for o in k.outputs]
     for d in sorted(range(len(shapes[0])), key=lambda d: (shapes[0][d] == 1, d)):  # a real axis before batch 1
-        if any(len(s) != len(shapes[0]) or s[:d] + s[d + 1:] != shapes[0][:d] + shapes[0][d + 1:] for s in shapes):
+        if any(len(s) != len(shapes[0]) or s[:d] + s[d + 1 :] != shapes[0][:d] + shapes[0][d + 1 :] for s in shapes):
             continue
         res = _readings(_Joined(k, d), tokens[:-1], tol, budget, top)
         if res["status"] == "ok":
             sizes = [s[d] for s in shapes]
-            res["per_output"] = [res["steps"] + [("split", {"dim": d, "sizes": sizes, "index": o}, [("cur",)], None)]
-                                 for o in range(len(shapes))]
+            res["per_output"] = [
+                res["steps"] + [("split", {"dim": d, "sizes": sizes, "index": o}, [("cur",)], None)] for o in range(len(shapes))
+            ]
             res["steps"] = res["per_output"][0]
             return res
     return None
 
 
 def _act_candidates(hint: list[str]) -> list[dict]:
-    named = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "erf": "gelu", "exp": "exp", "sqrt": "sqrt",
-             "rsqrt": "rsqrt", "negative": "negative", "clip": "relu6", "gelu": "gelu", "silu": "silu",
-             "logical_not": "logical_not"}
+    named = {
+        "relu": "relu",
+        "sigmoid": "sigmoid",
+        "tanh": "tanh",
+        "erf": "gelu",
+        "exp": "exp",
+        "sqrt": "sqrt",
+        "rsqrt": "rsqrt",
+        "negative": "negative",
+        "clip": "relu6",
+        "gelu": "gelu",
+        "silu": "silu",
+        "logical_not": "logical_not",
+    }
     first = [named[h] for h in hint if h in named]
     if "equal" in hint:  # a comparison with a constant baked into the kernel: with a negation after it, "not equal"
         first = (["ne_neginf", "ne_zero", "isfinite"] if "logical_not" in hint else ["eq_neginf", "eq_zero"]) + first
@@ -107,8 +119,11 @@ def _act_candidates(hint: list[str]) -> list[dict]:
         first = ["silu"] + first
     if "clip" in hint and "divide" in hint:  # relu6(x + 3) / 6, times x for hard-swish
         first = (["hardswish"] if "multiply" in hint else ["hardsigmoid"]) + first
-    order = list(dict.fromkeys(first + [k for k in ops.ACTIVATIONS if k not in ("affine", "leaky_relu", "clamp",
-                                                                                  "fake_quant", "quantize")]))
+    order = list(
+        dict.fromkeys(
+            first + [k for k in ops.ACTIVATIONS if k not in ("affine", "leaky_relu", "clamp", "fake_quant", "quantize")]
+        )
+    )
     strong = {h for h in hint if h in ops.UNARY_TOKENS and h not in ("quantize", "dequantize", "act")}
     if strong:  # a run naming clip or erf is not a sigmoid: fewer leaves per reading, more readings within budget
         order = [f for f in order if f in first or f not in ops.ACT_TOKENS or strong <= ops.ACT_TOKENS[f]]
@@ -156,12 +171,11 @@ def _search(k, tokens: list[str] | None, tol: float, budget: Budget, top: bool) 
             return list(chosen) if err <= tol else None
         step = steps[i]
         op = step["op"]
-        later_keep = all(s["op"] in ops.SHAPE_PRESERVING for s in steps[i + 1:])
+        later_keep = all(s["op"] in ops.SHAPE_PRESERVING for s in steps[i + 1 :])
         # a later binary op with a fresh or saved operand may broadcast the running value (squeeze-excite gates)
-        widen = later_keep and any(s["op"] in ops.BINARY and any(o[0] != "cur" for o in s["operands"])
-                                   for s in steps[i + 1:])
+        widen = later_keep and any(s["op"] in ops.BINARY and any(o[0] != "cur" for o in s["operands"]) for s in steps[i + 1 :])
         target = out_shape if later_keep else None
-        if op in ops.RESHAPES and all(s["op"] in ops.SHAPE_PRESERVING | ops.RESHAPES for s in steps[i + 1:]):
+        if op in ops.RESHAPES and all(s["op"] in ops.SHAPE_PRESERVING | ops.RESHAPES for s in steps[i + 1 :]):
             target = out_shape  # an elementwise op commutes with a reshape: reshape straight to the final shape
         argn = names(step)
         if "save" in step:
@@ -174,8 +188,14 @@ def _search(k, tokens: list[str] | None, tol: float, budget: Budget, top: bool) 
             x_shape = tuple(tens[step["operands"][0][1]].shape) if step["operands"] else out_shape
         if op == "act":
             cands = _act_candidates(step.get("hint", []))
-            if (i == len(steps) - 1 and ref.dtype.kind in "iu" and len(k.inputs) == 1 and argn[0] == "a0"
-                    and k.inputs[0].dtype.kind == "f" and k.inputs[0].size == ref.size):
+            if (
+                i == len(steps) - 1
+                and ref.dtype.kind in "iu"
+                and len(k.inputs) == 1
+                and argn[0] == "a0"
+                and k.inputs[0].dtype.kind == "f"
+                and k.inputs[0].size == ref.size
+            ):
                 cands += quantize(*samples(k), ref.dtype)  # float -> integer: many runs pin the scale down
             elif i == len(steps) - 1:
                 cands += fitted(evaluate(argn[0], env), ref, torch)
@@ -183,10 +203,8 @@ def _search(k, tokens: list[str] | None, tol: float, budget: Budget, top: bool) 
             operand_shapes = [tuple(env[n].shape) for n in argn[1:]]
             # with a broadcasting op ahead, the output shape does not pin the settings: common ones first,
             # any whose output neither equals nor broadcasts to the kernel's is dropped right after it runs
-            cands = ops.candidates(op, x_shape, operand_shapes, None if widen and op in ops.ANCHORS else target,
-                                   str(ref.dtype))
-            if op == "reshape" and target is None and not any(s["op"] in ops.ANCHORS or s["op"] == "act"
-                                                              for s in steps[:i]):
+            cands = ops.candidates(op, x_shape, operand_shapes, None if widen and op in ops.ANCHORS else target, str(ref.dtype))
+            if op == "reshape" and target is None and not any(s["op"] in ops.ANCHORS or s["op"] == "act" for s in steps[:i]):
                 cands = []  # pure data movement is read faster by the linear probe than by guessing shapes
         tried: list = []  # settings computing the same tensor as one already tried (padding on a 1x1 map) lead nowhere new
         for attrs in cands:
@@ -199,13 +217,18 @@ def _search(k, tokens: list[str] | None, tol: float, budget: Budget, top: bool) 
                     val = evaluate(expr, env)
             except (RuntimeError, ValueError, TypeError, IndexError, KeyError):
                 continue
-            if hasattr(val, "shape") and any(t.shape == val.shape and t.dtype == val.dtype and torch.equal(t, val)
-                                             for t in tried):
+            if hasattr(val, "shape") and any(
+                t.shape == val.shape and t.dtype == val.dtype and torch.equal(t, val) for t in tried
+            ):
                 continue
             if hasattr(val, "shape") and len(tried) < 64:
                 tried.append(val)
-            if later_keep and tuple(val.shape) != out_shape and op != "act" and not (
-                    widen and _broadcasts(tuple(val.shape), out_shape)):
+            if (
+                later_keep
+                and tuple(val.shape) != out_shape
+                and op != "act"
+                and not (widen and _broadcasts(tuple(val.shape), out_shape))
+            ):
                 continue
             found = dfs(steps, i + 1, val, chosen + [(op, attrs, step["operands"], step.get("save"))], saved)
             if found is not None:
@@ -229,8 +252,11 @@ def _search(k, tokens: list[str] | None, tol: float, budget: Budget, top: bool) 
         if linear["error"] <= tol:
             return linear
     stopped = budget.stopped()
-    res = {"status": "unresolved", "error": best[0] if best else None,
-           "reason": NOT_REPRODUCED + (f" (search stopped at {stopped})" if stopped else "")}
+    res = {
+        "status": "unresolved",
+        "error": best[0] if best else None,
+        "reason": NOT_REPRODUCED + (f" (search stopped at {stopped})" if stopped else ""),
+    }
     return {**res, "stopped": stopped} if stopped else res
 
 

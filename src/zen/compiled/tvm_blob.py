@@ -59,6 +59,8 @@ def vm_payload(data: bytes, offset: int) -> tuple[memoryview, int]:
         if m.kind == "relax.VMExecutable" and m.payload is not None:
             return m.payload, m.offset
     kinds = ", ".join(m.kind for m in parse_blob(data, offset)) or "none"
-    raise ExecutableError(f"the library's module blob holds no relax.VMExecutable (modules: {kinds})",
-                          "zen decompiles relax VM libraries (tvm.compile + export_library); "
-                          "exec_mode='compiled' and Relay graph-executor libraries are not supported yet")
+    raise ExecutableError(
+        f"the library's module blob holds no relax.VMExecutable (modules: {kinds})",
+        "zen decompiles relax VM libraries (tvm.compile + export_library); "
+        "exec_mode='compiled' and Relay graph-executor libraries are not supported yet",
+    )

@@ -106,14 +106,16 @@ class Executable:
         for f in self.functions:
             if f.name == name and f.kind != "packed":
                 return f
-        raise ExecutableError(f"the VM executable has no bytecode function {name!r}",
-                              "functions: " + ", ".join(f.name for f in self.functions if f.kind != "packed"))
+        raise ExecutableError(
+            f"the VM executable has no bytecode function {name!r}",
+            "functions: " + ", ".join(f.name for f in self.functions if f.kind != "packed"),
+        )
 
     def listing(self, name: str = "main") -> str:
         """Text of a function's bytecode, in the style of TVM's `as_text()`."""
         f = self.function(name)
         lines = [f"@{f.name}({', '.join(f.params)}):"]
-        for ins in self.instructions[f.start:f.end]:
+        for ins in self.instructions[f.start : f.end]:
             if ins.op == "call":
                 callee = self.functions[ins.func].name if 0 <= ins.func < len(self.functions) else f"?{ins.func}"
                 dst = str(Arg("reg", ins.dst))
@@ -195,7 +197,7 @@ def _decode(offsets: np.ndarray, words: np.ndarray, r: Reader) -> list[Instr]:
             if not 0 <= nargs <= n - off - 4:
                 raise r.fail("code", f"call at instruction {i} has {nargs} arguments, past the end of the code")
             args = []
-            for w in words[off + 4:off + 4 + nargs].tolist():
+            for w in words[off + 4 : off + 4 + nargs].tolist():
                 kind = (w >> 56) & 0xFF
                 val = w & value_mask
                 if val >> 55:
@@ -216,12 +218,15 @@ def parse_executable(data: bytes | memoryview) -> Executable:
     r = Reader(data, what="VM executable")
     magic = r.u64("magic")
     if magic not in (MAGIC_V1, MAGIC_V2):
-        raise ExecutableError(f"VM executable: unknown magic {magic:#x}",
-                              "not a relax VM executable, or one from a TVM version zen does not know")
+        raise ExecutableError(
+            f"VM executable: unknown magic {magic:#x}", "not a relax VM executable, or one from a TVM version zen does not know"
+        )
     version = r.string("version", limit=64)
     if version not in SUPPORTED_VERSIONS:
-        raise ExecutableError(f"VM executable format version {version!r} is not supported (zen reads {SUPPORTED_VERSIONS})",
-                              "the library was built by another TVM version; rebuild it with apache-tvm 0.27")
+        raise ExecutableError(
+            f"VM executable format version {version!r} is not supported (zen reads {SUPPORTED_VERSIONS})",
+            "the library was built by another TVM version; rebuild it with apache-tvm 0.27",
+        )
     funcs = []
     for i in range(r.count("function table", 4 + 8 * 6)):
         kind = r.i32(f"function {i} kind")

@@ -57,8 +57,14 @@ def plain_headers(ip: Interpreter, addrs: np.ndarray, type_addr: int, at: Locate
     rc, ok = at.u64(0)
     tp, ok2 = at.u64(ip.P.object.ob_type)
     rc &= np.uint64(ip.refcnt_mask)
-    return ok & ok2 & (addrs > 0) & ((addrs & np.uint64(7)) == 0) & (rc > 0) & (rc <= np.uint64(ip.limits.max_refcnt)) & (
-        tp == np.uint64(type_addr)
+    return (
+        ok
+        & ok2
+        & (addrs > 0)
+        & ((addrs & np.uint64(7)) == 0)
+        & (rc > 0)
+        & (rc <= np.uint64(ip.limits.max_refcnt))
+        & (tp == np.uint64(type_addr))
     )
 
 

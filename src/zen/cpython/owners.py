@@ -44,6 +44,7 @@ class RuntimeView(Protocol):
 
     def bound_functions(self, v: int) -> Any: ...
 
+
 Holder = tuple[int, str, str]  # (class address, attribute name, binding)
 
 

@@ -66,8 +66,7 @@ def resolve_release(data: dict[str, Any], version: str | None) -> tuple[dict[str
     rel = release_tuple(version or "")
     if rel is None:
         return data, (
-            f"calibrated on {base_version}; the image's exact release is unknown, so the layout of "
-            f"{base_version} is assumed"
+            f"calibrated on {base_version}; the image's exact release is unknown, so the layout of {base_version} is assumed"
         )
     for variant in variants:
         if _in_range(rel, variant):

@@ -121,7 +121,6 @@ class Encoder:
         if kind == "builtin_function":
             return self._builtin(addr)
         if kind == "module":
-
             return {"module": module_info(ip, addr).name}
         if t.full_name == "torch.dtype":
             name = self._dtype_names().get(addr)
@@ -159,7 +158,6 @@ class Encoder:
         if module and ip.kind(module) == "str":
             return {"func": f"{ip.str(module)}:{name}"}
         if self_obj and ip.kind(self_obj) == "module":
-
             return {"func": f"{module_info(ip, self_obj).name}:{name}"}
         return {"unsupported": f"builtin method {name} bound to an object"}
 

@@ -59,8 +59,10 @@ def decompile_many(codes: dict[str, Any], timeout: float = TIMEOUT, max_calls: i
         proc = childproc.run(childproc.module_argv("zen.diff.decompile", [str(max_calls)], with_pythonpath=False),
                              input=marshal.dumps(codes), capture_output=True, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise TimeLimitExceeded(f"decompiling {len(codes)} functions with depyf did not finish within the safety limit of "
-                                f"{timeout:.0f} s", "raise it with --timeout SECONDS, or show listings with --listing") from None
+        raise TimeLimitExceeded(
+            f"decompiling {len(codes)} functions with depyf did not finish within the safety limit of {timeout:.0f} s",
+            "raise it with --timeout SECONDS, or show listings with --listing",
+        ) from None
     if proc.returncode != 0:
         return res
     try:

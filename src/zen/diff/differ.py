@@ -243,8 +243,11 @@ def class_attribute_changes(rec: dict[str, ClassRecord], base: dict[str, ClassRe
         b = by_key.get(target) if target else None
         if b is None:
             continue
-        changed = {k: v for k, v in r.attributes.items()
-                   if k not in CLASS_INTERNALS and _canonical_code(b.attributes.get(k)) != _canonical_code(_renamed(v, r, b))}
+        changed = {
+            k: v
+            for k, v in r.attributes.items()
+            if k not in CLASS_INTERNALS and _canonical_code(b.attributes.get(k)) != _canonical_code(_renamed(v, r, b))
+        }
         if changed:
             out[target] = changed
     return out

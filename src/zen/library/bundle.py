@@ -166,5 +166,6 @@ def bounded(mr: ModelMR, pr: ProgrammaticRepresentation, limits: Limits) -> None
     if len(nodes) > limits.graph_nodes:
         raise BundleError(f"mr.json: {len(nodes):,} modules is more than a fingerprint may hold ({limits.graph_nodes:,})")
     if len(pr.codes) > limits.code_objects:
-        raise BundleError(f"pr.json: {len(pr.codes):,} code objects is more than a fingerprint may hold "
-                          f"({limits.code_objects:,})")
+        raise BundleError(
+            f"pr.json: {len(pr.codes):,} code objects is more than a fingerprint may hold ({limits.code_objects:,})"
+        )

@@ -18,7 +18,6 @@ from zen.memory.space import RESIDENT_SOFT_LIMIT, AddressSpace, Chunk, resident_
 BLOCK = 16 << 20  # bytes compared per step: bounds the temporary arrays numpy allocates
 
 
-
 U64_MAX = (1 << 64) - 1
 
 

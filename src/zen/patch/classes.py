@@ -49,7 +49,7 @@ def namedtuple_class(c: dict, fields: tuple[str, ...], module: str) -> type:
     defaults = {literal(k["lit"]): literal(v["lit"]) for k, v in (c["attributes"].get("_field_defaults") or {}).get("dict", [])
                 if "lit" in k and "lit" in v}  # fmt: skip
     tail = [defaults[f] for f in fields if f in defaults]
-    if tail and list(defaults) != list(fields[len(fields) - len(tail):]):
+    if tail and list(defaults) != list(fields[len(fields) - len(tail) :]):
         tail = []
     cls = collections.namedtuple(c["name"], fields, defaults=tail or None, module=module)
     cls.__qualname__ = c["qualname"]

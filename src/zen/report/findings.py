@@ -77,8 +77,10 @@ def analysis(folder: Path, evidence_sha256: str | None, root_address: str | None
     if evidence_sha256 and subj.get("evidence_sha256") not in (evidence_sha256, None):
         problems.append(f"the analysis is of a model from another image (sha256 {_str(subj.get('evidence_sha256'))})")
     elif root_address and subj.get("root_address") not in (root_address, None):
-        problems.append(f"the analysis is of another model of the same image (at {_str(subj.get('root_address'))}, "
-                        f"this case's is at {root_address})")
+        problems.append(
+            f"the analysis is of another model of the same image (at {_str(subj.get('root_address'))}, "
+            f"this case's is at {root_address})"
+        )
     rob = _dict(doc.get("robustness"))
     robustness = None
     if rob:

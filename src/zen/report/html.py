@@ -77,8 +77,10 @@ def _evidence(d: dict) -> str:
     rows[5:5] = [(k, _t(v)) for k, v in e.get("system") or []]
     html = _integrity_banner(e) + _kv(rows)
     if compiled:
-        html = ('<div class="box">Source: a <b>compiled executable</b> (TVM model library) decompiled by zen, not a '
-                "process image: there is no Python code, so only the mathematical representation is compared.</div>" + html)
+        html = (
+            '<div class="box">Source: a <b>compiled executable</b> (TVM model library) decompiled by zen, not a '
+            "process image: there is no Python code, so only the mathematical representation is compared.</div>" + html
+        )
     if e.get("notes"):
         html += "<ul>" + "".join(f"<li>note: {_t(n)}</li>" for n in e["notes"]) + "</ul>"
     if e.get("problems"):

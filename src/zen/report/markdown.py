@@ -63,8 +63,11 @@ def render(d: dict) -> str:
                   "what zen recovered from the "
                   "image.**", ""] + [f"- **{_txt(p)}**" for p in integ.get("problems", [])] + [""]  # fmt: skip
     if e.get("source") == "compiled":
-        lines += ["Source: a **compiled executable** (TVM model library) decompiled by zen, not a process image: there is "
-                  "no Python code, so only the mathematical representation is compared.", ""]
+        lines += [
+            "Source: a **compiled executable** (TVM model library) decompiled by zen, not a process image: there is "
+            "no Python code, so only the mathematical representation is compared.",
+            "",
+        ]
     source = "compiled executable" if e.get("source") == "compiled" else "memory image"
     lines += _table(["", ""], [[source, _code(e["image"])], ["size", f"{e.get('size') or 0:,} bytes"],
                                ["sha256", _code(e["sha256"])], ["acquired", e.get("acquired_at")],
@@ -181,8 +184,11 @@ def _analysis(a: dict) -> list[str]:
     bd = a.get("backdoor")
     if bd:
         flagged = ", ".join(bd["flagged"])
-        lines += [f"**{'backdoor suspected at class ' + _txt(flagged) if flagged else 'no class flagged'}** by "
-                  f"{_txt(bd['detector'])} (anomaly index above {_f(bd['threshold'], 'g')}).", ""]
+        lines += [
+            f"**{'backdoor suspected at class ' + _txt(flagged) if flagged else 'no class flagged'}** by "
+            f"{_txt(bd['detector'])} (anomaly index above {_f(bd['threshold'], 'g')}).",
+            "",
+        ]
         lines += _table(["class", "trigger L1", "anomaly index", "flagged"],
                         [[c["class"], _f(c["l1"], ".2f"), _f(c["anomaly_index"], ".2f"), "yes" if c["flagged"] else ""]
                          for c in bd["classes"]])  # fmt: skip

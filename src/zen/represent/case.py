@@ -37,8 +37,6 @@ SIG_FILE = "manifest.sig"  # zen.represent.signature
 MAX_MANIFEST = 16 << 20  # a manifest is a few KB; its problem list can grow, but not to this
 
 
-
-
 def prepare(case_dir: Path) -> Path:
     """Create the case directory; refuse to mix a new case into a different existing one."""
     case_dir = Path(case_dir)

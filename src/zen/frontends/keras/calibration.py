@@ -116,10 +116,7 @@ class TFCalibrator(CalibratorBase):
         self.field("tensorbuffer", "data", data, "ptr", "measured: the pointer that reaches the known contents")
         numel = [t.shape.num_elements() for t in samples]
         # num_elements_ is the int64 just before buf_ in every sample; the 16-byte rep precedes it
-        rel = [
-            [o - 32 for o in self.m.find_word(self.m.word(id(t) + handle) + buf - 32, 32, n)]
-            for t, n in zip(samples, numel)
-        ]
+        rel = [[o - 32 for o in self.m.find_word(self.m.word(id(t) + handle) + buf - 32, 32, n)] for t, n in zip(samples, numel)]
         num_rel = common("Tensor.num_elements_ (relative to buf_)", *rel)
         start = num_rel - 16
         self.field("tensor", "shape", 0, "rep", "derived: the 16-byte TensorShapeRep before num_elements_")

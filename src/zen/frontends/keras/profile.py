@@ -59,8 +59,9 @@ def parse_tf_profile(data: dict, source: str = "") -> TFProfile:
             structs=structs,
             constants=constants,
             dtypes={
-                int(k): TFDType(int(k), v["name"], int(v["itemsize"]), v.get("safetensors"), bool(v["floating"]),
-                                bool(v["complex"]))  # fmt: skip
+                int(k): TFDType(
+                    int(k), v["name"], int(v["itemsize"]), v.get("safetensors"), bool(v["floating"]), bool(v["complex"])
+                )  # fmt: skip
                 for k, v in data["dtypes"].items()
             },
             layout=TensorLayout.from_profile(data["structs"], constants),
@@ -85,6 +86,5 @@ def load_tf_profile(minor: str, full_version: str | None = None) -> TFProfile:
             raise ProfileError(f"TF profile {source} is not valid JSON: {exc}") from None
     raise ProfileError(
         f"no layout profile for TensorFlow {minor} (the image has TensorFlow {full_version or minor})",
-        f"calibrate one with an interpreter that has TensorFlow {minor} installed: "
-        "`zen profile tf --python /path/to/python`",
+        f"calibrate one with an interpreter that has TensorFlow {minor} installed: `zen profile tf --python /path/to/python`",
     )

@@ -122,8 +122,10 @@ def select_root(index: LayerIndex, vars_: VariableReader, roots: list[RootRecord
     if c.startswith("#") and c[1:].isdigit() and 1 <= int(c[1:]) <= len(roots):
         return roots[int(c[1:]) - 1], f"--model {c}"
     for r in roots:
-        if c.lower() in (r.address, hex(int(r.address, 16))) or c in r.referenced_from or any(
-            x.endswith("." + c) or x.endswith(": " + c) for x in r.referenced_from
+        if (
+            c.lower() in (r.address, hex(int(r.address, 16)))
+            or c in r.referenced_from
+            or any(x.endswith("." + c) or x.endswith(": " + c) for x in r.referenced_from)
         ):
             return r, f"--model {c}"
     try:

@@ -65,7 +65,7 @@ class TFTensorMeta:
 
 
 def device_kind(name: str) -> str:
-    """"cpu" for TF's host devices ("/job:localhost/replica:0/task:0/device:CPU:0"), else the device part ("GPU:0")."""
+    """ "cpu" for TF's host devices ("/job:localhost/replica:0/task:0/device:CPU:0"), else the device part ("GPU:0")."""
     tail = name.rsplit("/", 1)[-1]
     tail = tail.split("device:", 1)[-1]
     return "cpu" if tail.upper().startswith("CPU") or not tail else tail

@@ -161,8 +161,10 @@ class TensorReader:
     @staticmethod
     def missing_device_note(meta: TensorMeta) -> str:
         if meta.device.startswith("cuda"):
-            return (f"data on device {meta.device}, not in this image: give the GPU image of the process "
-                    "(`zen recover IMAGE --gpu GPU_CORE`; `zen acquire --pid N` collects one, see README 'Models on GPUs')")
+            return (
+                f"data on device {meta.device}, not in this image: give the GPU image of the process "
+                "(`zen recover IMAGE --gpu GPU_CORE`; `zen acquire --pid N` collects one, see README 'Models on GPUs')"
+            )
         return f"data on device {meta.device}, not in this image"
 
     def iter_bytes(self, meta: TensorMeta, block: int = BLOCK) -> Iterator[bytes | memoryview]:
@@ -221,8 +223,7 @@ class TensorReader:
         near = getattr(space, "near", None)
         if meta.on_cpu or near is None:
             return f"tensor data not in the image ({reason})" if reason else "tensor data pages are not in the image"
-        return (f"device range {addr:#x}-{addr + n:#x} ({n:,} bytes on {meta.device}) is not in the GPU image; "
-                f"{near(addr, n)}")
+        return f"device range {addr:#x}-{addr + n:#x} ({n:,} bytes on {meta.device}) is not in the GPU image; {near(addr, n)}"
 
     def sha256(self, meta: TensorMeta) -> str:
         h = hashlib.sha256()

@@ -150,8 +150,10 @@ def parse(path: Path, data: mmap.mmap | bytes, file_size: int) -> CudaCore:
     if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
         raise ImageError(f"{path} is not a 64-bit little-endian ELF file")
     if e_machine != tables()["elf"]["machine"] or e_type != tables()["elf"]["type_core"]:
-        raise ImageError(f"{path} is an ELF file but not a CUDA GPU core (machine {e_machine}, type {e_type})",
-                         "a GPU core is written by the CUDA driver (CUDA_ENABLE_USER_TRIGGERED_COREDUMP) or `zen acquire`")
+        raise ImageError(
+            f"{path} is an ELF file but not a CUDA GPU core (machine {e_machine}, type {e_type})",
+            "a GPU core is written by the CUDA driver (CUDA_ENABLE_USER_TRIGGERED_COREDUMP) or `zen acquire`",
+        )
     if shentsize != 64:
         raise ImageError(f"corrupt GPU core {path}: section header size {shentsize}, expected 64")
     if shoff == 0:

@@ -31,7 +31,7 @@ BLOCK = 16 << 20
 
 
 def sniff_gpu_core(path: str | os.PathLike) -> str | None:
-    """"plain" or "gzip" when `path` is a CUDA GPU core (gzip: checked on the unpacked header), else None."""
+    """ "plain" or "gzip" when `path` is a CUDA GPU core (gzip: checked on the unpacked header), else None."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(64)

@@ -95,9 +95,7 @@ class SystemProcessSpace(AddressSpace):
         self.problems.extend(kernel.phys.problems)
         self.problems.extend(problems)
         self.notes.extend(notes)
-        self.info = CoreInfo(
-            command=entry.cmdline or entry.comm, pid=entry.pid, producer=kernel.phys.producer
-        )
+        self.info = CoreInfo(command=entry.cmdline or entry.comm, pid=entry.pid, producer=kernel.phys.producer)
         self._check_resident()
         self.release()  # pages touched while verifying and walking need not stay in zen's RSS
 
