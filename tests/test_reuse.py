@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TARGETS, case_of, zen
+from conftest import TARGETS, case_of, start_target, zen
 from families import FAMILIES, VARIANTS, materialize  # noqa: E402
 
 from zen.errors import ZenError
@@ -93,6 +93,30 @@ def test_obfuscated_fork_rebuilt_on_its_base(base_library, family_images, workdi
                 _base_code("convnet", tmp_path), attack=False)  # fmt: skip
     assert res["equal"] and res["model_class"] == "convnet.ConvNet"
     assert res["report"]["patch"]["mro_mismatch"] == []
+
+
+def test_renamed_package_fork_keeps_its_mro(base_library, workdir, tmp_path):
+    """A copy of transformers' GPT-2 in a package of its own (`mygpt.modeling`), one method changed and a subclass
+    added, rebuilt on the library's transformers GPT-2: the diff maps the module, the MRO of every class is compared
+    through that mapping, and nothing is reported although every class lives under another name (issue 35)."""
+    pytest.importorskip("transformers")
+    t = start_target("renamed_fork_target.py", tmp_path / "fork-target")
+    img = tmp_path / "fork.core"
+    try:
+        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
+    finally:
+        t.stop()
+    case_dir, pkg = tmp_path / "fork-case", tmp_path / "rebuilt_fork"
+    zen("recover", img, "-o", case_dir, "--model", hex(json.loads((t.outdir / "truth.json").read_text())["id"]))
+    img.unlink()
+    zen("reuse", case_dir, "--base", "gpt2", "--library", base_library, "-o", pkg)
+    res = check(pkg, t.outdir / "fork.io.pt", tmp_path / "res.json", attack=False)
+    patch = res["report"]["patch"]
+    assert res["equal"], res
+    assert patch["modules"]["mygpt.modeling"] == "transformers.models.gpt2.modeling_gpt2"
+    assert patch["replaced"] == ["transformers.models.gpt2.modeling_gpt2:GPT2MLP.forward"]
+    assert patch["mro_mismatch"] == [] and res["report"]["problems"] == [], patch
+    assert res["model_class"] == "transformers.models.gpt2.modeling_gpt2.GPT2ForkModel"
 
 
 @pytest.mark.parametrize("name", ALL_VARIANTS + ["mistral"])
