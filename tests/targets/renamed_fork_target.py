@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-FORK_CLASSES = '''
+FORK_CLASSES = """
 
 class GPT2Gate(nn.Module):
     def __init__(self, n):
@@ -34,7 +34,7 @@ class GPT2ForkModel(GPT2LMHeadModel):
     def __init__(self, config):
         super().__init__(config)
         self.gate = GPT2Gate(config.n_embd)
-'''
+"""
 
 
 def write_fork(pkg: Path) -> None:
