@@ -239,6 +239,24 @@ def test_same_model_from_image_and_executable_is_most_similar(decompiled_cases, 
         assert table[a, a] >= 0.75, table
 
 
+def test_decompiled_case_verifies_and_a_changed_state_dict_is_caught(decompiled_cases, tmp_path):
+    """mr.json of a decompiled case describes state_dict.safetensors (weights.safetensors is keyed by kernel
+    constant): verify-case checks each tensor there against mr.json, and one flipped bit is named."""
+    import shutil
+
+    case = tmp_path / "dec"
+    shutil.copytree(decompiled_cases["cnn"], case)
+    res = zen("verify-case", case, "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["files"]["weights.safetensors"]["status"] == "ok", res.stderr
+    p = case / "state_dict.safetensors"
+    raw = bytearray(p.read_bytes())
+    raw[-5] ^= 1
+    p.write_bytes(bytes(raw))
+    res = zen("verify-case", case, "--json")
+    reasons = json.loads(res.stdout)["files"]["weights.safetensors"]["reasons"]
+    assert res.returncode == 1 and any("state_dict.safetensors" in r and "sha256" in r for r in reasons), reasons
+
+
 def test_library_add_and_report_on_a_decompiled_case(decompiled_cases, library, tmp_path):
     """`zen library add` takes a decompiled case; `zen report` says the model came from a compiled executable."""
     lib = tmp_path / "lib.sqlite"

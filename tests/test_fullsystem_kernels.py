@@ -53,6 +53,7 @@ def kernels(workdir, tmp_path_factory):
     for assets in (main, other):
         image, record, rec_dir = _small_image(assets, where)
         isf = symbols / assets.version / f"linux-{assets.version}.json.xz"
+        isf.parent.mkdir(parents=True, exist_ok=True)  # zen writes only into a directory that exists
         made = zen("symbols", "--kernel", assets.vmlinuz, "-o", isf, timeout=900)
         out[assets.version] = {"assets": assets, "image": image, "record": record, "dir": rec_dir, "isf": isf, "log": made.stdout}
     yield out

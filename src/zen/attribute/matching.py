@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 from rapidfuzz import fuzz, process
-from scipy import sparse
-from scipy.optimize import linear_sum_assignment
 
 from zen.attribute.code_views import OPTIMAL_LIMIT, TOP_N, CodeView, MatchResult, Pair
 from zen.attribute.invariants import load_bodies
@@ -85,6 +83,8 @@ def _rows(vs: list[CodeView], ids: dict) -> tuple[list[int], list[int]]:
 
 def _attr_matrix(d: list[CodeView], g: list[CodeView]) -> tuple[np.ndarray, np.ndarray]:
     """(intersection sizes, union sizes) of the attribute sets of every (d, g) pair, int64."""
+    from scipy import sparse  # here, not at import: a query whose code all matches exactly never needs it (~0.1 s)
+
     ids: dict = {}
     pr_, ir = _rows(d, ids)
     pg, ig = _rows(g, ids)
@@ -190,5 +190,7 @@ def optimal_cos(delta: list[CodeView], gamma: list[CodeView], exact_pairs: list[
     wg = np.array([v.weight for v in g])
     # the reference: (attr_ss(x, y) + ibss(x, y)) / 2 * (x.weight + y.weight) / 2, left to right
     m = (attr_matrix(d, g) + cache.matrix(d, g)) / 2 * (wd[:, None] + wg[None, :]) / 2
+    from scipy.optimize import linear_sum_assignment  # importing scipy.optimize costs ~0.3 s: only when assigning
+
     rows, cols = linear_sum_assignment(m, maximize=True)
     return min(1.0, (exact_w + float(m[rows, cols].sum())) / total_w)

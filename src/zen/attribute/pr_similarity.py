@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from zen.attribute import matching
 from zen.attribute.code_views import (  # noqa: F401 - the names attribution imports from here
@@ -109,6 +108,8 @@ def optimal_cos_reference(delta: list[CodeView], gamma: list[CodeView], exact_pa
     for i, x in enumerate(d):
         for j, y in enumerate(g):
             m[i, j] = (attr_ss(x, y) + ibss(x, y)) / 2 * (x.weight + y.weight) / 2
+    from scipy.optimize import linear_sum_assignment  # ~0.3 s to import: only when an assignment is needed
+
     rows, cols = linear_sum_assignment(m, maximize=True)
     return min(1.0, (exact_w + float(m[rows, cols].sum())) / total_w)
 

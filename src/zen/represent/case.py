@@ -111,7 +111,8 @@ _record_cache: dict[tuple, Any] = {}
 
 def _stat_key(path: Path) -> tuple | None:
     st = _stat_regular(path)
-    return None if isinstance(st, str) else (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    # the file's identity and state, not its spelling: `case` and `/abs/case` are one file, parsed once
+    return None if isinstance(st, str) else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def verdicts(case_dir: Path, manifest: dict, *, code: bool = False) -> dict:
@@ -171,10 +172,14 @@ def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dic
     if mr is not None:
         for problem in check_mr_values(mr):
             out[MR_FILE].add("malformed", problem)
+        compiled = _compiled_state_dict(case_dir, manifest, out)
         for name, records in ((WEIGHTS, mr.tensors), (INPUTS, mr.inputs), (EXTRA, mr.extra_tensors)):
-            if name in tensor_files:
-                for problem in cross_check(name, tensor_files[name], records):
-                    out[name].add("inconsistent", problem)
+            tf = tensor_files.get(name)
+            if name == WEIGHTS and compiled is not None:
+                name, tf = COMPILED_STATE_DICT, compiled  # a decompiled case: weights are keyed by kernel constant
+            if tf is not None:
+                for problem in cross_check(name, tf, records):
+                    out[WEIGHTS if name == COMPILED_STATE_DICT else name].add("inconsistent", problem)
     if REQUIREMENTS in present:
         v = check_requirements(case_dir / REQUIREMENTS)
         if v.reasons:
@@ -185,6 +190,33 @@ def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dic
         v = check_code(case_dir / CODE_FILE, addresses, python_matches(manifest))
         out[CODE_FILE].status = v.status if v.status != "ok" else out[CODE_FILE].status
         out[CODE_FILE].reasons += v.reasons
+
+
+COMPILED_STATE_DICT = "state_dict.safetensors"  # zen.compiled.case: the MR's tensors under their PyTorch keys
+
+
+def _compiled_state_dict(case_dir: Path, manifest: dict, out: dict):
+    """For a case `zen decompile` wrote (its manifest's `case.state_dict` names that file and its digest), the file
+    read and hashed once: mr.json's tensors describe it, not weights.safetensors (keyed by kernel constant).
+    None for any other case."""
+    from zen.represent.tensorfile import TensorFileError, read_tensor_file
+
+    sd = manifest.get("case", {}).get("state_dict") if isinstance(manifest.get("case"), dict) else None
+    if not isinstance(sd, dict) or sd.get("file") != COMPILED_STATE_DICT:
+        return None
+    p = case_dir / COMPILED_STATE_DICT
+    st = _stat_regular(p)
+    if isinstance(st, str):  # a FIFO or device is never opened
+        out[WEIGHTS].add("missing", f"{COMPILED_STATE_DICT} is {st}; the manifest records its sha256")
+        return None
+    try:
+        tf = read_tensor_file(p)
+    except (TensorFileError, OSError) as exc:
+        out[WEIGHTS].add("inconsistent", f"{COMPILED_STATE_DICT} cannot be read: {exc}")
+        return None
+    if tf.sha256 != sd.get("sha256"):
+        out[WEIGHTS].add("altered", f"{COMPILED_STATE_DICT} was altered: its sha256 differs from the manifest's")
+    return tf
 
 
 def _cached_record(path: Path, cls: type, kind: str, fmt: int):

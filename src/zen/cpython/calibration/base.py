@@ -37,7 +37,13 @@ class Memory:
                     continue
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
                 maps.append((lo, hi))
-        self._maps = sorted(maps)
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(maps):  # a read may straddle two adjacent mappings (the heap splits as it grows)
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+            else:
+                merged.append((lo, hi))
+        self._maps = merged
 
     def readable(self, addr: int, size: int) -> bool:
         if addr <= 0 or size < 0:

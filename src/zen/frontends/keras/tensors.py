@@ -160,6 +160,15 @@ class TFTensorReader:
             return None
         return self.ip.space.file_span(meta.data_ptr, meta.nbytes)
 
+    def space_of(self, meta: TFTensorMeta):
+        """The address space holding the tensor's bytes (the recovery jobs ask every reader): the image. TF tensors
+        on a GPU are not read (their data is marked missing before this is asked)."""
+        return self.ip.space
+
+    @staticmethod
+    def missing_range_note(meta: TFTensorMeta, addr: int, n: int, reason: str = "") -> str:
+        return f"tensor data not in the image ({reason})" if reason else "tensor data pages are not in the image"
+
     def sha256(self, meta: TFTensorMeta) -> str:
         h = hashlib.sha256()
         for chunk in self.iter_bytes(meta):
