@@ -60,6 +60,7 @@ def main(outdir: str) -> None:
     from mygpt.modeling import GPT2ForkModel
 
     transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)  # as reuse_check.py runs the rebuilt model: same kernels, same bits
     torch.manual_seed(10)
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=101, n_positions=32, bos_token_id=0,
                                   eos_token_id=0)  # fmt: skip
