@@ -38,9 +38,12 @@ _OK, _FAILED = b"\x00", b"\x01"
 
 # Scheduling priorities (nice levels above zen's own) of the work beside the analysis thread, the
 # longest chain of work in a recovery: parts of the analysis handed to children come next, bulk
-# I/O and hashing (which only has to end before the analysis does) fills the time that is left.
-NICE_ANALYSIS_PART = 2
-NICE_BULK = 19  # the lowest: it only has to end before the analysis does
+# I/O and hashing after them. The steps are small on purpose: every one of these is waited for
+# before the case is complete, and on a machine busy with other work at nice 0 a large step starves
+# it. Measured (bench/bench_digest.py, two busy loops on two cores): the tensor files' writer at nice
+# 19 made a 3 s recovery of a GPT-2 image take 29 s and a 5 s one of a 3 GB image 90 s (issue 39).
+NICE_ANALYSIS_PART = 1
+NICE_BULK = 3  # below the analysis and its parts on an idle machine; never starved by other work
 try:
     _BASE_NICE = os.getpriority(os.PRIO_PROCESS, 0)
 except (AttributeError, OSError):

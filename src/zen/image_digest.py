@@ -40,6 +40,7 @@ class ImageDigest:
         self._error: str | None = None
         self._display: Callable[[str, int, int], None] | None = None
         self.seconds = self.waited = 0.0
+        self._hash_seconds: float | None = None
         self._key = digest_cache.stat_key(path)
         hit = None if rehash else digest_cache.lookup(path)
         if hit is not None:
@@ -67,13 +68,15 @@ class ImageDigest:
         if self._job is not None:
             got = json.loads(self._job.result())
             self._digest, self._error = got["sha256"], got["error"]
+            self._hash_seconds = got.get("seconds")
             self._job = None
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         if computed:
             self.waited = time.perf_counter() - t
-            self.seconds = time.perf_counter() - self._t0
+            # the hashing's own time (from start to its last block), not when the analysis came to ask for it
+            self.seconds = self._hash_seconds if self._hash_seconds is not None else time.perf_counter() - self._t0
             if self._digest:
                 digest_cache.remember(self.path, self._digest, self._key)
         return self._digest, self._error
@@ -84,7 +87,7 @@ class ImageDigest:
 
     def _run_thread(self) -> None:
         got = json.loads(self._compute_bytes(self._on_progress))
-        self._digest, self._error = got["sha256"], got["error"]
+        self._digest, self._error, self._hash_seconds = got["sha256"], got["error"], got.get("seconds")
 
     def _compute_bytes(self, report: Callable[[str, int, int], None] | None = None) -> bytes:
         """The digest of the file's bytes, hashed straight from a read-only mapping, released
@@ -109,7 +112,7 @@ class ImageDigest:
                     view = memoryview(buf)
                     while n := fh.readinto(buf):
                         h.update(view[:n])
-            return json.dumps({"sha256": h.hexdigest(), "error": None}).encode()
+            return json.dumps({"sha256": h.hexdigest(), "error": None, "seconds": time.perf_counter() - self._t0}).encode()
         except OSError as exc:
             return json.dumps({"sha256": None, "error": str(exc)}).encode()
 

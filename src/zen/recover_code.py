@@ -83,7 +83,7 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
     theirs = Forked(lambda: _frame(records_to_bytes(code_records(rt, result, readable[cut:])),
                                    classes_to_bytes(class_records(rt, result))))  # fmt: skip
     # needed last: below the records' child, which this process waits for first
-    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 8)
+    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 2)
     try:
         mine = code_records(rt, result, readable[:cut])
         info = getattr(space, "info", None)

@@ -1,0 +1,116 @@
+"""`zen attribute CASE --library L` end to end, as an investigator runs it (issue 34, target 1), in one run.
+
+    python bench/bench_attribute_cli.py --cases DIR [--work DIR] [--sizes 1 100 1000] [--no-write]
+
+DIR holds real recovered cases (`case_*`; `bench/real_cases.py DIR` makes 21 from the test suite's target
+processes in minutes, `bench/zoo.py` more in hours). Libraries of each size are built as
+bench/bench_attribution_scale.py builds them (every real fingerprint, then seeded perturbed copies, all with
+`Library.add`, kept in --work and reused), except size 1, which holds the query's own fingerprint alone.
+Each query (a real case whose own fingerprint is in the library, so it is attributed to itself with every
+candidate scored) runs as a fresh `zen attribute --json` process: the first run after the library was opened
+last (page cache as it is) and then REPEATS more, median reported; wall time from process start to exit,
+imports and case verification included. Writes the section "Attribute end to end (issue 34)" of
+bench/results/perf.md.
+
+Targets: <= 1.0 s at 100 real entries and <= 2 s at 1,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "src"))
+
+import bench_attribution_scale as scale  # noqa: E402
+from bench_scale import write_sections  # noqa: E402
+
+from zen.attribute.invariants import packed  # noqa: E402
+from zen.library.store import Library  # noqa: E402
+from zen.represent import case  # noqa: E402
+
+QUERIES = ["hf_gpt2", "hf_llama", "convnet_se", "zoo_cnn"]
+REPEATS = 5
+SECTION = "Attribute end to end (issue 34)"
+
+
+def one_entry(work: Path, cases_dir: Path, q: str) -> Path:
+    path = work / f"one-{q}.sqlite"
+    if not path.exists():
+        with Library(path, invariants=packed) as lib:
+            lib.add(q, case.load_mr(cases_dir / f"case_{q}"), case.load_pr(cases_dir / f"case_{q}"),
+                    case.load_ur(cases_dir / f"case_{q}"))  # fmt: skip
+    return path
+
+
+def run_cli(qdir: Path, lib: Path) -> tuple[float, str]:
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "zen", "attribute", str(qdir), "--library", str(lib), "--json"],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    wall = time.perf_counter() - t
+    if r.returncode not in (0, 5):
+        raise SystemExit(f"zen attribute {qdir} failed ({r.returncode}): {r.stderr[-2000:]}")
+    return wall, json.loads(r.stdout)["attributed"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=Path, required=True, help="directory of real recovered cases (case_*)")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "zen-bench-attribute-cli")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 100, 1000])
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    cases = scale.load_cases(args.cases)
+    queries = [q for q in QUERIES if q in cases]
+    if not queries:
+        raise SystemExit(f"{args.cases} holds none of the query cases {QUERIES}")
+    scale.QUERIES = {q: q for q in queries}  # the queries' own fingerprints come first in every library
+    t0 = time.perf_counter()
+    big = tuple(s for s in args.sizes if s > 1)
+    paths = scale.build(args.work, cases, big) if big else {}
+    build_s = time.perf_counter() - t0
+    rows = []
+    for size in args.sizes:
+        for q in queries:
+            lib = one_entry(args.work, args.cases, q) if size == 1 else paths[size]
+            qdir = args.cases / f"case_{q}"
+            first, attributed = run_cli(qdir, lib)
+            again = [run_cli(qdir, lib)[0] for _ in range(REPEATS)]
+            row = {"size": size, "query": q, "first": first, "median": statistics.median(again), "min": min(again),
+                   "max": max(again), "attributed": attributed, "load": os.getloadavg()[0]}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    lines = [f"One run of `python bench/bench_attribute_cli.py --cases CASES --sizes {' '.join(map(str, args.sizes))}` "
+             f"on {time.strftime('%Y-%m-%d')}: {platform.machine()}, {os.cpu_count()} cores, Python "
+             f"{platform.python_version()}. Cases: {len(cases)} real fingerprints (`bench/real_cases.py`: the test "
+             "suite's target processes); libraries beyond them are seeded perturbed copies, all added with "
+             "`Library.add`" + (f" ({build_s:.0f} s to build)" if build_s > 5 else "") + "; size 1 is the query's own "
+             f"fingerprint alone. Each cell: one `zen attribute CASE --library L --json` process, start to exit; "
+             f"first run, then the median (range) of {REPEATS} more.", "",
+             "| entries | query | attributed | first s | repeated s (range) | load avg |",
+             "|---:|---|---|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['size']:,} | {r['query']} | {r['attributed']} | {r['first']:.2f} | **{r['median']:.2f}** "
+                     f"({r['min']:.2f}-{r['max']:.2f}) | {r['load']:.1f} |")  # fmt: skip
+    worst = {s: max(r["median"] for r in rows if r["size"] == s) for s in args.sizes}
+    lines += ["", "Targets: ≤ 1.0 s at 100 entries, ≤ 2 s at 1,000 (slowest query, repeated runs): "
+              + ", ".join(f"{s:,}: {w:.2f} s" for s, w in worst.items()) + "."]  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_sections({SECTION: text})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
