@@ -2,7 +2,7 @@
 
     python bench/bench_attribute_cli.py --cases DIR [--work DIR] [--sizes 1 100 1000] [--no-write]
 
-DIR holds real recovered cases (`case_*`; `bench/real_cases.py DIR` makes 21 from the test suite's target
+DIR holds real recovered cases (`case_*`; `bench/real_cases.py DIR` makes 20 from the test suite's target
 processes in minutes, `bench/zoo.py` more in hours). Libraries of each size are built as
 bench/bench_attribution_scale.py builds them (every real fingerprint, then seeded perturbed copies, all with
 `Library.add`, kept in --work and reused), except size 1, which holds the query's own fingerprint alone.

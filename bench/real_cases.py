@@ -4,7 +4,7 @@
 
 Starts each target the tests use (the three test families, with every variant; transformers/peft models; the
 small zoo), images it with `zen acquire --lean`, recovers every model in it into OUTDIR/case_NAME and deletes the
-image: 21 real fingerprints (CNNs, a MobileNet-like family, GPT-like models with LoRA and RoPE variants,
+image: 20 real fingerprints (CNNs, a MobileNet-like family, GPT-like models with LoRA and RoPE variants,
 transformers GPT-2, Llama, Mistral, Qwen2, GPT-2 + LoRA) in about five minutes on two cores. bench/zoo.py makes the
 larger sweep (torchvision, timm, transformers) when hours are available. Cases already in OUTDIR are kept.
 """
