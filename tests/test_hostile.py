@@ -428,3 +428,65 @@ def test_code_stage_failure_keeps_model_and_weights(hostile, tmp_path, monkeypat
     names = {p.name for p in (tmp_path / "case").iterdir()}
     assert {"manifest.json", "mr.json", "weights.safetensors"} <= names and "pr.json" not in names
     assert len(load_file(str(tmp_path / "case" / "weights.safetensors"))) == len(t.truth["state"])
+
+
+def test_one_walk_check_never_accepts_what_the_reporting_checks_refuse(intact):
+    """`bounded_record` (one walk, no paths: how case files are loaded) says yes only where `check_depth` and
+    `check_record` (the walks that name the problem) both pass: on the real case's records and on mutations of
+    each kind the limits exist for, placed where the walk takes its shortcuts (lists of strings, flat rows)."""
+    import copy
+    import random
+
+    from zen.represent.pr import ProgrammaticRepresentation
+    from zen.represent.schema import MAX_DEPTH, MAX_STRING, CaseFileError, bounded_record, check_depth, check_record
+
+    case, _ = intact
+    data = json.loads((case / "pr.json").read_text())
+    cls, header = ProgrammaticRepresentation, ("kind", "format")
+
+    def slow_ok(d) -> bool:
+        try:
+            check_depth(d, "pr.json")
+            check_record(d, cls, "pr.json", header)
+            return True
+        except CaseFileError:
+            return False
+
+    assert bounded_record(data, cls, header) and slow_ok(data)
+    deep: list = []
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    long = "a" * (MAX_STRING + 1)
+    edits = {
+        "deep-context": lambda d: d["context"].__setitem__("x", deep),
+        "long-listing-line": lambda d: d["codes"][0]["listing"].append(long),
+        "long-key": lambda d: d["context"].__setitem__(long, 1),
+        "long-in-flat-row": lambda d: d["system_codes"][0].append(long),
+        "long-beside-none": lambda d: d["system_codes"][0].extend([None, 3, long]),
+        "bool-for-int": lambda d: d["codes"][0].__setitem__("argcount", True),
+        "unknown-field": lambda d: d["codes"][0].__setitem__("zzz", 1),
+        "missing-field": lambda d: d["codes"][0].pop("address"),
+        "str-for-list": lambda d: d.__setitem__("exclusion", "x"),
+        "int-in-strings": lambda d: d["codes"][0]["names"].append(1),
+        "deep-in-calls": lambda d: d["codes"][0].__setitem__("calls", {"x": deep}),
+    }
+    for how, edit in edits.items():
+        bad = copy.deepcopy(data)
+        edit(bad)
+        assert not bounded_record(bad, cls, header) and not slow_ok(bad), how
+    rng = random.Random(7)
+    values = [None, True, 1, 1.5, "s", [], {}, ["s", 1], {"k": [1]}, deep, long]
+    for _ in range(200):  # random values at random places: the one walk never says yes where the others say no
+        bad = copy.deepcopy(data)
+        node = bad
+        for _ in range(rng.randint(1, 4)):
+            if isinstance(node, dict) and node:
+                node = node[rng.choice(sorted(node))] if rng.random() < 0.7 else node
+            elif isinstance(node, list) and node:
+                node = node[rng.randrange(len(node))] if rng.random() < 0.7 else node
+        if isinstance(node, dict) and node:
+            node[rng.choice(sorted(node))] = rng.choice(values)
+        elif isinstance(node, list) and node:
+            node[rng.randrange(len(node))] = rng.choice(values)
+        if bounded_record(bad, cls, header):
+            assert slow_ok(bad)

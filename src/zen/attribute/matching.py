@@ -156,8 +156,11 @@ def greedy_match(delta: list[CodeView], gamma: list[CodeView], cache: IbssCache 
                 order = np.lexsort((rank, dist[i], -attr[i]))
                 best = None
                 for j in order[~used[order]][:TOP_N]:
+                    a = float(attr[i, j])
+                    if best is not None and (a + 1.0) / 2 <= best[0]:
+                        break  # IBSS <= 1 and Attr SS falls along `order`: no later base can score higher
                     g = free[j]
-                    a, b = float(attr[i, j]), cache.one(d, g)
+                    b = cache.one(d, g)
                     s = (a + b) / 2
                     if best is None or s > best[0]:
                         best = (s, a, b, j)
