@@ -16,6 +16,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
+import struct
 import threading
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 
 from zen import forking
 from zen.forking import Forked
-from zen.represent.jsontext import compact
+from zen.represent.jsontext import compact, loads
 
 PARENT = os.getpid()
 
@@ -159,6 +161,50 @@ def test_compact_corner_cases():
     for obj in (["\udc80\udcff", "a\x00\x1f\x7f\u2028\u2029\ufeff"], {"k": (1, 2, "t")}, [1 << 64, -(1 << 63)], {"": None},
                 ["\"\\/\b\f\n\r\t"], [2**63 - 1, -(2**63)]):  # fmt: skip
         assert compact(obj) == _reference(obj)
+
+
+_json_value = st.recursive(_leaf | st.floats(), lambda inner: st.lists(inner, max_size=5)
+                           | st.dictionaries(_text, inner, max_size=5), max_leaves=30)  # fmt: skip
+
+
+def _same(a, b) -> bool:
+    """Equal, floats bit for bit (NaN included), and of the same types."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_value)
+def test_loads_equals_json(obj):
+    """`jsontext.loads` (orjson, json where orjson refuses) reads what json wrote exactly as json reads it."""
+    text = json.dumps(obj, ensure_ascii=False)
+    assert _same(loads(text), json.loads(text))
+    raw = text.encode("utf-8", "surrogatepass")
+    assert _same(loads(raw), json.loads(raw))
+
+
+def test_loads_corner_cases():
+    rng = random.Random(3)
+    doubles = [struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(20000)]
+    texts = [json.dumps(doubles), "[1e400, -1e400, NaN, Infinity]", '["\\ud800", "\\udfff x"]', "[18446744073709551616]",
+             "[" * 200 + "]" * 200, '{"a": 1, "a": 2}',
+             '{"h": "ab1234567890123456789012", "x":\n  -9223372036854775809}', '["x"' + ',"1234567890123456789012"' * 9000 + ']',
+             "18446744073709551615", '["\\u00e9", "\u00e9", 9223372036854775807, -9223372036854775808]',
+             "[0.1, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308]"]  # fmt: skip
+    for text in texts:
+        assert _same(loads(text), json.loads(text)), text[:60]
+    for bad in ("[1,", "{'a': 1}", "\ufeff[1]", ""):
+        with pytest.raises(ValueError):
+            loads(bad)
+    with pytest.raises(RecursionError):  # past orjson's 1,024 levels json decides, as before: too deep for Python
+        loads("[" * 200_000 + "]" * 200_000)
 
 
 def test_compact_of_a_real_pr(hf_image, workdir):

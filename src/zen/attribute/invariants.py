@@ -37,6 +37,7 @@ import numpy as np
 
 from zen.attribute.code_views import CodeView, primary_modules, views
 from zen.attribute.mr_similarity import MRScore, module_graph, multiset_jaccard, ratio, spectrum
+from zen.represent.jsontext import loads
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation
 
@@ -174,7 +175,7 @@ class StoredView(CodeView):
         except AttributeError:
             if self.attrs_json is None:
                 self.bodies.load([self])
-            value = frozenset(tuple(a) for a in json.loads(self.attrs_json))
+            value = frozenset(tuple(a) for a in loads(self.attrs_json))
             _ATTRS_SLOT.__set__(self, value)
             return value
 
@@ -243,7 +244,7 @@ def _pack(obj: Any) -> bytes:
 
 
 def _unpack(blob: bytes) -> Any:
-    return json.loads(zlib.decompress(blob).decode("utf-8", "surrogatepass"))
+    return loads(zlib.decompress(blob).decode("utf-8", "surrogatepass"))
 
 
 def packed(mr: ModelMR, pr: ProgrammaticRepresentation) -> tuple:

@@ -20,19 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
-import json
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
 from zen.errors import ZenError
-
-try:
-    import orjson
-except ImportError:  # a dependency; json alone gives the same values, slower
-    orjson = None  # type: ignore[assignment]
+from zen.represent.jsontext import loads
 
 MAX_DEPTH = 200  # nesting of JSON containers in a case file (real cases stay below 40)
 MAX_STRING = 1 << 20  # characters of one string (names, addresses, literals; real cases stay below 100,000)
@@ -57,7 +51,7 @@ def parse_json_bytes(text: bytes, what: str, max_string: int = MAX_STRING, *, wa
     """`parse_json` of bytes already read (an upload to `zen serve`, a file read once and hashed). `walk=False`:
     the caller bounds depth and strings itself (`record_from_json` does, in its typed walk)."""
     try:
-        data = _loads(text)
+        data = loads(text)
     except RecursionError:
         raise CaseFileError(f"{what} is nested too deeply to be a zen file", "recover the case again") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -65,25 +59,6 @@ def parse_json_bytes(text: bytes, what: str, max_string: int = MAX_STRING, *, wa
     if walk:
         check_depth(data, what, max_string=max_string)
     return data
-
-
-def _loads(text: bytes) -> Any:
-    """json.loads, faster: orjson parses strict RFC 8259 JSON to the same values (what it refuses, e.g. NaN, a lone
-    surrogate escape or an integer past 64 bits, goes to json, which decides as before), and the cyclic collector
-    is paused meanwhile: a 23 MB pr.json makes a million containers, and collections triggered while they are
-    made, all survivors, took a third of the parse."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        if orjson is not None:
-            try:
-                return orjson.loads(text)
-            except orjson.JSONDecodeError:
-                pass
-        return json.loads(text)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def check_depth(data: Any, what: str, limit: int = MAX_DEPTH, max_string: int = MAX_STRING) -> None:
