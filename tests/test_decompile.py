@@ -271,6 +271,27 @@ def test_corrupt_counts_are_bounded(built):
         parse_executable(vm_payload(bytes(data), lib.blob_offset)[0])
 
 
+def test_unknown_argument_kind_is_refused(built, tmp_path):
+    """A call argument of a kind TVM never writes (found by bench/fuzz_cli.py: `zen decompile` printed the
+    bytecode listing and failed with exit 70) is refused while parsing, with the instruction named."""
+    import struct
+
+    from zen.compiled.load import load_executable
+
+    data = (built / "mlp.so").read_bytes()
+    _, ex = load_executable(built / "mlp.so")
+    call = next(i for i in ex.instructions if i.op == "call" and i.args)
+    kinds = {"reg": 0, "imm": 1, "const": 2, "func": 3}
+    words = b"".join(struct.pack("<q", (kinds[a.kind] << 56) | (a.value & ((1 << 56) - 1))) for a in call.args)
+    at = data.find(struct.pack("<qqq", call.dst, call.func, len(call.args)) + words)
+    assert at > 0
+    arg = at + 24 + 7  # the first argument's kind byte (little-endian: its top byte)
+    bad = tmp_path / "kind.so"
+    bad.write_bytes(data[:arg] + bytes([232]) + data[arg + 1 :])
+    res = zen("decompile", str(bad), "-o", str(tmp_path / "pkg"))
+    assert res.returncode == 2 and "unknown kind 232" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
 def test_other_vm_format_version_is_refused(built, tmp_path):
     """A library whose VM executable has another format version (another TVM) gets a clear error."""
     data = (built / "mlp.so").read_bytes()

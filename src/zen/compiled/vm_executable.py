@@ -202,7 +202,10 @@ def _decode(offsets: np.ndarray, words: np.ndarray, r: Reader) -> list[Instr]:
                 val = w & value_mask
                 if val >> 55:
                     val -= 1 << 56
-                args.append(Arg(ARG_KINDS.get(kind, f"kind{kind}"), val))
+                if kind not in ARG_KINDS:  # every later reader switches on the four kinds TVM writes
+                    raise r.fail("code", f"call at instruction {i} has an argument of unknown kind {kind} "
+                                         f"(TVM writes {', '.join(ARG_KINDS.values())})")  # fmt: skip
+                args.append(Arg(ARG_KINDS[kind], val))
             out.append(Instr("call", dst=int(words[off + 1]), func=int(words[off + 2]), args=args))
         elif op == "ret":
             out.append(Instr("ret", result=int(words[off + 1])))
