@@ -292,6 +292,27 @@ def test_unknown_argument_kind_is_refused(built, tmp_path):
     assert res.returncode == 2 and "unknown kind 232" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+def test_section_offset_past_ssize_t_is_refused(built, tmp_path):
+    """A compressed section whose offset does not fit a seek (bench/fuzz_cli.py, tvm input 107: OverflowError out
+    of pyelftools, exit 70) makes a malformed-library error."""
+    import struct
+
+    from elftools.elf.elffile import ELFFile
+
+    data = bytearray((built / "mlp.so").read_bytes())
+    with open(built / "mlp.so", "rb") as fh:
+        elf = ELFFile(fh)
+        shoff, size = elf.header.e_shoff, elf.header.e_shentsize
+        n = next(i for i, sec in enumerate(elf.iter_sections()) if sec.name == ".rodata")
+    hdr = shoff + n * size  # Elf64_Shdr: name u32, type u32, flags u64, addr u64, offset u64
+    flags = struct.unpack_from("<Q", data, hdr + 8)[0]
+    struct.pack_into("<QQQ", data, hdr + 8, flags | 0x800, 0, (1 << 63) + 5)  # SHF_COMPRESSED, offset past 2^63
+    bad = tmp_path / "overflow.so"
+    bad.write_bytes(bytes(data))
+    res = zen("decompile", str(bad), "-o", str(tmp_path / "pkg"))
+    assert res.returncode == 2 and "malformed ELF" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
 def test_other_vm_format_version_is_refused(built, tmp_path):
     """A library whose VM executable has another format version (another TVM) gets a clear error."""
     data = (built / "mlp.so").read_bytes()

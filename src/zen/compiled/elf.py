@@ -23,7 +23,8 @@ KERNEL_PREFIX = "__tvm_ffi_"
 VM_KEY = b"relax.VMExecutable"
 MAX_FILE = 1 << 34  # 16 GiB: beyond any model library; refuses device files and the like
 
-_PARSE_ERRORS = (ELFError, ELFParseError, struct.error, ValueError, IndexError, KeyError, UnicodeDecodeError)
+# OverflowError: a section offset past 2^63 reaches a seek (bench/fuzz_cli.py, tvm input 107)
+_PARSE_ERRORS = (ELFError, ELFParseError, struct.error, ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError)
 
 
 @dataclass
