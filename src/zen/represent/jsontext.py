@@ -17,8 +17,10 @@ their `repr` text, `cpython.snapshot`); `compact` is only used for them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+from collections.abc import Iterator
 from typing import Any
 
 try:
@@ -45,19 +47,27 @@ def _refuse(value: Any) -> Any:
 def loads(text: bytes | str) -> Any:
     """`json.loads`, faster: orjson parses strict RFC 8259 JSON to the same values (floats bit for bit, checked in
     the tests); what it refuses (NaN, a number past a double, a lone surrogate, an integer past 64 bits, nesting
-    past 1,024) goes to `json`, which decides as before. The cyclic collector is paused meanwhile: a 23 MB pr.json
-    makes a million containers, and collections while they are made, all of them survivors, cost a third of
-    the parse. orjson reads an integer past 64 bits as a float without a word: text that may hold one is left to
-    json (`_long_number`)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    past 1,024) goes to `json`, which decides as before. The cyclic collector is paused meanwhile (see
+    `collector_paused`). orjson reads an integer past 64 bits as a float without a word: text that may hold one
+    is left to json (`_long_number`)."""
+    with collector_paused():
         if orjson is not None and not _long_number(text):
             try:
                 return orjson.loads(text)
             except orjson.JSONDecodeError:
                 pass
         return json.loads(text)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic collection while a large record is parsed and built: a 23 MB pr.json makes a million containers,
+    all survivors, and the collections their allocation triggers walked them again and again (a third of the
+    parse). What the block leaves unreachable in cycles is collected after it, as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if enabled:
             gc.enable()

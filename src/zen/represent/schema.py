@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zen.errors import ZenError
-from zen.represent.jsontext import loads
+from zen.represent.jsontext import collector_paused, loads
 
 MAX_DEPTH = 200  # nesting of JSON containers in a case file (real cases stay below 40)
 MAX_STRING = 1 << 20  # characters of one string (names, addresses, literals; real cases stay below 100,000)
@@ -297,7 +297,8 @@ def load_record(path: Path, cls: type, kind: str, fmt: int) -> Any:
         text = Path(path).read_bytes()
     except OSError as exc:
         raise CaseFileError(f"{path} cannot be read: {exc.strerror or exc}") from None
-    return record_from_json(parse_json_bytes(text, name, walk=False), cls, kind, fmt, name)
+    with collector_paused():
+        return record_from_json(parse_json_bytes(text, name, walk=False), cls, kind, fmt, name)
 
 
 def record_from_json(data: Any, cls: type, kind: str, fmt: int, name: str) -> Any:
