@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -255,8 +256,6 @@ def test_bad_library_gives_clear_error(damage, built, tmp_path):
 
 def test_corrupt_counts_are_bounded(built):
     """Huge counts/lengths in the VM executable are refused before allocation (no hang, no MemoryError)."""
-    import struct
-
     from zen.compiled.errors import ExecutableError
     from zen.compiled.load import load_executable
 
@@ -271,46 +270,36 @@ def test_corrupt_counts_are_bounded(built):
         parse_executable(vm_payload(bytes(data), lib.blob_offset)[0])
 
 
-def test_unknown_argument_kind_is_refused(built, tmp_path):
-    """A call argument of a kind TVM never writes (found by bench/fuzz_cli.py: `zen decompile` printed the
-    bytecode listing and failed with exit 70) is refused while parsing, with the instruction named."""
-    import struct
-
+def _unknown_argument_kind(data: bytearray, lib: Path) -> None:
     from zen.compiled.load import load_executable
 
-    data = (built / "mlp.so").read_bytes()
-    _, ex = load_executable(built / "mlp.so")
-    call = next(i for i in ex.instructions if i.op == "call" and i.args)
+    call = next(i for i in load_executable(lib)[1].instructions if i.op == "call" and i.args)
     kinds = {"reg": 0, "imm": 1, "const": 2, "func": 3}
     words = b"".join(struct.pack("<q", (kinds[a.kind] << 56) | (a.value & ((1 << 56) - 1))) for a in call.args)
     at = data.find(struct.pack("<qqq", call.dst, call.func, len(call.args)) + words)
-    assert at > 0
-    arg = at + 24 + 7  # the first argument's kind byte (little-endian: its top byte)
-    bad = tmp_path / "kind.so"
-    bad.write_bytes(data[:arg] + bytes([232]) + data[arg + 1 :])
-    res = zen("decompile", str(bad), "-o", str(tmp_path / "pkg"))
-    assert res.returncode == 2 and "unknown kind 232" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    data[at + 24 + 7] = 232  # the first argument's kind: the top byte of its little-endian word
 
 
-def test_section_offset_past_ssize_t_is_refused(built, tmp_path):
-    """A compressed section whose offset does not fit a seek (bench/fuzz_cli.py, tvm input 107: OverflowError out
-    of pyelftools, exit 70) makes a malformed-library error."""
-    import struct
-
+def _section_offset_past_ssize_t(data: bytearray, lib: Path) -> None:
     from elftools.elf.elffile import ELFFile
 
-    data = bytearray((built / "mlp.so").read_bytes())
-    with open(built / "mlp.so", "rb") as fh:
+    with open(lib, "rb") as fh:
         elf = ELFFile(fh)
-        shoff, size = elf.header.e_shoff, elf.header.e_shentsize
         n = next(i for i, sec in enumerate(elf.iter_sections()) if sec.name == ".rodata")
-    hdr = shoff + n * size  # Elf64_Shdr: name u32, type u32, flags u64, addr u64, offset u64
+        hdr = elf.header.e_shoff + n * elf.header.e_shentsize  # Elf64_Shdr: name, type (u32); flags, addr, offset
     flags = struct.unpack_from("<Q", data, hdr + 8)[0]
     struct.pack_into("<QQQ", data, hdr + 8, flags | 0x800, 0, (1 << 63) + 5)  # SHF_COMPRESSED, offset past 2^63
-    bad = tmp_path / "overflow.so"
-    bad.write_bytes(bytes(data))
-    res = zen("decompile", str(bad), "-o", str(tmp_path / "pkg"))
-    assert res.returncode == 2 and "malformed ELF" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("how, says", [(_unknown_argument_kind, "unknown kind 232"),
+                                       (_section_offset_past_ssize_t, "malformed ELF")])  # fmt: skip
+def test_fuzzed_libraries_are_refused_clearly(built, tmp_path, how, says):
+    """Found exiting 70 by bench/fuzz_cli.py: a call argument of a kind TVM never writes (KeyError in the listing),
+    a compressed section whose offset does not fit a seek (OverflowError in pyelftools). Both: a clear error."""
+    how(data := bytearray((built / "mlp.so").read_bytes()), built / "mlp.so")
+    (tmp_path / "bad.so").write_bytes(bytes(data))
+    res = zen("decompile", str(tmp_path / "bad.so"), "-o", str(tmp_path / "pkg"))
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_other_vm_format_version_is_refused(built, tmp_path):
