@@ -61,3 +61,11 @@ def test_profile_and_recipe_build_in_the_trap(tmp_path):
     res = zen_command("library", "build", recipe, "--library", tmp_path / "lib.sqlite", cwd=evidence)
     assert "tiny: added" in res.stdout + res.stderr
     assert _markers(markers) == []
+
+
+def test_child_text_output_that_is_not_utf8_is_decoded_leniently():
+    """A child's message may quote bytes of the evidence (TVM's symbol error on a damaged library did: exit 70 in
+    `zen decompile`, found by bench/fuzz_cli.py, tvm input 634); text output never fails to decode."""
+    code = "import sys; sys.stderr.buffer.write(b'undefined symbol: erf\\xd5\\xd5_x\\n'); sys.stdout.write('ok')"
+    proc = childproc.run(childproc.code_argv(code), capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "ok" and "erf\\xd5\\xd5_x" in proc.stderr

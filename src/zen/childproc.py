@@ -114,7 +114,11 @@ def scratch_cwd() -> Iterator[str]:
 
 
 def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run in a scratch working directory (unless the caller names one zen controls)."""
+    """subprocess.run in a scratch working directory (unless the caller names one zen controls). Text output is
+    decoded leniently: a child's error message may quote bytes of the evidence (TVM's, on a damaged library,
+    did), and a strict decode turned that message into an internal error."""
+    if (kwargs.get("text") or kwargs.get("universal_newlines")) and "errors" not in kwargs:
+        kwargs["errors"] = "backslashreplace"
     if kwargs.get("cwd") is not None:
         return subprocess.run(argv, **kwargs)
     with scratch_cwd() as cwd:

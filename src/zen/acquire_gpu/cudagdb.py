@@ -61,8 +61,8 @@ def dump(pid: int, ranges: list[DeviceRange], dest: Path, cuda_gdb: str, *, time
             argv += ["-ex", c]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, cwd=tmp,
-                                  stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="backslashreplace", timeout=limit,
+                                  cwd=tmp, stdin=subprocess.DEVNULL)  # fmt: skip
         except subprocess.TimeoutExpired:
             raise ZenError(f"cuda-gdb did not finish dumping {total:,} bytes of PID {pid} within {limit:.0f} s",
                            "raise --gpu-timeout") from None  # fmt: skip
