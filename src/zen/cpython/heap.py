@@ -22,6 +22,7 @@ import numpy as np
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.types import TypeInfo, read_type
 from zen.errors import MemoryReadError, ObjectError, ZenError
+from zen.memory.allocations import chunk_interiors, without
 from zen.memory.scan import find_u64_in, find_u64_in_mapped, find_u64_in_ranges, gather_u64, writable_chunks
 
 MAX_GC_WALK = 50_000_000
@@ -56,7 +57,8 @@ class Heap:
         The first search also maps where user-space pointers are at all (`find_u64_in_mapped`);
         later searches for values inside that span read only those ranges, which leaves out tensor
         data: a census of a multi-GB model process then costs one pass over the image, not one
-        pass per question."""
+        pass per question. That first pass itself reads only the start of each large glibc
+        allocation (`zen.memory.allocations`): the bulk of the tensor data is never read for it."""
         vals = sorted(set(values))
         span = self._pointer_span()
         fits = span is not None and all(span[0] <= v <= span[1] for v in vals)
@@ -64,7 +66,9 @@ class Heap:
         if fits and ranges is not None:
             return find_u64_in_ranges(self.space, vals, ranges)  # type: ignore[arg-type]
         if fits and ranges is None:
-            hits, found, ranges = find_u64_in_mapped(self.space, vals, self._chunks, span[0], span[1])  # type: ignore[index]
+            # inside large malloc'd blocks (tensor storages) only their first bytes (`allocations`)
+            pieces = without(self._chunks, chunk_interiors(self.space, self.space.regions))
+            hits, found, ranges = find_u64_in_mapped(self.space, vals, pieces, span[0], span[1])  # type: ignore[index]
             self._memo["pointer_map"] = ranges
             return hits, found
         return find_u64_in(self.space, vals, self._chunks)

@@ -214,12 +214,12 @@ def find_u64_in_ranges(
             if c is None:
                 break
             end = min(b, c.end)
-            pieces.append(_Slice(c, a, end))
+            pieces.append(Slice(c, a, end))
             a = end
     return find_u64_in(space, values, pieces, keep=True)
 
 
-class _Slice:
+class Slice:
     """A piece of a chunk, scanned like a chunk (its pages released after the scan as usual)."""
 
     __slots__ = ("start", "end", "_c")
