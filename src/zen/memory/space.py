@@ -90,8 +90,8 @@ class MmapChunk:
         return np.frombuffer(self._mm, dtype=np.uint8, count=self.end - self.start, offset=self._file_offset)
 
     def file_span(self, offset: int, size: int) -> tuple[int, int] | None:
-        """(file descriptor, file offset) of bytes [offset, offset + size) of this chunk: lets a
-        writer copy them inside the kernel (`os.copy_file_range`) instead of through zen."""
+        """(file descriptor, file offset) of bytes [offset, offset + size) of this chunk: lets the
+        tensor writer ask the kernel to read them ahead (`posix_fadvise`)."""
         if self._fd is None or offset < 0 or offset + size > self.end - self.start:
             return None
         return self._fd, self._file_offset + offset

@@ -6,20 +6,24 @@ straight from the image. The format is tiny and fixed — an 8-byte little-endia
 JSON header mapping names to dtype/shape/byte ranges, then the raw bytes — so the writer lays out
 the header from metadata first and then streams each tensor's bytes in order. Files are read back
 with the safetensors library (tests do), which validates them.
+
+The bytes go to the file through `_DirectOutput`: page-aligned blocks written with O_DIRECT where
+the file system takes it, past the page cache.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
+import mmap
 import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-OVERLAP = 1 << 20  # blocks at least this large are written while they are hashed
-_COPY = getattr(os, "copy_file_range", None)  # Linux
+OVERLAP = 1 << 20  # blocks at least this large are hashed for the file while hashed for the tensor
+STAGE = 8 << 20  # bytes per write: a multiple of every device's block size
+_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux
 
 
 @dataclass(frozen=True)
@@ -51,46 +55,39 @@ class SafetensorsWriter:
             pos += e.nbytes
         blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
-        # unbuffered: the file's position is the kernel's, shared by writes and in-kernel copies
-        self._fh = open(path, "wb", buffering=0)
+        self._executor = None
+        self._out = _DirectOutput(path, self._pool)
         head = struct.pack("<Q", len(blob)) + blob
-        self._write_all(head)
+        self._out.put(head)
         # The file's own sha256 (the case manifest records it) is taken from the bytes as they are
         # written: hashing the finished file again would read a multi-GB file a second time.
         self._file_hash = hashlib.sha256(head)
         self.file_sha256: str | None = None  # set by close()
         self._next = 0
-        self._executor = None
         self.sha256: dict[str, str] = {}
 
-    def write(self, name: str, chunks: Iterable[bytes], source: tuple[int, int] | None = None) -> str:
+    def write(self, name: str, chunks: Iterable[bytes]) -> str:
         """Stream one tensor's bytes; returns their sha256. Must follow the entries' order.
 
-        `source`: (file descriptor, offset) of a file that holds exactly these bytes in order (the
-        image, when the tensor lies in one mapped segment): they are then copied into the output
-        inside the kernel (`os.copy_file_range`) while `chunks` (views of the same bytes) are only
-        hashed. That saves copying GBs through zen's address space (a third less system time for
-        a 6.5 GB model here); where the copy is refused, the chunk is written as usual."""
+        Each byte is copied once, into the output's staging block, while it is hashed. (An
+        in-kernel copy from the image, `os.copy_file_range`, was used before: it saved that
+        copy but filled the page cache with the output, which cost more.)"""
         e = self.entries[self._next]
         if e.name != name:
             raise ValueError(f"safetensors entries must be written in order: expected {e.name}, got {name}")
         h = hashlib.sha256()
         n = 0
         for chunk in chunks:
-            put = self._write_all if source is None else functools.partial(self._copy, source[0], source[1] + n)
             if len(chunk) >= OVERLAP:
-                # write the block, hash it for the file and for the tensor at once: all three
-                # release the GIL, and on a multi-GB model each is seconds of a core or of waiting
-                # for the disk (a write held back by the kernel's dirty-page limit leaves both
-                # cores to the hashes). The block's jobs end before the next block is read, so
-                # the file hash sees the bytes in order.
-                pool = self._pool()
-                jobs = [pool.submit(put, chunk), pool.submit(self._file_hash.update, chunk)]
+                # hash the block for the file in another thread while this one hashes it for the
+                # tensor and stages it for writing (hashlib and the writes release the GIL); the
+                # file hash ends before the next block, so it sees the bytes in order
+                job = self._pool().submit(self._file_hash.update, chunk)
+                self._out.put(chunk)
                 h.update(chunk)
-                for job in jobs:
-                    job.result()
+                job.result()
             else:
-                put(chunk)
+                self._out.put(chunk)
                 h.update(chunk)
                 self._file_hash.update(chunk)
             n += len(chunk)
@@ -99,28 +96,6 @@ class SafetensorsWriter:
         self._next += 1
         self.sha256[name] = h.hexdigest()
         return self.sha256[name]
-
-    def _write_all(self, data) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[self._fh.write(view) :]
-
-    def _copy(self, fd: int, offset: int, chunk) -> None:
-        """`chunk`'s bytes, which are the source file's at `offset`, copied in the kernel."""
-        done, n = 0, len(chunk)
-        if _COPY is not None:
-            start = self._fh.tell()
-            try:
-                while done < n:
-                    got = _COPY(fd, self._fh.fileno(), n - done, offset + done)
-                    if got <= 0:
-                        break
-                    done += got
-            except OSError:  # another file system, an old kernel, ...: the position says what was copied
-                done = self._fh.tell() - start
-                self._fh.seek(start + done)
-        if done < n:
-            self._write_all(memoryview(chunk)[done:])
 
     def _pool(self):
         if self._executor is None:
@@ -140,18 +115,110 @@ class SafetensorsWriter:
             self._executor = None
 
     def close(self) -> None:
-        self._shutdown()
         if self._next != len(self.entries):
-            self._fh.close()
-            os.unlink(self.path)
+            self.abort()
             raise ValueError(f"safetensors file incomplete: {self._next} of {len(self.entries)} tensors written")
-        self._fh.close()
+        try:
+            self._out.close()
+        except BaseException:
+            self.abort()
+            raise
+        self._shutdown()
         self.file_sha256 = self._file_hash.hexdigest()
 
     def abort(self) -> None:
+        self._out.abort()
         self._shutdown()
-        self._fh.close()
         try:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+class _DirectOutput:
+    """The file's bytes, in order, through two page-aligned staging blocks written with O_DIRECT.
+
+    A multi-GB weights file written through the page cache costs the kernel a fresh page per 4 KiB
+    (allocated, filled, written back, then reclaimed): on this project's machines that was more
+    system time than the two sha256 passes over the same bytes, and it pushes the image's pages
+    out of the cache. Direct writes of whole blocks skip all of that. Each full block is written
+    by a pool thread while the next one fills; the last, partial block (and every block where the
+    file system refuses O_DIRECT: tmpfs, some network file systems) is written the ordinary way,
+    with O_DIRECT cleared on the same descriptor, so the file is the same bytes either way."""
+
+    def __init__(self, path, pool) -> None:
+        self._pool = pool
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        self.direct = bool(_DIRECT)
+        try:
+            self.fd = os.open(path, flags | _DIRECT, 0o666)
+        except OSError:
+            if not _DIRECT:
+                raise
+            self.fd, self.direct = os.open(path, flags, 0o666), False
+        self._blocks = [mmap.mmap(-1, STAGE), mmap.mmap(-1, STAGE)]  # anonymous maps: page-aligned
+        self._pending: list = [None, None]
+        self._cur, self._fill, self._offset = 0, 0, 0  # block being filled, bytes in it, its file offset
+
+    def put(self, data) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            block = self._blocks[self._cur]
+            n = min(len(view), STAGE - self._fill)
+            block[self._fill : self._fill + n] = view[:n]
+            self._fill += n
+            view = view[n:]
+            if self._fill == STAGE:
+                # each block at its own offset: two blocks' writes may run at once
+                self._pending[self._cur] = self._pool().submit(self._write, self._cur, STAGE, self._offset)
+                self._offset += STAGE
+                self._cur ^= 1
+                self._wait(self._cur)  # its previous write must be done before it is refilled
+                self._fill = 0
+
+    def _wait(self, i: int) -> None:
+        job, self._pending[i] = self._pending[i], None
+        if job is not None:
+            job.result()
+
+    def _write(self, i: int, size: int, offset: int) -> None:
+        view = memoryview(self._blocks[i])[:size]
+        while view:
+            try:
+                done = os.pwrite(self.fd, view, offset)
+            except OSError as exc:
+                if not self.direct or exc.errno != 22:  # EINVAL: this file system refuses direct I/O
+                    raise
+                self._buffered()
+                continue
+            if done <= 0:
+                raise OSError(f"write returned {done}")
+            view, offset = view[done:], offset + done
+            if view and self.direct:
+                self._buffered()  # a short direct write leaves an unaligned rest
+
+    def _buffered(self) -> None:
+        import fcntl
+
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~_DIRECT)
+        self.direct = False
+
+    def close(self) -> None:
+        self._wait(self._cur ^ 1)
+        self._wait(self._cur)
+        if self._fill:
+            if self.direct:
+                self._buffered()  # the last block is not a whole number of device blocks
+            self._write(self._cur, self._fill, self._offset)
+        os.close(self.fd)
+        self.fd = -1
+
+    def abort(self) -> None:
+        for i in (0, 1):
+            try:
+                self._wait(i)
+            except (OSError, ValueError):
+                pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

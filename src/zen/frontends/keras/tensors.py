@@ -155,7 +155,7 @@ class TFTensorReader:
 
     def file_span(self, meta: TFTensorMeta) -> tuple[int, int] | None:
         """(file descriptor, offset) of a file holding the tensor's bytes (one mapped segment of
-        the image), for an in-kernel copy; else None."""
+        the image), for reading it ahead; else None."""
         if not meta.on_cpu or not meta.nbytes:
             return None
         return self.ip.space.file_span(meta.data_ptr, meta.nbytes)

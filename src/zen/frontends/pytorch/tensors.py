@@ -198,7 +198,7 @@ class TensorReader:
 
     def file_span(self, meta: TensorMeta) -> tuple[int, int] | None:
         """(file descriptor, offset) of a file holding the tensor's bytes in C order (a contiguous
-        tensor inside one mapped segment of the image), for an in-kernel copy; else None."""
+        tensor inside one mapped segment of the image), for reading it ahead; else None."""
         space = self.space_of(meta)
         if space is None or not meta.contiguous or not meta.numel:
             return None

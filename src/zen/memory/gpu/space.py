@@ -1,8 +1,8 @@
 """A GPU core as an address space: device global memory, served from an mmap of the file.
 
 Each `.cudbg.global.N` segment becomes one chunk at its device address, so everything above this
-layer reads GPU memory exactly as it reads host memory (`view`, `read`, `file_span` for in-kernel
-copies into weights.safetensors). A gzip-compressed core (the driver's GZIP_COMPRESS flag, or a
+layer reads GPU memory exactly as it reads host memory (`view`, `read`, `file_span` for the tensor
+writer's readahead). A gzip-compressed core (the driver's GZIP_COMPRESS flag, or a
 `.gz` copy) is unpacked once into a private temporary file, bounded in size and by the free space
 of the disk it goes to, and hashed while it is unpacked.
 """

@@ -1,0 +1,106 @@
+"""The weights file is the same bytes whether written with O_DIRECT, the ordinary way, or a mix.
+
+`SafetensorsWriter` stages the file in page-aligned blocks and writes whole blocks with O_DIRECT
+(past the page cache), the last partial block the ordinary way. Where the file system refuses
+direct I/O at open (tmpfs), at the first write, or part way (a short write), it goes on the
+ordinary way on the same descriptor. Every path must give the file `safetensors` reads back, with
+the same per-tensor and file digests as hashing the bytes afterwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.numpy
+
+from zen.represent import safetensors_io as st
+from zen.represent.safetensors_io import Entry, SafetensorsWriter
+
+# above and below the overlap threshold, and together several staging blocks with unaligned ends
+SIZES = [3 << 20, 17, 1 << 20, 11 << 20, 4096, 5 << 20, 3]
+
+
+def _write(out: Path, data: bytes) -> tuple[str, dict[str, str]]:
+    entries = [Entry(f"t{i}", "U8", (n,), n) for i, n in enumerate(SIZES)]
+    w = SafetensorsWriter(out, entries, {"format": "pt"})
+    view, pos = memoryview(data), 0
+    try:
+        for i, n in enumerate(SIZES):
+            w.write(f"t{i}", [view[pos + p : pos + min(p + (2 << 20), n)] for p in range(0, n, 2 << 20)])
+            pos += n
+        w.close()
+    except BaseException:
+        w.abort()  # as the tensor writer does
+        raise
+    return w.file_sha256, dict(w.sha256)
+
+
+def _check(path: Path, data: bytes, got: tuple[str, dict[str, str]]) -> None:
+    raw = path.read_bytes()
+    assert got[0] == hashlib.sha256(raw).hexdigest()
+    loaded = safetensors.numpy.load_file(str(path))
+    pos = 0
+    for i, n in enumerate(SIZES):
+        assert loaded[f"t{i}"].tobytes() == data[pos : pos + n]
+        assert got[1][f"t{i}"] == hashlib.sha256(data[pos : pos + n]).hexdigest()
+        pos += n
+
+
+@pytest.mark.parametrize("how", ["as-is", "no-direct", "refused-at-write", "short-write", "slow-first-block"])
+def test_direct_and_ordinary_writes_give_the_same_file(tmp_path, monkeypatch, how):
+    data = os.urandom(sum(SIZES))
+    ref_path = tmp_path / "ref.safetensors"
+    monkeypatch.setattr(st, "_DIRECT", 0)
+    ref = _write(ref_path, data)
+    monkeypatch.undo()
+    _check(ref_path, data, ref)
+    calls: list[int] = []
+    if how == "no-direct":
+        monkeypatch.setattr(st, "_DIRECT", 0)
+    elif how in ("refused-at-write", "short-write", "slow-first-block"):
+        if not st._DIRECT:  # noqa: SLF001
+            pytest.skip("no O_DIRECT on this platform")
+        real = os.pwrite
+
+        def flaky(fd, buf, offset):
+            calls.append(len(buf))
+            if how == "refused-at-write" and len(calls) == 1:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            if how == "slow-first-block" and len(calls) == 1:
+                time.sleep(0.3)  # the next block's write, in the other thread, ends first
+            if how == "short-write" and len(calls) == 2:
+                return real(fd, memoryview(buf)[: len(buf) // 2 + 1], offset)  # leaves an unaligned rest
+            return real(fd, buf, offset)
+
+        monkeypatch.setattr(st.os, "pwrite", flaky)
+    out = tmp_path / "out.safetensors"
+    got = _write(out, data)
+    monkeypatch.undo()
+    assert out.read_bytes() == ref_path.read_bytes() and got == ref
+    _check(out, data, got)
+    if how != "as-is" and how != "no-direct":
+        assert len(calls) >= 3  # several blocks went through the patched write
+
+
+def test_a_failed_write_removes_the_file(tmp_path, monkeypatch):
+    """A write error (a full disk) reaches the caller, and no partial file is left behind."""
+    data = os.urandom(sum(SIZES))
+    real = os.pwrite
+    calls: list[int] = []
+
+    def full(fd, buf, offset):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, buf, offset)
+
+    monkeypatch.setattr(st.os, "pwrite", full)
+    out = tmp_path / "out.safetensors"
+    with pytest.raises(OSError, match="No space"):
+        _write(out, data)
+    assert not out.exists()
