@@ -212,6 +212,15 @@ class _DirectOutput:
             self._write(self._cur, self._fill, self._offset)
         os.close(self.fd)
         self.fd = -1
+        self._free()
+
+    def _free(self) -> None:
+        """Unmap the staging blocks now rather than whenever the writer is collected (8 MiB each)."""
+        for block in self._blocks:
+            try:
+                block.close()
+            except BufferError:  # a view of it is still alive somewhere: the collector frees it
+                pass
 
     def abort(self) -> None:
         for i in (0, 1):
@@ -222,3 +231,4 @@ class _DirectOutput:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self._free()
