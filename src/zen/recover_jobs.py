@@ -95,9 +95,8 @@ def _write_tensors(path: Path, reader, writable, progress: Progress | None, fmt:
         meta["zen_tied"] = ",".join(f"{k}={v}" for k, v in tied.items())
     w = SafetensorsWriter(path, [Entry(s.key, s.meta.safetensors, s.meta.shape, s.meta.nbytes) for s in writable], meta)
     done = 0
-    spans = [reader.file_span(s.meta) for s in writable]
-    ahead = _Readahead(spans, [s.meta.nbytes for s in writable])
     try:
+        ahead = _Readahead([reader.file_span(s.meta) for s in writable], [s.meta.nbytes for s in writable])
         for i, s in enumerate(writable):
             ahead.up_to(i)
             s.record.sha256 = w.write(s.key, reader.iter_bytes(s.meta))
@@ -136,8 +135,8 @@ class _Readahead:
         while self.advise is not None and self.next < len(self.spans) and self.starts[self.next] - self.starts[i] < READAHEAD:
             span, n = self.spans[self.next], self.sizes[self.next]
             if span is not None and n:
-                try:
-                    self.advise(span[0], span[1], n, os.POSIX_FADV_WILLNEED)
+                try:  # at most READAHEAD of one tensor: a bigger request blocks until most of it is queued
+                    self.advise(span[0], span[1], min(n, READAHEAD), os.POSIX_FADV_WILLNEED)
                 except OSError:  # not a file that takes advice: reads go on as page faults
                     self.advise = None
             self.next += 1

@@ -19,6 +19,10 @@ full as before.
 
 What the skip gives up: an object whose header lies past the first `HEAD` bytes of a chunk. In a
 real process there is none; a forged image can hide objects this way, as it can by zeroing them.
+Ordinary data that happens to look like a header at a page start of an anonymous region (a zero
+word, then a page-multiple size above `HEAD` with only bit 1 set below the page, fitting the region)
+would be followed too; the tests check on real processes that no object a whole-memory scan finds
+is skipped.
 Every header read is bounded by its region and checked (page-aligned size, inside the region,
 larger than `HEAD`); a position that fails any check is scanned.
 """

@@ -127,8 +127,8 @@ class SafetensorsWriter:
         self.file_sha256 = self._file_hash.hexdigest()
 
     def abort(self) -> None:
+        self._shutdown()  # every pending write ends before the file is closed
         self._out.abort()
-        self._shutdown()
         try:
             os.unlink(self.path)
         except OSError:
@@ -177,17 +177,22 @@ class _DirectOutput:
                 self._fill = 0
 
     def _wait(self, i: int) -> None:
-        job, self._pending[i] = self._pending[i], None
+        job = self._pending[i]
         if job is not None:
-            job.result()
+            try:
+                job.result()
+            finally:
+                if job.done():  # interrupted while it runs: `abort` waits for it before closing the file
+                    self._pending[i] = None
 
     def _write(self, i: int, size: int, offset: int) -> None:
         view = memoryview(self._blocks[i])[:size]
         while view:
+            direct = self.direct  # as this write was issued (the other block's thread may clear it)
             try:
                 done = os.pwrite(self.fd, view, offset)
             except OSError as exc:
-                if not self.direct or exc.errno != 22:  # EINVAL: this file system refuses direct I/O
+                if not direct or exc.errno != 22:  # EINVAL: this file system refuses direct I/O
                     raise
                 self._buffered()
                 continue
@@ -226,7 +231,7 @@ class _DirectOutput:
         for i in (0, 1):
             try:
                 self._wait(i)
-            except (OSError, ValueError):
+            except Exception:  # noqa: BLE001 - the error that led here is the one to report
                 pass
         if self.fd >= 0:
             os.close(self.fd)
