@@ -7,6 +7,7 @@ the end; nothing here is ever committed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import marshal
 import os
@@ -307,6 +308,21 @@ def hf_image(workdir):
 
 
 _cases: dict = {}  # (image, model) -> recovered case, shared by every test module
+
+
+@contextlib.contextmanager
+def opened_heap(image):
+    """(interpreter, Heap) over a process image, its space closed afterwards."""
+    from zen.cpython.heap import Heap
+    from zen.cpython.interp import Interpreter
+    from zen.memory import open_space
+
+    space = open_space(image, None)
+    try:
+        ip = Interpreter.open(space)
+        yield ip, Heap(ip)
+    finally:
+        space.close()
 
 
 def model_id(target, name) -> int:

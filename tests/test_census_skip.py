@@ -12,11 +12,10 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import opened_heap
 
 from zen.cpython.heap import Heap
-from zen.cpython.interp import Interpreter
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE
-from zen.memory import open_space
 from zen.memory.allocations import HEAD, PAGE, chunk_interiors, without
 from zen.memory.regions import Region
 from zen.memory.scan import find_u64_in, writable_chunks
@@ -77,10 +76,8 @@ def test_pieces_cut_exactly_the_skipped_ranges():
 @pytest.fixture(scope="module")
 def hf_heap(hf_image):
     img, target = hf_image
-    space = open_space(img, None)
-    ip = Interpreter.open(space)
-    yield ip, Heap(ip), target
-    space.close()
+    with opened_heap(img) as (ip, heap):
+        yield ip, heap, target
 
 
 def test_no_object_lies_in_a_skipped_range(hf_heap):

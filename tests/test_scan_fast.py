@@ -15,12 +15,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import recovered
+from conftest import opened_heap, recovered
 
 from zen.cpython.heap import Heap
-from zen.cpython.interp import Interpreter
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE
-from zen.memory import open_space
 from zen.memory.scan import find_u64_in, find_u64_in_mapped, find_u64_in_ranges, writable_chunks
 from zen.represent.safetensors_io import OVERLAP, Entry, SafetensorsWriter
 
@@ -36,10 +34,8 @@ def _sha256(path) -> str:
 @pytest.fixture(scope="module")
 def zoo_heap(zoo_image):
     img, target = zoo_image
-    space = open_space(img, None)
-    ip = Interpreter.open(space)
-    yield ip, Heap(ip), target
-    space.close()
+    with opened_heap(img) as (ip, heap):
+        yield ip, heap, target
 
 
 def _census_types(ip, heap) -> list[int]:
