@@ -105,3 +105,8 @@ def test_no_object_lies_in_a_skipped_range(hf_heap):
     full = Heap(ip)
     full._memo = dict(heap._memo, pointer_span=None, pointer_map=None, all_types=None, mro_names=None)  # noqa: SLF001
     assert full.all_types() == heap.all_types()
+    # and against the process's own ground truth: every module it listed is found by the skipping census
+    found = heap.instances_of_types({t.addr for t in heap.subclasses_of(MODULE_BASE)})
+    addrs = {int(a) for v in found.values() for a in v.tolist()}
+    truth = {m["address"] for model in target.truth["models"].values() for m in model["modules"]}
+    assert truth and truth <= addrs, sorted(truth - addrs)[:5]
