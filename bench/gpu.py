@@ -68,6 +68,11 @@ class Run:
                               timeout=timeout, env=self.env, cwd=self.work)  # fmt: skip
         r = {"cmd": "zen " + " ".join(map(str, args)), "rc": proc.returncode, "wall": round(time.monotonic() - t0, 2),
              "stdout": proc.stdout[-2500:], "stderr": proc.stderr[-2500:]}  # fmt: skip
+        if "--json" in map(str, args):  # parsed whole: a long report (GPT-2's 149 tensors) is cut in "stdout"
+            try:
+                r["json"] = json.loads(proc.stdout)
+            except ValueError:
+                pass
         if check and proc.returncode != 0:
             raise RuntimeError(f"{r['cmd']} exit {proc.returncode}: {proc.stderr[-800:]}")
         return r
@@ -126,8 +131,8 @@ def acquire_recover(r: Run, pid: int, truth_dir: Path, tag: str, *extra) -> dict
     res["host_image_bytes"] = img.stat().st_size
     info = r.zen("info", gpu, "--json", timeout=120)
     try:
-        res["gpu_info"] = {k: v for k, v in json.loads(info["stdout"]).items() if k != "global_memory"}
-    except ValueError:
+        res["gpu_info"] = {k: v for k, v in info["json"].items() if k != "global_memory"}
+    except KeyError:
         res["gpu_info"] = info
     case = r.work / f"{tag}-case"
     res["recover"] = r.zen("recover", img, "--gpu", gpu, "-o", case, timeout=600)
@@ -185,8 +190,8 @@ def main() -> int:
             v = r.zen("verify", pkg, "--device", dev, "--inputs", d / "request.safetensors", "--expect",
                       d / "response.safetensors", "--json", timeout=300)  # fmt: skip
             try:
-                out[f"verify_{dev}"] = {"rc": v["rc"], "results": json.loads(v["stdout"])["results"]}
-            except (ValueError, KeyError):
+                out[f"verify_{dev}"] = {"rc": v["rc"], "results": v["json"]["results"]}
+            except KeyError:
                 out[f"verify_{dev}"] = v
         return out
 
@@ -230,8 +235,8 @@ def main() -> int:
             v = r.zen("verify", pkg, "--device", "cuda:0", "--inputs", d / "request.safetensors", "--expect",
                       d / "response.safetensors", "--json", timeout=300)  # fmt: skip
             try:
-                res["verify_cuda"] = {"rc": v["rc"], "results": json.loads(v["stdout"])["results"]}
-            except (ValueError, KeyError):
+                res["verify_cuda"] = {"rc": v["rc"], "results": v["json"]["results"]}
+            except KeyError:
                 res["verify_cuda"] = v
         return res
 
