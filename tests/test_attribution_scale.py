@@ -230,3 +230,20 @@ def test_same_code_family_is_told_apart_by_architecture(family_images, hf_image,
     _same(fast, ref)
     best = fast.candidates[0]
     assert fast.attributed == "z_self" and best.method == "algorithm-1" and best.ur == 1.0
+
+
+def test_sharing_counts_equal_a_count_of_the_stored_rows(scale_library, family_images, hf_image, workdir):
+    """Candidate selection's counts (one grouped query per 500 hashes) are, per entry, the number of
+    the query's distinct listing hashes that entry stores: counted here row by row from the table
+    (a transformers query: several chunks of hashes, entries sharing different amounts)."""
+    _, pr, _ = _loaded("lora", FORKS["lora"], family_images, hf_image, workdir)
+    hashes = {c.listing_sha256 for c in pr.codes}
+    with Library(scale_library, invariants=packed) as lib:
+        got = lib.sharing("listing", hashes)
+        rows = lib.query("SELECT m.name, h.hash FROM code_hashes h JOIN models m ON m.id = h.model_id WHERE h.kind='listing'")
+        want: dict[str, set] = {}
+        for name, h in rows.fetchall():
+            if h in hashes:
+                want.setdefault(name, set()).add(h)
+    assert got == {n: len(s) for n, s in want.items()}
+    assert len(hashes) > 1000 and len(got) >= 5 and len(set(got.values())) >= 3  # several chunks; counts that differ

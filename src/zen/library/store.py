@@ -455,10 +455,14 @@ class Library:
             # Read from the covering index (kind, hash, model_id) alone, in its order: DISTINCT needs no
             # temporary B-tree that way, unlike GROUP BY model_id with COUNT(DISTINCT hash), which
             # sorted every matching row (millions for a transformers query against 10,000 entries).
-            # A hash falls in one chunk only, so per-chunk counts add up to distinct counts.
-            q = (f"SELECT model_id FROM (SELECT DISTINCT hash, model_id FROM code_hashes "
-                 f"WHERE kind=? AND hash IN ({','.join('?' * len(part))})) AS shared")  # fmt: skip
-            counts.update(mid for (mid,) in self.query(q, [kind, *part]).fetchall())
+            # A hash falls in one chunk only, so per-chunk counts add up to distinct counts. The
+            # distinct pairs are counted per model in the database: handing them to Python one row
+            # each cost more than the search (a GPT-2 query against 1,000 entries: 0.9 M rows, 0.36-0.46 s;
+            # counted in SQL 0.24 s, of which the search is 0.14 s).
+            q = (f"SELECT model_id, COUNT(*) FROM (SELECT DISTINCT hash, model_id FROM code_hashes "
+                 f"WHERE kind=? AND hash IN ({','.join('?' * len(part))})) AS shared GROUP BY model_id")  # fmt: skip
+            for mid, n in self.query(q, [kind, *part]).fetchall():
+                counts[mid] += n
         names = dict(self.query("SELECT id, name FROM models").fetchall())
         return {names[mid]: n for mid, n in counts.items() if mid in names}
 
