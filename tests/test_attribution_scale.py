@@ -247,3 +247,63 @@ def test_sharing_counts_equal_a_count_of_the_stored_rows(scale_library, family_i
                 want.setdefault(name, set()).add(h)
     assert got == {n: len(s) for n, s in want.items()}
     assert len(hashes) > 1000 and len(got) >= 5 and len(set(got.values())) >= 3  # several chunks; counts that differ
+
+
+def _pairs(att) -> list:
+    """Every full comparison's matching, record by record (what `_raw` does not show)."""
+    return [(c.name, [(p.recovered.address, p.base.address, p.score, p.attr, p.ibss, p.exact, p.weight) for p in c.match.pairs],
+             [r.address for r in c.match.added], [r.address for r in c.match.unmatched_base], c.match.optimal_cos)
+            for c in att.candidates if c.match is not None]  # fmt: skip
+
+
+def _watched_forks(monkeypatch) -> list:
+    """Force the parallel path (also on one core) and record how each child's part was obtained."""
+    import zen.attribute.parallel_compare as pc
+    from zen.forking import Forked
+
+    seen = []
+
+    class Watched(Forked):
+        def result(self):
+            try:
+                return super().result()
+            finally:
+                seen.append(self.how)
+
+    monkeypatch.setattr(pc, "Forked", Watched)
+    monkeypatch.setattr(pc, "enabled", lambda: True)
+    return seen
+
+
+@pytest.mark.parametrize("fork", ["lora", "convnet_se", "gptmini_lora"])
+def test_parallel_comparisons_equal_one_process(scale_library, family_images, hf_image, workdir, fork, monkeypatch):
+    """Part of the full comparisons in a forked child (`zen attribute`): the same candidates, scores,
+    explanation and every matched pair as in one process, and the child did deliver its part."""
+    import gc
+
+    mr, pr, _ = _loaded(fork, FORKS[fork], family_images, hf_image, workdir)
+    with Library(scale_library, invariants=packed) as lib:
+        one = attribute(mr, pr, lib)
+        seen = _watched_forks(monkeypatch)
+        two = attribute(mr, pr, lib, parallel=True)
+    _same(two, one)
+    assert _pairs(two) == _pairs(one) and sum(c.method == "algorithm-1" for c in two.candidates) >= 3
+    assert seen == ["child"] and gc.isenabled()
+
+
+def test_parallel_child_without_bodies_falls_back(scale_library, family_images, hf_image, workdir, monkeypatch):
+    """The child never reads the library: a body not read before the fork fails the child, and this
+    process computes the child's part itself (same answer; the collector left on here)."""
+    import gc
+
+    import zen.attribute.parallel_compare as pc
+
+    mr, pr, _ = _loaded("lora", FORKS["lora"], family_images, hf_image, workdir)
+    with Library(scale_library, invariants=packed) as lib:
+        one = attribute(mr, pr, lib)
+        seen = _watched_forks(monkeypatch)
+        monkeypatch.setattr(pc, "_bodies_read", lambda delta, gamma: [])
+        two = attribute(mr, pr, lib, parallel=True)
+    _same(two, one)
+    assert _pairs(two) == _pairs(one)
+    assert seen == ["in-process"] and gc.isenabled()

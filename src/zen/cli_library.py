@@ -230,7 +230,7 @@ def attribute(
         else:
             from zen.attribute.algorithm import attribute_case
 
-            res = attribute_case(case_dir, lib, optimal=optimal)
+            res = attribute_case(case_dir, lib, optimal=optimal, parallel=True)  # two cores: see parallel_compare
     if as_json:
         out.print_json(json.dumps(res))
         if problems:

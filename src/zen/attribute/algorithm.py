@@ -47,6 +47,7 @@ from zen.attribute.code_views import CodeView, MatchResult, primary_modules, vie
 from zen.attribute.invariants import INVARIANTS_VERSION, OpMemo, mr_features, mr_score, unpack_mr, unpack_views
 from zen.attribute.matching import IbssCache
 from zen.attribute.mr_similarity import MRScore, mr_similarity
+from zen.attribute.parallel_compare import compare_all
 from zen.attribute.pr_similarity import class_similarity, code_similarity
 from zen.library.store import InvariantRow, Library
 from zen.represent.mr import ModelMR
@@ -139,9 +140,15 @@ def compare(mr: ModelMR, entry, delta: list, *, optimal: bool = False, shared: i
 
 def _compare(name: str, mrs: MRScore, delta: list[CodeView], gamma: list[CodeView], optimal: bool, shared: int,
              reference: bool = False, cache: IbssCache | None = None) -> Candidate:  # fmt: skip
-    match = code_similarity(delta, gamma, optimal=optimal, cache=cache, reference=reference)
-    cls = class_similarity(delta, gamma, match.pairs)
+    match, cls = _match(delta, gamma, optimal, reference, cache)
     return Candidate(name, mrs, "algorithm-1", match.cos, cls, match.optimal_cos, shared, match)
+
+
+def _match(delta: list[CodeView], gamma: list[CodeView], optimal: bool, reference: bool = False,
+           cache: IbssCache | None = None) -> tuple[MatchResult, float]:  # fmt: skip
+    """The code matching and CLS of one full comparison."""
+    match = code_similarity(delta, gamma, optimal=optimal, cache=cache, reference=reference)
+    return match, class_similarity(delta, gamma, match.pairs)
 
 
 class _Stored:
@@ -243,32 +250,35 @@ def _only_foreign(cands: list[Candidate], size: int, own: str) -> Attribution:
     return Attribution(None, cands, msg, f"{msg}; their similarities are listed, marked {OTHER_FRAMEWORK!r}.", size)
 
 
-def attribute_case(case_dir, library, *, optimal: bool = True, loaded: tuple | None = None) -> dict[str, Any]:
+def attribute_case(case_dir, library, *, optimal: bool = True, loaded: tuple | None = None,
+                   parallel: bool = False) -> dict[str, Any]:  # fmt: skip
     """`attribute(...).to_json()` of a case against any library: a `zen serve` library computes it on
     the server from the case's mr.json and pr.json (uploaded, never the image or the weights), with
     this same function, so the answer is the same as against a local copy of that library.
-    `loaded`: the case's (mr, pr), when the caller has read them already."""
+    `loaded`: the case's (mr, pr), when the caller has read them already. `parallel`: see `attribute`."""
     if getattr(library, "remote", False):
         return library.attribute_case(case_dir, optimal=optimal)
     from zen.represent import case
 
     mr, pr = loaded or (case.load_mr(case_dir), case.load_pr(case_dir))
-    return attribute(mr, pr, library, optimal=optimal).to_json()
+    return attribute(mr, pr, library, optimal=optimal, parallel=parallel).to_json()
 
 
 def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool = True,
-              reference: bool = False) -> Attribution:  # fmt: skip
+              reference: bool = False, parallel: bool = False) -> Attribution:  # fmt: skip
     """Algorithm 1 over `library`. `reference=True` runs the per-pair reference implementation on
     fully decoded entries (as before issue 16): slow, kept to test that the fast path agrees.
+    `parallel=True` runs part of the full comparisons in a forked child (`parallel_compare`; same
+    result): for a command's own process, not for a server's, whose other threads may hold locks.
 
     The library is read in one snapshot (a read transaction): an entry removed or replaced by
     another writer meanwhile (a shared PostgreSQL library, a server) is seen whole or not at all."""
     with library.snapshot():
-        return _attribute(mr, pr, library, optimal=optimal, reference=reference)
+        return _attribute(mr, pr, library, optimal=optimal, reference=reference, parallel=parallel)
 
 
 def _attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool,
-               reference: bool) -> Attribution:  # fmt: skip
+               reference: bool, parallel: bool = False) -> Attribution:  # fmt: skip
     if compiled_query(pr):
         return _attribute_compiled(mr, library, reference)
     if reference:
@@ -288,10 +298,16 @@ def _attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *,
     fw = {n: stored[n].framework() for n in shared}
     delta = views(pr, primary_modules(mr))
     cache = IbssCache()
+    # An entry's code objects the query has no identical listing for, the cost of comparing it in full:
+    # its code objects less the listings shared, less as many repeated listings as the query's own
+    repeats = len(pr.codes) - len({c.listing_sha256 for c in pr.codes})
 
     def score(names: list[str], budget: int) -> tuple[list[str], list[Candidate]]:
         ranked = sorted(names, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
-        cands = [_compare(n, mrs[n], delta, stored[n].views(), optimal, shared[n], cache=cache) for n in sorted(ranked[:budget])]
+        done = compare_all(sorted(ranked[:budget]), lambda n: stored[n].views(), delta,
+                           lambda n, gamma: _match(delta, gamma, optimal, cache=cache), parallel,
+                           {n: sizes.get(n, 1) - shared[n] - repeats for n in ranked[:budget]})  # fmt: skip
+        cands = [Candidate(n, mrs[n], "algorithm-1", m.cos, cls, m.optimal_cos, shared[n], m) for n, (m, cls) in done.items()]
         for name in sorted(ranked[budget:]):
             est = shared[name] / max(len(pr.codes), sizes.get(name, 1))
             cands.append(Candidate(name, mrs[name], "index estimate", est, est, None, shared[name]))

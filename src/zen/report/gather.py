@@ -163,7 +163,8 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
         n = len(lib)
         if n == 0:
             raise ZenError(f"the library {lib.path} is empty", "add base models with `zen library add`")
-        att = attribute_case(case_dir, lib, loaded=(mr, pr))  # a zen serve computes it there, from the case's mr.json and pr.json
+        # a zen serve computes it there, from the case's mr.json and pr.json
+        att = attribute_case(case_dir, lib, loaded=(mr, pr), parallel=True)
         data["attribution"] = {**att, "library": str(lib.path), "library_models": n}
         chosen = base or att["attributed"]
         if chosen is None:
