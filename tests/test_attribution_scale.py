@@ -272,6 +272,7 @@ def _watched_forks(monkeypatch) -> list:
 
     monkeypatch.setattr(pc, "Forked", Watched)
     monkeypatch.setattr(pc, "enabled", lambda: True)
+    monkeypatch.setattr(pc, "MIN_WORK", 0)  # also for the small models' queries
     return seen
 
 
@@ -307,3 +308,19 @@ def test_parallel_child_without_bodies_falls_back(scale_library, family_images, 
     _same(two, one)
     assert _pairs(two) == _pairs(one)
     assert seen == ["in-process"] and gc.isenabled()
+
+
+def test_parallel_only_where_the_work_pays(scale_library, family_images, hf_image, workdir, monkeypatch):
+    """A transformers query forks; a ConvNet query, whose candidates hold its code identically, does
+    not (the fork and the optimal assignment's import would cost more than its comparisons)."""
+    import zen.attribute.parallel_compare as pc
+
+    shipped = pc.MIN_WORK
+    seen = _watched_forks(monkeypatch)
+    monkeypatch.setattr(pc, "MIN_WORK", shipped)  # _watched_forks lowers it
+    with Library(scale_library, invariants=packed) as lib:
+        for fork in ("convnet_se", "lora"):
+            mr, pr, _ = _loaded(fork, FORKS[fork], family_images, hf_image, workdir)
+            attribute(mr, pr, lib, parallel=True)
+            seen.append(f"after {fork}")
+    assert seen == ["after convnet_se", "child", "after lora"]
