@@ -324,3 +324,25 @@ def test_parallel_only_where_the_work_pays(scale_library, family_images, hf_imag
             attribute(mr, pr, lib, parallel=True)
             seen.append(f"after {fork}")
     assert seen == ["after convnet_se", "child", "after lora"]
+
+
+def test_early_selection_is_used_only_for_the_checked_code(scale_library, family_images, hf_image, workdir, tmp_path):
+    """`zen attribute` selects candidates in a thread from pr.json's bytes while the case is checked:
+    the counts equal `Library.sharing` of the checked PR's hashes, and they are used only for exactly
+    those hashes (a guess from other bytes is dropped, and attribution runs the query itself)."""
+    from zen.attribute.early_selection import EarlySharing
+
+    c = case_of("lora", FORKS["lora"], family_images, hf_image, workdir)
+    mr, pr = case.load_mr(c), case.load_pr(c)
+    keys = {x.listing_sha256 for x in pr.codes}
+    with Library(scale_library, invariants=packed, any_thread=True) as lib:
+        with lib.snapshot():
+            early = EarlySharing(lib, c / "pr.json")
+            assert early.result(keys) == lib.sharing("listing", keys) and early.error is None
+            assert early.result(keys - {min(keys)}) is None
+            _same(attribute(mr, pr, lib, early=early), attribute(mr, pr, lib))
+        odd = tmp_path / "pr.json"
+        odd.write_bytes((c / "pr.json").read_bytes().replace(min(keys).encode(), b"0" * 64))
+        early = EarlySharing(lib, odd)
+        assert early.result(keys) is None and early.keys is not None and early.keys != keys
+        assert EarlySharing(lib, tmp_path / "missing.json").result(keys) is None

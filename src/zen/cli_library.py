@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ LIB_OPT = typer.Option(
 
 
 EXIT_PARTIAL = 5
+EMPTY_HINT = "add base models with `zen library add` or `zen library build`"
 
 
 def check_case(case_dir: Path) -> list[str]:
@@ -61,10 +63,16 @@ def invariants(mr, pr) -> tuple:
     return packed(mr, pr)
 
 
-def _open(spec: str | None, create: bool = True):
+def _open(spec: str | None, create: bool = True, any_thread: bool = False):
     from zen.library.backends import open_library
 
-    return open_library(spec, create=create, invariants=invariants)
+    return open_library(spec, create=create, invariants=invariants, any_thread=any_thread)
+
+
+def _early_sharing(lib, case_dir: Path):
+    from zen.attribute.early_selection import EarlySharing
+
+    return EarlySharing(lib, Path(case_dir) / "pr.json")
 
 
 @library_app.command("add")
@@ -220,17 +228,32 @@ def attribute(
 ) -> None:
     """Attribute a recovered model to a base model in the library (ZEN Algorithm 1). Against a zen serve, only the
     case's mr.json and pr.json are sent; the server ranks its whole library."""
-    problems = check_case(case_dir)
     library = library if library is not None else _library_beside(case_dir)
-    with _open(library, create=False) as lib:
-        if len(lib) == 0:
-            raise ZenError(f"the library {lib.path} is empty", "add base models with `zen library add` or `zen library build`")
-        if lib.remote:  # the server attributes; attribution's own modules (0.8 s of imports) are not needed here
-            res = lib.attribute_case(case_dir, optimal=optimal)
-        else:
-            from zen.attribute.algorithm import attribute_case
+    try:
+        lib = _open(library, create=False, any_thread=True)
+    except ZenError:
+        check_case(case_dir)  # a problem with the case is reported first, as always
+        raise
+    with lib:
+        entries = len(lib)
+        local = entries > 0 and lib.kind == "sqlite" and not lib.remote
+        # a local library: candidate selection runs in a thread while the case is checked (early_selection),
+        # inside the read transaction the whole attribution sees
+        with lib.snapshot() if local else contextlib.nullcontext():
+            early = _early_sharing(lib, case_dir) if local else None
+            try:
+                problems = check_case(case_dir)
+            finally:
+                if early is not None:
+                    early.wait()
+            if entries == 0:
+                raise ZenError(f"the library {lib.path} is empty", EMPTY_HINT)
+            if lib.remote:  # the server attributes; attribution's own modules (0.8 s of imports) are not needed here
+                res = lib.attribute_case(case_dir, optimal=optimal)
+            else:
+                from zen.attribute.algorithm import attribute_case
 
-            res = attribute_case(case_dir, lib, optimal=optimal, parallel=True)  # two cores: see parallel_compare
+                res = attribute_case(case_dir, lib, optimal=optimal, parallel=True, early=early)  # two cores: parallel_compare
     if as_json:
         out.print_json(json.dumps(res))
         if problems:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zen.attribute.code_views import CodeView, MatchResult, primary_modules, views
+from zen.attribute.early_selection import EarlySharing
 from zen.attribute.invariants import INVARIANTS_VERSION, OpMemo, mr_features, mr_score, unpack_mr, unpack_views
 from zen.attribute.matching import IbssCache
 from zen.attribute.mr_similarity import MRScore, mr_similarity
@@ -251,41 +252,47 @@ def _only_foreign(cands: list[Candidate], size: int, own: str) -> Attribution:
 
 
 def attribute_case(case_dir, library, *, optimal: bool = True, loaded: tuple | None = None,
-                   parallel: bool = False) -> dict[str, Any]:  # fmt: skip
+                   parallel: bool = False, early: EarlySharing | None = None) -> dict[str, Any]:  # fmt: skip
     """`attribute(...).to_json()` of a case against any library: a `zen serve` library computes it on
     the server from the case's mr.json and pr.json (uploaded, never the image or the weights), with
     this same function, so the answer is the same as against a local copy of that library.
-    `loaded`: the case's (mr, pr), when the caller has read them already. `parallel`: see `attribute`."""
+    `loaded`: the case's (mr, pr), when the caller has read them already. `parallel`, `early`: see `attribute`."""
     if getattr(library, "remote", False):
         return library.attribute_case(case_dir, optimal=optimal)
     from zen.represent import case
 
     mr, pr = loaded or (case.load_mr(case_dir), case.load_pr(case_dir))
-    return attribute(mr, pr, library, optimal=optimal, parallel=parallel).to_json()
+    return attribute(mr, pr, library, optimal=optimal, parallel=parallel, early=early).to_json()
 
 
 def attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool = True,
-              reference: bool = False, parallel: bool = False) -> Attribution:  # fmt: skip
+              reference: bool = False, parallel: bool = False, early: EarlySharing | None = None) -> Attribution:  # fmt: skip
     """Algorithm 1 over `library`. `reference=True` runs the per-pair reference implementation on
     fully decoded entries (as before issue 16): slow, kept to test that the fast path agrees.
     `parallel=True` runs part of the full comparisons in a forked child (`parallel_compare`; same
     result): for a command's own process, not for a server's, whose other threads may hold locks.
+    `early`: candidate selection already started (`early_selection`), used if it was for this PR's code.
 
     The library is read in one snapshot (a read transaction): an entry removed or replaced by
     another writer meanwhile (a shared PostgreSQL library, a server) is seen whole or not at all."""
+    if early is not None:
+        early.wait()  # before this thread uses the connection
     with library.snapshot():
-        return _attribute(mr, pr, library, optimal=optimal, reference=reference, parallel=parallel)
+        return _attribute(mr, pr, library, optimal=optimal, reference=reference, parallel=parallel, early=early)
 
 
 def _attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *, optimal: bool,
-               reference: bool, parallel: bool = False) -> Attribution:  # fmt: skip
+               reference: bool, parallel: bool = False, early: EarlySharing | None = None) -> Attribution:  # fmt: skip
     if compiled_query(pr):
         return _attribute_compiled(mr, library, reference)
     if reference:
         return _attribute_reference(mr, pr, library, optimal=optimal)
     size = len(library)
     query, memo = mr_features(mr), OpMemo()
-    shared = library.sharing("listing", {c.listing_sha256 for c in pr.codes})
+    keys = {c.listing_sha256 for c in pr.codes}
+    shared = early.result(keys) if early is not None else None
+    if shared is None:
+        shared = library.sharing("listing", keys)
     if not shared:
         rows = [_Stored(library, r) for r in library.mr_invariants()]
         cands = [Candidate(s.row.name, mr_score(query, s.mr, memo), "mr-only") for s in rows]

@@ -47,6 +47,7 @@ class PostgresLibrary(Library):
     """A base-model library in a PostgreSQL database."""
 
     kind = "postgresql"
+    TEXT_AGG = "string_agg"
 
     def __init__(self, url: str, *, create: bool = True, connect_timeout: int = 15, any_thread: bool = True,
                  invariants=None) -> None:  # fmt: skip
