@@ -346,3 +346,19 @@ def test_early_selection_is_used_only_for_the_checked_code(scale_library, family
         early = EarlySharing(lib, odd)
         assert early.result(keys) is None and early.keys is not None and early.keys != keys
         assert EarlySharing(lib, tmp_path / "missing.json").result(keys) is None
+
+
+def test_early_selection_never_waits_on_a_planted_file(scale_library, tmp_path):
+    """pr.json is read before the case is checked: a FIFO (an ordinary open would block until a writer
+    came) or a directory in its place leaves the thread at once with no guess."""
+    import os
+
+    from zen.attribute.early_selection import EarlySharing
+
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "dir.json").mkdir()
+    with Library(scale_library, invariants=packed, any_thread=True) as lib:
+        for name in ("fifo.json", "dir.json"):
+            early = EarlySharing(lib, tmp_path / name)
+            early._thread.join(10)
+            assert not early._thread.is_alive() and early.value is None and early.keys is None

@@ -20,7 +20,9 @@ SQLite libraries only: a PostgreSQL or remote library runs the query in turn, as
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import threading
 from pathlib import Path
 
@@ -40,9 +42,8 @@ class EarlySharing:
 
     def _run(self, library, path: Path) -> None:
         try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_PR_BYTES + 1)
-            if len(data) > MAX_PR_BYTES:
+            data = _regular_file(path)
+            if data is None:
                 return
             self.keys = {m.decode("ascii") for m in LISTING_KEY.findall(data)}
             self.value = library.sharing("listing", self.keys)
@@ -57,3 +58,20 @@ class EarlySharing:
         """The counts, if they were computed for exactly `keys` (the checked case's hashes)."""
         self.wait()
         return self.value if self.value is not None and self.keys == keys else None
+
+
+def _regular_file(path: Path) -> bytes | None:
+    """The file's bytes if it is a regular file of at most MAX_PR_BYTES, else None. Read before the
+    case is checked, so as untrusted as any evidence: opened without blocking (a FIFO planted as
+    pr.json would hold an ordinary open, and the command waiting for this thread, forever) and
+    judged by the descriptor's own type and size."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PR_BYTES:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(MAX_PR_BYTES + 1)
+        return data if len(data) <= MAX_PR_BYTES else None
+    finally:
+        os.close(fd)
