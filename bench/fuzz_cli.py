@@ -53,8 +53,9 @@ class Stats:
 
     def add(self, kind: str, label: str, rc, seconds: float, rss_mb: int, bad: str | None) -> None:
         with self.lock:
-            k = self.kinds.setdefault(kind, {"runs": 0, "codes": Counter(), "bad": [], "max_s": 0.0, "max_rss": 0,
-                                             "slowest": ""})  # fmt: skip
+            k = self.kinds.setdefault(kind, {})  # may hold only "accepted" so far (a run that counted one first)
+            for key, empty in (("runs", 0), ("codes", Counter()), ("bad", []), ("max_s", 0.0), ("max_rss", 0), ("slowest", "")):
+                k.setdefault(key, empty)
             k["runs"] += 1
             k["codes"][str(rc)] += 1
             if seconds > k["max_s"]:

@@ -224,3 +224,25 @@ def test_verify_compares_bit_exactly(base_library, family_images, hf_image, work
     no_base = subprocess.run([sys.executable, "-m", "zen", "verify", str(pkg)], capture_output=True, text=True, timeout=300,
                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # fmt: skip
     assert no_base.returncode == 2 and "cannot import convnet" in no_base.stderr and "Traceback" not in no_base.stderr
+
+
+def test_patch_with_a_lone_surrogate_round_trips(tmp_path):
+    """Names from an image may hold bytes that were not UTF-8 (lone surrogates in zen's strings; a case
+    fuzzed through the CLI had one in pr.json, and reuse, diff and report then failed with an internal
+    error): the patch's content hash is taken over the JSON escape the file holds, so it is written and
+    read back as itself; altering it is still refused."""
+    import base64
+
+    from zen.patch.format import PATCH_FORMAT, _canonical, write_patch
+
+    blob = b"code"
+    data = {"kind": "zen-patch", "format": PATCH_FORMAT, "python": {"minor": "3.11"}, "names": ["ok", "bad\ud800name"],
+            "blobs": {hashlib.sha256(blob).hexdigest(): base64.b64encode(blob).decode()}}  # fmt: skip
+    data["content_sha256"] = hashlib.sha256(_canonical(data)).hexdigest()
+    write_patch(data, tmp_path / "p.json")
+    back = read_patch(tmp_path / "p.json", check_python=False)
+    assert back["names"] == ["ok", "bad\ud800name"] and back["content_sha256"] == data["content_sha256"]
+    text = (tmp_path / "p.json").read_text().replace("bad\\ud800name", "bad\\ud801name")
+    (tmp_path / "p.json").write_text(text)
+    with pytest.raises(ZenError, match="modified after it was written"):
+        read_patch(tmp_path / "p.json", check_python=False)

@@ -47,7 +47,8 @@ class PatchError(ZenError):
 
 def _canonical(data: dict) -> bytes:
     body = {k: v for k, v in data.items() if k != "content_sha256"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # backslashreplace: a lone surrogate (bytes of an image that were not UTF-8) hashes as the JSON escape the file holds
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 def _order_classes(classes: list[ClassRecord], key) -> list[ClassRecord]:
