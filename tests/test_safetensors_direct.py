@@ -106,3 +106,27 @@ def test_a_failed_write_removes_the_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space"):
         _write(out, data)
     assert not out.exists()
+
+
+def test_a_name_with_a_lone_surrogate_is_written_escaped(tmp_path):
+    """A state_dict key read from an image may hold a lone surrogate (CPython str allows them): the
+    header holds its JSON escape (valid UTF-8, valid JSON), and zen's reader gives the name back."""
+    from zen.represent.tensorfile import read_tensor_file
+
+    name = "layer\ud800.weight"
+    w = SafetensorsWriter(tmp_path / "w.safetensors", [Entry(name, "U8", (3,), 3), Entry("b", "U8", (2,), 2)], {})
+    w.write(name, [memoryview(b"abc")])
+    w.write("b", [memoryview(b"de")])
+    w.close()
+    raw = (tmp_path / "w.safetensors").read_bytes()
+    raw[8 : 8 + int.from_bytes(raw[:8], "little")].decode("utf-8")  # the header is strictly valid UTF-8
+    assert b"layer\\ud800.weight" in raw
+    tf = read_tensor_file(tmp_path / "w.safetensors")
+    assert tf.sha256 == hashlib.sha256(raw).hexdigest() and name in tf.entries
+
+
+def test_listing_hash_of_a_name_with_a_lone_surrogate():
+    from zen.cpython.listing import listing_sha256
+
+    assert listing_sha256(["LOAD_GLOBAL x"]) == hashlib.sha256(b"LOAD_GLOBAL x").hexdigest()  # as before for UTF-8 text
+    assert len(listing_sha256(["LOAD_GLOBAL \ud800"])) == 64

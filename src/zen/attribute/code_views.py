@@ -46,7 +46,7 @@ class CodeView:
         self.vector = (rec.argcount + rec.kwonlyargcount, rec.nlocals, calls)
         listing = inline_comprehensions(rec.listing, inlined) if inlined else rec.listing
         self.text = "\n".join(listing)
-        self.key = rec.listing_sha256 if not inlined else hashlib.sha256(self.text.encode()).hexdigest()
+        self.key = rec.listing_sha256 if not inlined else hashlib.sha256(self.text.encode("utf-8", "surrogatepass")).hexdigest()
         self.weight = weight
         self.model_code = model_code
 
@@ -112,7 +112,7 @@ def views(pr: ProgrammaticRepresentation, primary: set[str] | None = None, *, in
         v = CodeView(c, 1.0, primary is None or c.module in primary, kids)
         if kids:
             v.text = "\n".join(_uncell(v.text.splitlines(), c, kids, by_addr))
-            v.key = hashlib.sha256(v.text.encode()).hexdigest()
+            v.key = hashlib.sha256(v.text.encode("utf-8", "surrogatepass")).hexdigest()
         out.append(v)
     return out
 

@@ -283,4 +283,5 @@ class _Inlined:
 
 
 def listing_sha256(lines: list[str]) -> str:
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    # surrogatepass: names read from an image may hold lone surrogates (CPython allows them in str)
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()

@@ -53,7 +53,8 @@ class SafetensorsWriter:
             header[e.name] = {"dtype": e.dtype, "shape": list(e.shape), "data_offsets": [pos, pos + e.nbytes]}
             self._ranges[e.name] = (pos, pos + e.nbytes)
             pos += e.nbytes
-        blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        # backslashreplace: a name read from an image may hold a lone surrogate; it is written as its JSON escape
+        blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
         blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
         self._executor = None
         self._out = _DirectOutput(path, self._pool)
