@@ -76,6 +76,9 @@ def test_hostile_model_recovered_bit_exact(hostile, hostile_case):
     raw = (case / "pr.json").read_bytes()
     assert b"evil\\udcffname" in raw
     assert "evil\udcffname" in _strings(json.loads(raw))
+    # model code naming a global with a lone surrogate in its name: recovered, its listing hashed
+    helper = [c for c in json.loads(raw)["codes"] if c["qualname"] == "surrogate_helper"]
+    assert helper and "G\ud800" in helper[0]["names"] and len(helper[0]["listing_sha256"]) == 64  # was: exit 70
     assert not Path(t.truth["marker"]).exists(), "a dunder hook of an object in the image was called"
     assert not Path("/tmp/zen-escape").exists()
 

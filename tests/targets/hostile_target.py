@@ -13,6 +13,7 @@ and prints READY; waits on stdin.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import mmap
@@ -107,8 +108,16 @@ class Hostile(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv(x).mean(dim=(2, 3))
-        return self.fc(h)
+        return self.fc(surrogate_helper(h))
 
+
+# model code naming a global whose name holds a lone surrogate (no source could say it; an AST can, and
+# CPython keeps it in co_names): its listing is hashed like any other
+_tree = ast.parse("def surrogate_helper(h):\n    return h + G\n")
+_tree.body[0].body[0].value.right.id = "G\ud800"  # type: ignore[attr-defined]
+_ns0: dict = {"G\ud800": 0.0, "__name__": __name__}
+exec(compile(ast.fix_missing_locations(_tree), "<surrogate>", "exec"), _ns0)
+surrogate_helper = _ns0["surrogate_helper"]
 
 # a huge code object: a function with 200,000 constants in its body
 _src = "def huge_code(x):\n    t = (" + ", ".join(str(i) for i in range(200_000)) + ")\n    return x\n"
