@@ -63,6 +63,32 @@ def test_walk_follows_headers_and_refuses_forged_ones():
         assert chunk_interiors(other, other.regions) == []
 
 
+def test_a_region_claiming_more_than_the_image_holds_is_walked_where_it_holds(monkeypatch):
+    """A region's extent comes from the image (an ELF program header's p_memsz): one claiming a
+    terabyte over a few MiB of data is walked over those MiB, in a few reads, with the same result as
+    the true region (the CLI fuzzer's `phdr N +40` inputs hung `zen recover` here before: some 16 M
+    windows of page reads)."""
+    import zen.memory.allocations as allocations
+
+    real, calls = allocations.gather_u64, []
+
+    def counted(space, addrs):
+        calls.append(len(addrs))
+        if len(calls) > 1000:
+            raise AssertionError("the walk went on past what the image holds")
+        return real(space, addrs)
+
+    monkeypatch.setattr(allocations, "gather_u64", counted)
+    big = 4 << 20
+    total = PAGE + big + PAGE
+    true = _space([(PAGE, _header(big))], total)
+    data = bytes(true.chunks[0].read(0, total))
+    held = [BytesChunk(BASE, data[: total // 2]), BytesChunk(BASE + total // 2, data[total // 2 :])]  # two pieces, adjacent
+    forged = AddressSpace([Region(BASE, BASE + (1 << 40), "rw-p", "")], held)
+    got = chunk_interiors(forged, forged.regions)
+    assert got == chunk_interiors(true, true.regions) == [(BASE + PAGE + HEAD, BASE + PAGE + big)]
+
+
 def test_pieces_cut_exactly_the_skipped_ranges():
     chunks = [BytesChunk(BASE, bytes(10 * PAGE)), BytesChunk(BASE + 20 * PAGE, bytes(10 * PAGE))]
     skip = [(BASE + 2 * PAGE, BASE + 4 * PAGE), (BASE + 8 * PAGE, BASE + 22 * PAGE), (BASE + 25 * PAGE, BASE + 26 * PAGE)]

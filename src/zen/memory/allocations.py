@@ -24,7 +24,8 @@ word, then a page-multiple size above `HEAD` with only bit 1 set below the page,
 would be followed too; the tests check on real processes that no object a whole-memory scan finds
 is skipped.
 Every header read is bounded by its region and checked (page-aligned size, inside the region,
-larger than `HEAD`); a position that fails any check is scanned.
+larger than `HEAD`); a position that fails any check is scanned. Only the parts of a region that the
+image holds are walked (`_held`): a header's claim about a region's size is not trusted.
 """
 
 from __future__ import annotations
@@ -49,7 +50,28 @@ def chunk_interiors(space: AddressSpace, regions) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for r in regions:
         if r.writable and not r.path and r.end - r.start > HEAD:
-            out.extend(_walk(space, r.start, r.end))
+            for a, b in _held(space, r.start, r.end):
+                if b - a > HEAD:
+                    out.extend(_walk(space, a, b))
+    return out
+
+
+def _held(space: AddressSpace, start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of [start, end) the image holds bytes for, adjacent ones merged. A region's extent
+    comes from the image's own headers (an ELF program header's p_memsz): a corrupt or forged one
+    claims terabytes, and stepping through them page window by page window never ends (the CLI
+    fuzzer's `phdr N +40` inputs hung `zen recover`). The chunks are what the file really holds."""
+    chunks = space.chunks
+    i = max(0, bisect.bisect_right([c.start for c in chunks], start) - 1)
+    out: list[tuple[int, int]] = []
+    while i < len(chunks) and chunks[i].start < end:
+        a, b = max(start, chunks[i].start), min(end, chunks[i].end)
+        if a < b:
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        i += 1
     return out
 
 
