@@ -48,21 +48,22 @@ def chunk_interiors(space: AddressSpace, regions) -> list[tuple[int, int]]:
     """Sorted, disjoint (start, end) ranges inside glibc mmapped chunks, past each one's first
     `HEAD` bytes, in the anonymous writable `regions` of `space`."""
     out: list[tuple[int, int]] = []
+    starts = [c.start for c in space.chunks]
     for r in regions:
         if r.writable and not r.path and r.end - r.start > HEAD:
-            for a, b in _held(space, r.start, r.end):
+            for a, b in _held(space.chunks, starts, r.start, r.end):
                 if b - a > HEAD:
                     out.extend(_walk(space, a, b))
     return out
 
 
-def _held(space: AddressSpace, start: int, end: int) -> list[tuple[int, int]]:
+def _held(chunks: Sequence[Chunk], starts: list[int], start: int, end: int) -> list[tuple[int, int]]:
     """The parts of [start, end) the image holds bytes for, adjacent ones merged. A region's extent
     comes from the image's own headers (an ELF program header's p_memsz): a corrupt or forged one
     claims terabytes, and stepping through them page window by page window never ends (the CLI
-    fuzzer's `phdr N +40` inputs hung `zen recover`). The chunks are what the file really holds."""
-    chunks = space.chunks
-    i = max(0, bisect.bisect_right([c.start for c in chunks], start) - 1)
+    fuzzer's `phdr N +40` inputs hung `zen recover`). The chunks (sorted, `starts` theirs) are what the
+    file really holds."""
+    i = max(0, bisect.bisect_right(starts, start) - 1)
     out: list[tuple[int, int]] = []
     while i < len(chunks) and chunks[i].start < end:
         a, b = max(start, chunks[i].start), min(end, chunks[i].end)
