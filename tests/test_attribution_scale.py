@@ -362,3 +362,22 @@ def test_early_selection_never_waits_on_a_planted_file(scale_library, tmp_path):
             early = EarlySharing(lib, tmp_path / name)
             early._thread.join(10)
             assert not early._thread.is_alive() and early.value is None and early.keys is None
+
+
+def test_parallel_prefetch_failure_falls_back_to_one_process(scale_library, family_images, hf_image, workdir, monkeypatch):
+    """Reading the child's bodies before the fork fails (a body missing from a damaged library, which
+    matching might never read): no child, and the answer one process gives."""
+    import zen.attribute.parallel_compare as pc
+
+    mr, pr, _ = _loaded("lora", FORKS["lora"], family_images, hf_image, workdir)
+    with Library(scale_library, invariants=packed) as lib:
+        one = attribute(mr, pr, lib)
+        seen = _watched_forks(monkeypatch)
+
+        def missing(vs):
+            raise KeyError("a body the library lost")
+
+        monkeypatch.setattr(pc, "load_bodies", missing)
+        two = attribute(mr, pr, lib, parallel=True)
+    _same(two, one)
+    assert seen == []

@@ -143,3 +143,11 @@ def test_demo_refuses_a_directory_that_is_not_a_previous_demo(tmp_path):
     res = zen("demo", "--dir", tmp_path, check=False)
     check_clean_failure(res, "not a previous demo's directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_attribute_reports_a_bad_case_before_the_library(tmp_path):
+    """`zen attribute` names what is wrong with the case first, whatever the library (a missing file, an
+    unreachable server, a real one), as it did before the library was opened ahead of the check."""
+    for lib in (tmp_path / "none.sqlite", "http://127.0.0.1:9"):
+        r = zen("attribute", tmp_path, "--library", lib, check=False, timeout=120)
+        assert r.returncode == 2 and "is not a zen case" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -236,12 +236,15 @@ def test_patch_with_a_lone_surrogate_round_trips(tmp_path):
     from zen.patch.format import PATCH_FORMAT, _canonical, write_patch
 
     blob = b"code"
-    data = {"kind": "zen-patch", "format": PATCH_FORMAT, "python": {"minor": "3.11"}, "names": ["ok", "bad\ud800name"],
+    data = {"kind": "zen-patch", "format": PATCH_FORMAT, "python": {"minor": "3.11"},
+            "names": ["ok", "bad\ud800name", "pair\ud83d\ude00of two", "\u00e9\U0001f600"],
             "blobs": {hashlib.sha256(blob).hexdigest(): base64.b64encode(blob).decode()}}  # fmt: skip
     data["content_sha256"] = hashlib.sha256(_canonical(data)).hexdigest()
     write_patch(data, tmp_path / "p.json")
     back = read_patch(tmp_path / "p.json", check_python=False)
-    assert back["names"] == ["ok", "bad\ud800name"] and back["content_sha256"] == data["content_sha256"]
+    # a high and a low surrogate held apart come back joined (JSON reads the two escapes as one character)
+    assert back["names"] == ["ok", "bad\ud800name", "pair\U0001f600of two", "\u00e9\U0001f600"]
+    assert back["content_sha256"] == data["content_sha256"]
     text = (tmp_path / "p.json").read_text().replace("bad\\ud800name", "bad\\ud801name")
     (tmp_path / "p.json").write_text(text)
     with pytest.raises(ZenError, match="modified after it was written"):

@@ -70,6 +70,31 @@ def _open(spec: str | None, create: bool = True, any_thread: bool = False):
     return open_library(spec, create=create, invariants=invariants, any_thread=any_thread)
 
 
+def _attribute_with(lib, case_dir: Path, optimal: bool) -> tuple[list[str], dict]:
+    """(the case's problems, the attribution). Against a local SQLite library, candidate selection runs in
+    a thread while the case is checked (`early_selection`), inside the read transaction the whole
+    attribution sees; against any other, the case is checked first, as always."""
+    local = lib.kind == "sqlite" and not lib.remote
+    entries = len(lib) if local else None
+    early = None
+    with lib.snapshot() if local and entries else contextlib.nullcontext():
+        early = _early_sharing(lib, case_dir) if local and entries else None
+        try:
+            problems = check_case(case_dir)
+        finally:
+            if early is not None:
+                early.wait()
+        if entries is None:
+            entries = len(lib)
+        if entries == 0:
+            raise ZenError(f"the library {lib.path} is empty", EMPTY_HINT)
+        if lib.remote:  # the server attributes; attribution's own modules (0.8 s of imports) are not needed here
+            return problems, lib.attribute_case(case_dir, optimal=optimal)
+        from zen.attribute.algorithm import attribute_case
+
+        return problems, attribute_case(case_dir, lib, optimal=optimal, parallel=True, early=early)  # parallel_compare
+
+
 def _early_sharing(lib, case_dir: Path):
     from zen.attribute.early_selection import EarlySharing
 
@@ -235,31 +260,18 @@ def attribute(
     except ZenError:
         check_case(case_dir)  # a problem with the case is reported first, as always
         raise
-    # No cyclic collection in this short command: the case records (a transformers pr.json is a million
+    # No cyclic collection during this command: the case records (a transformers pr.json is a million
     # objects) and the candidates' views are acyclic and live to the end, and where a full collection fell
     # depended on unrelated allocations (one module more imported made a CNN query 0.1 s slower: a full
     # pass, and 45 MB of memory freed and faulted back in).
+    collecting = gc.isenabled()
     gc.disable()
-    with lib:
-        entries = len(lib)
-        local = entries > 0 and lib.kind == "sqlite" and not lib.remote
-        # a local library: candidate selection runs in a thread while the case is checked (early_selection),
-        # inside the read transaction the whole attribution sees
-        with lib.snapshot() if local else contextlib.nullcontext():
-            early = _early_sharing(lib, case_dir) if local else None
-            try:
-                problems = check_case(case_dir)
-            finally:
-                if early is not None:
-                    early.wait()
-            if entries == 0:
-                raise ZenError(f"the library {lib.path} is empty", EMPTY_HINT)
-            if lib.remote:  # the server attributes; attribution's own modules (0.8 s of imports) are not needed here
-                res = lib.attribute_case(case_dir, optimal=optimal)
-            else:
-                from zen.attribute.algorithm import attribute_case
-
-                res = attribute_case(case_dir, lib, optimal=optimal, parallel=True, early=early)  # two cores: parallel_compare
+    try:
+        with lib:
+            problems, res = _attribute_with(lib, case_dir, optimal)
+    finally:
+        if collecting:
+            gc.enable()
     if as_json:
         out.print_json(json.dumps(res))
         if problems:

@@ -63,8 +63,11 @@ class EarlySharing:
 def _regular_file(path: Path) -> bytes | None:
     """The file's bytes if it is a regular file of at most MAX_PR_BYTES, else None. Read before the
     case is checked, so as untrusted as any evidence: opened without blocking (a FIFO planted as
-    pr.json would hold an ordinary open, and the command waiting for this thread, forever) and
-    judged by the descriptor's own type and size."""
+    pr.json would hold an ordinary open, and the command waiting for this thread, forever), only
+    after its path names a regular file, and judged again by the descriptor's own type and size."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PR_BYTES:
+        return None  # a device, FIFO or directory is never opened (opening some has effects)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)

@@ -55,9 +55,13 @@ def compare_all(names: list[str], gammas: Callable[[str], list[CodeView]], delta
     if not parallel or len(names) < MIN_PARALLEL or sum(work.values()) < MIN_WORK or not enabled():
         return {n: compare(n, gammas(n)) for n in names}
     mine, theirs = _split(names, {n: FIXED_COST + work[n] for n in names})
-    views = {n: gammas(n) for n in theirs}
+    try:
+        views = {n: gammas(n) for n in theirs}
+        for n in theirs:
+            load_bodies(_bodies_read(delta, views[n]))
+    except Exception:  # noqa: BLE001 - e.g. a body missing from a damaged library that matching might never read
+        return {n: compare(n, gammas(n)) for n in names}  # one process: it fails only where that would
     for n in theirs:
-        load_bodies(_bodies_read(delta, views[n]))
         _parent_only(views[n])
     import scipy.optimize  # noqa: F401 - the optimal assignment's (0.25 s): imported once, before the fork
 

@@ -47,8 +47,12 @@ class PatchError(ZenError):
 
 def _canonical(data: dict) -> bytes:
     body = {k: v for k, v in data.items() if k != "content_sha256"}
-    # backslashreplace: a lone surrogate (bytes of an image that were not UTF-8) hashes as the JSON escape the file holds
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # Strings from an image may hold surrogates (CPython str allows them). The file holds them as JSON escapes
+    # (backslashreplace), and reading it back joins a high and a low one into one character: join them here too
+    # (through UTF-16), and hash a lone one as its escape. Text without surrogates hashes as it always did.
+    text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    return text.encode("utf-8", "backslashreplace")
 
 
 def _order_classes(classes: list[ClassRecord], key) -> list[ClassRecord]:
