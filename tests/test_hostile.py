@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import struct
 import subprocess
 import sys
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from conftest import start_target, zen
-from safetensors.numpy import load_file
 
 COMMANDS = ("show", "attribute", "diff", "report", "library-add")
 
@@ -67,11 +65,11 @@ def test_hostile_model_recovered_bit_exact(hostile, hostile_case):
     assert man["model"]["class"].endswith(t.truth["class_qualname"])
     assert int(man["model"]["root"], 16) == t.truth["id"]  # found although it is its own child
     assert any(p.startswith("attribute model.blob not read") and "str length" in p for p in man["problems"])
-    weights = load_file(str(case / "weights.safetensors"))
-    assert len(t.truth["state"]) == 304  # chain of 300 modules (deeper than the old 256 cut) + conv + fc
+    weights = _weights(case / "weights.safetensors")
+    assert len(t.truth["state"]) == 305  # chain of 300 modules (deeper than the old 256 cut) + conv + fc + mark
     for s in t.truth["state"]:
         assert s["key"] in weights, s["key"]
-        assert hashlib.sha256(weights[s["key"]].tobytes()).hexdigest() == s["sha256"], s["key"]
+        assert hashlib.sha256(weights[s["key"]]).hexdigest() == s["sha256"], s["key"]
     # a sys.modules name holding an undecodable byte is written as a JSON escape and reads back losslessly
     raw = (case / "pr.json").read_bytes()
     assert b"evil\\udcffname" in raw
@@ -81,6 +79,42 @@ def test_hostile_model_recovered_bit_exact(hostile, hostile_case):
     assert helper and "G\ud800" in helper[0]["names"] and len(helper[0]["listing_sha256"]) == 64  # was: exit 70
     assert not Path(t.truth["marker"]).exists(), "a dunder hook of an object in the image was called"
     assert not Path("/tmp/zen-escape").exists()
+
+
+def _weights(path: Path) -> dict:
+    """name -> bytes of every tensor, read with zen's numpy reader: the Rust safetensors loader refuses the
+    file (its JSON parser rejects the escape of the buffer name holding a lone surrogate)."""
+    from zen.analyze.tensors import TensorFile
+
+    f = TensorFile(path)
+    return {k: f.raw(k).tobytes() for k in f.tensors}
+
+
+def test_rebuilt_hostile_model_runs_bit_identical(hostile, hostile_case, tmp_path):
+    """`zen reuse` of the hostile case loads (the buffer named with a lone surrogate included: its file was
+    refused by the Rust loader, exit 70) and the rebuilt model gives the deployed output bit for bit. It is its
+    own child, so `eval()` would recurse forever, in the deployed process as here: loaded in training mode (its
+    layers behave alike in both)."""
+    t, _, _ = hostile
+    case, _ = hostile_case
+    res = zen("reuse", case, "-o", tmp_path / "pkg", check=False)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    probe = (
+        "import hashlib, json, sys, torch\n"
+        "sys.path.insert(0, sys.argv[1]); import pkg\n"
+        "torch.set_num_threads(1)\n"
+        "m, rep = pkg.load_with_report(eval_mode=False)\n"
+        "with torch.no_grad(): y = m(pkg.inputs()['input_0'])\n"
+        "mark = m._buffers['mark\\udc80'].numpy().tobytes()\n"
+        "print(json.dumps({'y': y.tolist(), 'mark': hashlib.sha256(mark).hexdigest(), 'n': len(rep['problems'])}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["y"] == t.truth["output"]
+    assert got["mark"] == next(s["sha256"] for s in t.truth["state"] if s["key"] == "mark\udc80")
+    assert got["n"] == 4  # blob, deep, big_list, big_dict: named, not rebuilt
 
 
 def _strings(data) -> set[str]:
@@ -106,8 +140,8 @@ def test_depth_limit_is_a_recorded_problem(hostile, workdir):
     assert len(man["problems"]) == 1 and "deeper than max_module_depth=100" in man["problems"][0]
     assert man["limits"]["max_module_depth"] == 100 and man["limits"]["max_str"] == 200_000_000  # recorded (issue 36)
     assert man["limits"]["max_items"] == 1 << 24  # every other limit with its default
-    weights = load_file(str(case / "weights.safetensors"))
-    assert len(weights) == 4 + 100  # conv and fc (weight, bias) + one scale per chain level at depth 1..100
+    weights = _weights(case / "weights.safetensors")
+    assert len(weights) == 5 + 100  # conv and fc (weight, bias), mark + one scale per chain level at depth 1..100
     mr = json.loads((case / "mr.json").read_text())
     assert any(k == "blob" for m in mr["modules"] for k in m["hyperparameters"])  # max_str raised: read
     shutil.rmtree(case)
@@ -132,29 +166,6 @@ def test_hostile_names_are_printed_and_reported_safely(hostile_case, tmp_path):
     assert "<b>bold</b>" not in text and "&lt;b&gt;bold&lt;/b&gt;" in text
     assert "<img src=x" not in text and "<script>alert" not in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]
-
-
-@pytest.mark.parametrize("kind", ["fifo", "chardev", "socket", "dir"])
-def test_special_files_are_refused(kind, tmp_path):
-    import socket
-
-    path = tmp_path / "image"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "chardev":
-        path = Path("/dev/zero")
-    elif kind == "socket":
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
-    else:
-        path.mkdir()
-    for cmd in (["info", path], ["recover", path, "-o", tmp_path / "case"], ["ps", path], ["objects", path, "--type", "dict"]):
-        # a command blocked on the FIFO never returns: the subprocess timeout catches it (no wall-clock
-        # assertion beside it: on a loaded machine zen's start alone can take seconds)
-        res = zen(*cmd, check=False, timeout=120)
-        assert res.returncode == 2, (cmd, res.stderr)
-        assert "not a regular file" in res.stderr and "Traceback" not in res.stderr
-    assert not (tmp_path / "case").exists()
 
 
 # -- case directories altered after recovery ------------------------------------------------------
@@ -354,21 +365,6 @@ def test_schema_checker_agrees_with_jsonschema_on_real_cases(intact):
         assert list(validator.iter_errors(bad)), name
 
 
-def test_failed_recovery_leaves_no_half_written_case(tmp_path):
-    core = tmp_path / "not-python.core"
-    # a real core of a process without Python: recovery fails (exit 3) after the case dir exists
-    proc = subprocess.Popen(["sleep", "60"])
-    try:
-        zen("acquire", "--pid", proc.pid, "-o", core)
-    finally:
-        proc.kill()
-        proc.wait()
-    res = zen("recover", core, "-o", tmp_path / "case", check=False)
-    assert res.returncode == 3, res.stderr
-    assert not (tmp_path / "case").exists()
-    assert stat.S_ISREG(core.stat().st_mode) and sys.executable
-
-
 def test_corrupt_sys_modules_key_skips_only_that_entry(hostile):
     """A key of sys.modules whose object header is garbage is a problem, not the end of the census."""
     from fuzz_targets import _Patched
@@ -430,7 +426,7 @@ def test_code_stage_failure_keeps_model_and_weights(hostile, tmp_path, monkeypat
     assert any("code was not recovered" in p and "injected" in p for p in res.problems)
     names = {p.name for p in (tmp_path / "case").iterdir()}
     assert {"manifest.json", "mr.json", "weights.safetensors"} <= names and "pr.json" not in names
-    assert len(load_file(str(tmp_path / "case" / "weights.safetensors"))) == len(t.truth["state"])
+    assert len(_weights(tmp_path / "case" / "weights.safetensors")) == len(t.truth["state"])
 
 
 def test_one_walk_check_never_accepts_what_the_reporting_checks_refuse(intact):

@@ -130,3 +130,35 @@ def test_listing_hash_of_a_name_with_a_lone_surrogate():
 
     assert listing_sha256(["LOAD_GLOBAL x"]) == hashlib.sha256(b"LOAD_GLOBAL x").hexdigest()  # as before for UTF-8 text
     assert len(listing_sha256(["LOAD_GLOBAL \ud800"])) == 64
+
+
+def test_reuse_loads_a_file_with_a_lone_surrogate_name(tmp_path):
+    """The Rust loader `zen reuse` uses refuses the escape of a lone surrogate; zen's loader gives every
+    tensor back under its own name (as JSON reads it) with its bytes unchanged (bfloat16 and metadata beside
+    it), and still refuses a file that is not safetensors with a clear error."""
+    torch = pytest.importorskip("torch")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from zen.errors import ZenError
+    from zen.reuse.tensor_load import load_safetensors
+
+    want = {"mark\udc80": torch.arange(5.0), "zen-unencodable-name-1": torch.ones(2, 3, dtype=torch.bfloat16),
+            "w\ud800\udc00": torch.tensor([1, 2], dtype=torch.int64)}  # fmt: skip
+    raw = {k: v.view(torch.uint8).numpy().tobytes() for k, v in want.items()}
+    codes = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64"}
+    entries = [Entry(k, codes[v.dtype], tuple(v.shape), len(raw[k])) for k, v in want.items()]
+    w = SafetensorsWriter(tmp_path / "w.safetensors", entries, {"format": "pt", "note": "x\udc80"})
+    for k in want:
+        w.write(k, [memoryview(raw[k])])
+    w.close()
+    with pytest.raises(SafetensorError):
+        load_file(str(tmp_path / "w.safetensors"))
+    got = load_safetensors(tmp_path / "w.safetensors")
+    want["w\U00010000"] = want.pop("w\ud800\udc00")  # a pair held apart comes back joined, as mr.json's key does
+    assert sorted(got) == sorted(want)
+    assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in want.items())
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10" + b"\0" * 7 + b"{not json}      ")
+    with pytest.raises(ZenError, match="not a readable safetensors file"):
+        load_safetensors(tmp_path / "bad.safetensors")
+    assert load_safetensors(tmp_path / "none.safetensors") == {}

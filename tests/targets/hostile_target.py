@@ -81,6 +81,8 @@ class Hostile(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
         self.fc = nn.Linear(4, 2)
+        # a buffer whose name holds a lone surrogate: its state_dict key cannot be encoded as UTF-8
+        self.register_buffer("mark\udc80", torch.arange(4.0))
         self.blob = "A" * 100_000_000  # one huge string attribute
         self.trap = Trap()
         self.traps = [Trap() for _ in range(3)]

@@ -50,11 +50,9 @@ class GraphReport:
 
 
 def _load(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    from safetensors.torch import load_file
+    from zen.reuse.tensor_load import load_safetensors
 
-    return load_file(str(path))
+    return load_safetensors(path)
 
 
 class TensorFactory:

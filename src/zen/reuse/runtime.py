@@ -15,15 +15,9 @@ from zen.represent import case
 
 
 def load_tensors(path: Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    from safetensors.torch import load_file
+    from zen.reuse.tensor_load import load_safetensors
 
-    try:
-        loaded = load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a bad file
-        raise ZenError(f"{path} is not a readable safetensors file: {exc}") from None
+    loaded = load_safetensors(Path(path))
     # own aligned memory, like the deployed process's tensors (see zen.reuse.graph)
     return {k: v.clone() for k, v in loaded.items()}
 
