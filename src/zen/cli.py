@@ -32,6 +32,7 @@ from zen import (
 )
 from zen.console import consoles
 from zen.errors import ZenError
+from zen.leave import run_and_leave
 from zen.outpaths import require_parent
 
 app = typer.Typer(
@@ -467,11 +468,13 @@ def _run_calibrator(python: str, module: str) -> tuple[dict, str]:
 
 
 def main() -> None:
-    """Console entry point: run the app and turn errors into messages and exit codes.
+    """Console entry point: run the app, then leave without freeing its objects one by one (`zen.leave`)."""
+    run_and_leave(_main)
 
-    Typer handles usage errors itself (exit 2); everything else that escapes a command arrives
-    here: zen's own errors become one line plus a hint, anything else is a bug in zen.
-    """
+
+def _main() -> None:
+    """Typer handles usage errors itself (exit 2); everything else that escapes a command arrives
+    here: zen's own errors become one line plus a hint, anything else is a bug in zen."""
     for stream in (sys.stdout, sys.stderr):  # strings from an image may hold undecodable bytes (surrogates)
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

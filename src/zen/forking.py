@@ -23,6 +23,7 @@ computed, since it runs the same code on a copy of the same state.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import struct
@@ -30,6 +31,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 
 CHILD_TIMEOUT = 300.0  # seconds a parent waits for a child's result before computing it itself
@@ -142,6 +144,7 @@ class Forked:
                 status = 1
             os._exit(status)
         self.pid = pid
+        _LIVE.add(self)
         if pipe is not None:
             os.close(pipe[1])
             self._reader = threading.Thread(target=_relay, args=(pipe[0], progress), daemon=True, name="zen-progress")
@@ -216,6 +219,18 @@ class Forked:
         if self._reader is not None:  # the child has exited (or was killed): its end of the pipe is closed
             self._reader.join()
             self._reader = None
+
+
+_LIVE: weakref.WeakSet[Forked] = weakref.WeakSet()
+
+
+@atexit.register
+def _reap_children() -> None:
+    """Children still running when zen exits are stopped and reaped. `zen.leave` ends the command without
+    destroying its objects, so `Forked.__del__` is not what stops them there."""
+    for job in list(_LIVE):
+        if job._owner == os.getpid():
+            job.cancel()
 
 
 class _PipeReport:

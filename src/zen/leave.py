@@ -1,0 +1,63 @@
+"""Leaving the `zen` command without tearing the interpreter down object by object.
+
+Why: a command's last act was freeing, one by one, every object it had made, then a last collection.
+After `zen attribute` of a transformers case (a million objects from its pr.json, kept out of the
+collector's reach while the command ran) that took 0.65 s of a 1.8 s run; after `zen recover` of a
+GPT-2 image, 0.1 s of 3 s. None of it is visible to the user: the exit status, the output (flushed
+here), the case files (closed by their writers before the command returns), the atexit handlers (run
+here) and the threads a normal exit waits for (joined here, in the same order) are as before; only the
+memory is handed back by the operating system instead.
+
+An exception other than SystemExit is not caught here: `zen.cli.main` has already turned every error
+into a message and an exit status, except with ZEN_DEBUG=1, where the traceback is the point and the
+interpreter ends the ordinary way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+
+def run_and_leave(command: Callable[[], object]) -> NoReturn:
+    """Run `command` (which ends by raising SystemExit, or returns for status 0) and exit the process."""
+    try:
+        command()
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    status = _status(code)
+    _shut_down()
+    os._exit(status)
+
+
+def _status(code: object) -> int:
+    """The exit status Python itself would give `sys.exit(code)`: None is 0, an int is itself, anything
+    else is printed to stderr and gives 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+    return 1
+
+
+def _shut_down() -> None:
+    """What the interpreter does at exit before it frees objects: wait for non-daemon threads (and the
+    callbacks that stop thread pools), run the atexit handlers, flush the standard streams."""
+    shutdown = getattr(threading, "_shutdown", None)  # the interpreter's own first step at exit (3.8-3.14)
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`zen ... | head`): nothing more can reach it
+            pass
