@@ -8,9 +8,10 @@ here), the case files (closed by their writers before the command returns), the 
 here) and the threads a normal exit waits for (joined here, in the same order) are as before; only the
 memory is handed back by the operating system instead.
 
-An exception other than SystemExit is not caught here: `zen.cli.main` has already turned every error
-into a message and an exit status, except with ZEN_DEBUG=1, where the traceback is the point and the
-interpreter ends the ordinary way.
+Under a profiler, a tracer or a monitoring tool (coverage), which write their results at the
+ordinary exit, the command exits the ordinary way. An exception other than SystemExit is not caught
+here: `zen.cli.main` has already turned every error into a message and an exit status, except with
+ZEN_DEBUG=1, where the traceback is the point and the interpreter ends the ordinary way.
 """
 
 from __future__ import annotations
@@ -30,9 +31,19 @@ def run_and_leave(command: Callable[[], object]) -> NoReturn:
         code: object = 0
     except SystemExit as exc:
         code = exc.code
+    if _observed():
+        sys.exit(code)  # a profiler or coverage tool writes its results at the ordinary exit
     status = _status(code)
     _shut_down()
     os._exit(status)
+
+
+def _observed() -> bool:
+    """A profiler (`python -m cProfile`), a tracer or a monitoring tool (coverage on 3.12+) is attached."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6))
 
 
 def _status(code: object) -> int:
