@@ -1,9 +1,9 @@
 """Leaving the `zen` command without tearing the interpreter down object by object.
 
 Why: a command's last act was freeing, one by one, every object it had made, then a last collection.
-After `zen attribute` of a transformers case (a million objects from its pr.json, kept out of the
-collector's reach while the command ran) that took 0.65 s of a 1.8 s run; after `zen recover` of a
-GPT-2 image, 0.1 s of 3 s. None of it is visible to the user: the exit status, the output (flushed
+Leaving without it, `zen attribute` of a transformers case (a million objects from its pr.json) went
+from 1.91 to 1.64 s and `zen recover` of a GPT-2 image from 3.11 to 2.88 s (medians, runs alternated,
+this project's 2-core machine; bench/results/perf.md). None of it is visible to the user: the exit status, the output (flushed
 here), the case files (closed by their writers before the command returns), the atexit handlers (run
 here) and the threads a normal exit waits for (joined here, in the same order) are as before; only the
 memory is handed back by the operating system instead.
