@@ -97,3 +97,55 @@ def test_an_unusable_cache_only_costs_a_recomputation(image, tmp_path):
         os.environ.pop("ZEN_CACHE_DIR") if env_cache is None else os.environ.__setitem__("ZEN_CACHE_DIR", env_cache)
     ev, _ = _evidence(tmp_path / "case")
     assert ev["sha256"] == _sha(image) and ev["sha256_provenance"]["how"] == "computed in this run"
+
+
+def test_evidence_named_with_invalid_utf8_is_recovered_and_its_digest_reused(image, tmp_path):
+    """An evidence file copied from a seized disk may have a name that is not UTF-8: recovery exited 70 when the
+    digest was recorded (SQLite stores UTF-8 text only); the name is kept as escapes, the stat is the key."""
+    odd = os.path.join(os.fsencode(tmp_path), b"seized-\xff\xfe.core")
+    os.link(image, odd)
+    for case in ("c1", "c2"):
+        res = zen("recover", os.fsdecode(odd), "-o", tmp_path / case, check=False)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    first, _ = _evidence(tmp_path / "c1")
+    ev, _ = _evidence(tmp_path / "c2")
+    assert first["sha256"] == ev["sha256"] == _sha(image)
+    assert ev["sha256_provenance"]["how"].endswith("file unchanged since")  # reused, whatever the spelling
+
+
+def test_case_tensor_digests_are_recorded_at_recovery_and_reused_while_unchanged(image, tmp_path, monkeypatch):
+    """`zen recover` records the weights file's digests from the buffers it wrote; a later check of the case takes
+    them while the file is unchanged (and says so), computes them again when asked (verify-case), and never trusts
+    them once the file changed, even with its mtime set back."""
+    from zen import digest_cache, recover_jobs
+    from zen.recover import recover
+    from zen.represent import case, tensorfile
+
+    monkeypatch.setenv("ZEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tensorfile, "REUSE_ABOVE", 0)  # the test model's weights are small
+    monkeypatch.setattr(recover_jobs, "REUSE_ABOVE", 0)
+    c = tmp_path / "case"
+    recover(image, None, c)
+    w = c / case.WEIGHTS
+    known = digest_cache.lookup_tensor_file(digest_cache.stat_key(w))
+    mr = json.loads((c / "mr.json").read_text())
+    assert known is not None and known["sha256"] == _sha(w)
+    assert known["tensors"] == {t["key"]: t["sha256"] for t in mr["tensors"] if t.get("status", "ok") == "ok"}
+    man = case.load_manifest(c)
+    reused = case.verdicts(c, man)[case.WEIGHTS]
+    assert reused.status == "ok" and reused.how and reused.how.endswith("file unchanged since")
+    fresh = case.verdicts(c, man, rehash=True)[case.WEIGHTS]
+    assert fresh.status == "ok" and fresh.how is None
+    # a record whose tensor names are not the header's is not used
+    digest_cache.remember_tensor_file(w, known["sha256"], {"other": "0" * 64}, digest_cache.stat_key(w))
+    assert tensorfile.read_tensor_file(w).reused is None
+    st = os.stat(w)
+    with open(w, "r+b") as fh:  # one bit of the last tensor, the mtime put back: the ctime still tells
+        fh.seek(st.st_size - 1)
+        last = fh.read(1)
+        fh.seek(st.st_size - 1)
+        fh.write(bytes([last[0] ^ 1]))
+    os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))
+    case._verdict_cache.clear()
+    altered = case.verdicts(c, man)[case.WEIGHTS]
+    assert altered.status == "altered" and altered.how is None

@@ -1,8 +1,9 @@
 """Commands about a case as evidence: `zen verify-case` (one verdict per file), `zen sign`, `zen keygen`.
 
-A court asks whether the case is the one zen wrote from the image: every file is checked against the manifest's
-sha256 and against the others (mr.json's per-tensor sha256 for each tensor file, typed and bounded JSON, code.marshal
-loaded in an isolated child), and, where the case is signed, the manifest against the signature.
+A court asks whether the case is the one zen wrote from the image: every file is hashed again (no digest is
+taken from zen's cache here) and checked against the manifest's sha256 and against the others (mr.json's per-tensor
+sha256 for each tensor file, typed and bounded JSON, code.marshal loaded in an isolated child), and, where the case
+is signed, the manifest against the signature.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ def verify_case(
     key: Path | None = typer.Option(None, "--key", help="Public key the case must be signed with (PEM or OpenSSH)."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON."),
 ) -> None:
-    """One verdict per case file (hash, contents, agreement with mr.json) and the signature; exit 1 if any fails."""
+    """One verdict per case file (hash, contents, agreement with mr.json; every file hashed now, no digest reused) and
+    the signature; exit 1 if any fails."""
     from zen.represent import case
     from zen.represent.signature import check_signature, load_public
 
     manifest = case.load_manifest(case_dir, signature=False)  # the signature is one of the verdicts below
-    verdicts = case.verdicts(case_dir, manifest, code=True)
+    verdicts = case.verdicts(case_dir, manifest, code=True, rehash=True)  # every digest computed now, none reused
     sig = check_signature(case_dir, load_public(key) if key is not None else None)
     failed = [v for v in verdicts.values() if v.status not in ("ok", "missing", "unchecked")]
     sig_bad = sig["status"] in ("invalid", "untrusted") or (key is not None and sig["status"] != "valid")
@@ -64,7 +66,7 @@ def sign(
     from zen.represent.signature import sign_case
 
     manifest = case.load_manifest(case_dir, signature=False)  # re-signing replaces an old signature
-    bad = case.integrity(case_dir, manifest, code=True)
+    bad = case.integrity(case_dir, manifest, code=True, rehash=True)
     if bad:
         raise ZenError(f"refusing to sign {case_dir}: {bad[0]}", "only a case that verifies can be signed (zen verify-case)")
     sig = sign_case(case_dir, key)

@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from zen import __version__
+from zen import __version__, digest_cache
 from zen.errors import ZenError
 from zen.forking import NICE_BULK, Forked
 from zen.frontends.keras.tensors import TFDataMissing
 from zen.frontends.pytorch.tensors import TensorDataMissing
 from zen.represent import case
 from zen.represent.safetensors_io import Entry, SafetensorsWriter
+from zen.represent.tensorfile import REUSE_ABOVE
 
 Progress = Callable[[str, int, int], None]
 
@@ -104,6 +105,9 @@ def _write_tensors(path: Path, reader, writable, progress: Progress | None, fmt:
             if progress:
                 progress(path.stem, done, total)
         w.close()
+        key = digest_cache.stat_key(path)  # the file as the writer left it: its digests are those of the bytes written
+        if key is not None and key[2] >= REUSE_ABOVE:  # for the commands that check the case later (represent.tensorfile)
+            digest_cache.remember_tensor_file(path, w.file_sha256, w.sha256, key)  # type: ignore[arg-type]
         return w.file_sha256  # type: ignore[return-value]
     except (TensorDataMissing, TFDataMissing) as exc:
         w.abort()

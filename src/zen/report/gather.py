@@ -42,7 +42,7 @@ def _integrity(case_dir: Path, manifest: dict) -> dict:
     (the manifest's own hash is printed so that a copy of the report pins it too)."""
     verdicts = case.verdicts(case_dir, manifest, code=True)
     problems = [r for v in verdicts.values() if v.status != "unchecked" for r in v.reasons]
-    files = {n: ("verified" if v.status == "ok" else "; ".join(v.reasons[:3]) if v.status != "unchecked"
+    files = {n: (_verified(v) if v.status == "ok" else "; ".join(v.reasons[:3]) if v.status != "unchecked"
                  else f"sha256 verified; contents not checked: {v.reasons[0]}")
              for n, v in sorted(verdicts.items()) if v.status != "missing" or n in (manifest.get("files") or {})}  # fmt: skip
     sig = _signature(case_dir)
@@ -50,6 +50,11 @@ def _integrity(case_dir: Path, manifest: dict) -> dict:
         problems = [f"manifest.json: {sig['reason']}", *problems]
     return {"verified": not problems, "problems": problems, "files": files,
             "manifest_sha256": case.verified_sha256(case_dir / case.MANIFEST), "signature": sig}  # fmt: skip
+
+
+def _verified(v) -> str:
+    """A sound file, and where its digests came from when this run did not compute them (zen.digest_cache)."""
+    return f"verified (its digests {v.how})" if v.how else "verified"
 
 
 def _signature(case_dir: Path) -> dict:

@@ -116,14 +116,16 @@ def _stat_key(path: Path) -> tuple | None:
     return None if isinstance(st, str) else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def verdicts(case_dir: Path, manifest: dict, *, code: bool = False) -> dict:
+def verdicts(case_dir: Path, manifest: dict, *, code: bool = False, rehash: bool = False) -> dict:
     """One `represent.verify.Verdict` per case file: its hash against the manifest, then its contents (typed,
     bounded, and checked against mr.json: each tensor's bytes against the sha256 recorded at recovery). With
-    `code`, code.marshal is loaded in an isolated child too. Cached per file state within one run."""
+    `code`, code.marshal is loaded in an isolated child too. Cached per file state within one run. A large tensor
+    file's digests recorded for its present state are reused (`zen.represent.tensorfile`; the verdict's `how` says
+    so) unless `rehash`."""
     from zen.represent.verify import Verdict
 
     case_dir = Path(case_dir)
-    key = (str(case_dir.resolve()), code, json.dumps(manifest.get("files"), sort_keys=True),
+    key = (str(case_dir.resolve()), code, rehash, json.dumps(manifest.get("files"), sort_keys=True),
            tuple(_stat_key(case_dir / n) for n in ALL_FILES))  # fmt: skip
     if key in _verdict_cache:
         return _verdict_cache[key]
@@ -147,18 +149,18 @@ def verdicts(case_dir: Path, manifest: dict, *, code: bool = False) -> dict:
             from zen.represent.tensorfile import TensorFileError, read_tensor_file
 
             try:
-                tensor_files[name] = tf = read_tensor_file(p)
-                digest = tf.sha256
+                tensor_files[name] = tf = read_tensor_file(p, reuse=not rehash)
+                digest, v.how = tf.sha256, tf.reused
             except TensorFileError as exc:
                 v.add("malformed", f"{name} is not a well-formed safetensors file: {exc}")
         if (digest or verified_sha256(p)) != recorded[name]:
             v.add("altered", f"{name} was altered after recovery: its sha256 differs from the manifest's")
-    _check_contents(case_dir, manifest, out, tensor_files, code)
+    _check_contents(case_dir, manifest, out, tensor_files, code, rehash)
     _verdict_cache[key] = out
     return out
 
 
-def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dict, code: bool) -> None:
+def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dict, code: bool, rehash: bool) -> None:
     from zen.represent.tensorfile import cross_check
     from zen.represent.verify import check_code, check_json, check_mr_values, check_requirements, python_matches
 
@@ -173,7 +175,7 @@ def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dic
     if mr is not None:
         for problem in check_mr_values(mr):
             out[MR_FILE].add("malformed", problem)
-        compiled = _compiled_state_dict(case_dir, manifest, out)
+        compiled = _compiled_state_dict(case_dir, manifest, out, rehash)
         for name, records in ((WEIGHTS, mr.tensors), (INPUTS, mr.inputs), (EXTRA, mr.extra_tensors)):
             tf = tensor_files.get(name)
             if name == WEIGHTS and compiled is not None:
@@ -196,7 +198,7 @@ def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dic
 COMPILED_STATE_DICT = "state_dict.safetensors"  # zen.compiled.case: the MR's tensors under their PyTorch keys
 
 
-def _compiled_state_dict(case_dir: Path, manifest: dict, out: dict):
+def _compiled_state_dict(case_dir: Path, manifest: dict, out: dict, rehash: bool = False):
     """For a case `zen decompile` wrote (its manifest's `case.state_dict` names that file and its digest), the file
     read and hashed once: mr.json's tensors describe it, not weights.safetensors (keyed by kernel constant).
     None for any other case."""
@@ -211,7 +213,7 @@ def _compiled_state_dict(case_dir: Path, manifest: dict, out: dict):
         out[WEIGHTS].add("missing", f"{COMPILED_STATE_DICT} is {st}; the manifest records its sha256")
         return None
     try:
-        tf = read_tensor_file(p)
+        tf = read_tensor_file(p, reuse=not rehash)
     except (TensorFileError, OSError) as exc:
         out[WEIGHTS].add("inconsistent", f"{COMPILED_STATE_DICT} cannot be read: {exc}")
         return None
@@ -259,11 +261,13 @@ def _parse_ur(p: Path):
     return _cached_record(p, UnifiedRepresentation, "zen-ur", UR_FORMAT)
 
 
-def integrity(case_dir: Path, manifest: dict, *, code: bool = False) -> list[str]:
+def integrity(case_dir: Path, manifest: dict, *, code: bool = False, rehash: bool = False) -> list[str]:
     """Every problem with the case's files: altered against the manifest's hashes, replaced by something that is
     not a regular file, deleted, present but never recorded, malformed, or contradicting mr.json. Each problem
     starts with the name of the file it concerns."""
-    return [r for v in verdicts(case_dir, manifest, code=code).values() for r in v.reasons if v.status != "unchecked"]
+    return [
+        r for v in verdicts(case_dir, manifest, code=code, rehash=rehash).values() for r in v.reasons if v.status != "unchecked"
+    ]
 
 
 def require_intact(case_dir: Path, manifest: dict, names: tuple[str, ...]) -> None:

@@ -4,6 +4,11 @@ A weights file whose manifest hash was rewritten to match is still a lie unless 
 every header entry must be well formed (known dtype, shape, offsets inside the data and tiling it exactly), and
 every tensor's bytes must hash to the sha256 mr.json recorded when the tensor was read from the image. The file
 is read once, sequentially: the file digest and every tensor digest come from the same pass.
+
+A large file's digests are computed once per file state (`zen.digest_cache`, keyed by device, inode, size, mtime and
+ctime): `zen recover` records those it took from the buffers it wrote, and the first reader those it computed; a
+later reader of the unchanged file takes them from there (its header is still parsed and checked) instead of
+hashing GBs twice. `reuse=False` (`zen verify-case`, `zen sign`) always reads and hashes the file.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_HEADER = 100 << 20  # safetensors' own limit for the JSON header
+REUSE_ABOVE = 16 << 20  # smaller files hash faster than the digest cache answers (~0.01 s at 2 GB/s)
 MAX_DIMS = 64
 BLOCK = 16 << 20
 ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -37,6 +44,7 @@ class TensorFile:
     entries: dict[str, dict] = field(default_factory=dict)  # key -> {"dtype", "shape", "start", "end"}
     digests: dict[str, str] = field(default_factory=dict)  # key -> sha256 of its bytes
     metadata: dict = field(default_factory=dict)
+    reused: str | None = None  # the digests were not computed in this run: when and by what (digest_cache)
 
 
 def _header(path: Path, fh, size: int) -> tuple[dict, dict, int]:
@@ -84,12 +92,20 @@ def _header(path: Path, fh, size: int) -> tuple[dict, dict, int]:
     return entries, meta, 8 + n
 
 
-def read_tensor_file(path: Path) -> TensorFile:
-    """Parse and hash a safetensors file in one sequential pass (file digest + one digest per entry)."""
+def read_tensor_file(path: Path, *, reuse: bool = True) -> TensorFile:
+    """Parse and hash a safetensors file in one sequential pass (file digest + one digest per entry); with `reuse`,
+    a large file's digests recorded for its present state are taken instead of hashing it."""
+    from zen import digest_cache
+
     path = Path(path)
     with open(path, "rb") as fh:
-        size = path.stat().st_size
+        st = os.fstat(fh.fileno())  # the state of the file this reads, whatever the path names meanwhile
+        size = st.st_size
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if size >= REUSE_ABOVE else None
         entries, meta, base = _header(path, fh, size)
+        known = digest_cache.lookup_tensor_file(key) if reuse and key is not None else None
+        if known is not None and known["tensors"].keys() == entries.keys():
+            return TensorFile(size, known["sha256"], entries, known["tensors"], meta, reused=known["how"])
         fh.seek(0)
         whole = hashlib.sha256()
         order = sorted(entries, key=lambda k: entries[k]["start"])
@@ -108,7 +124,10 @@ def read_tensor_file(path: Path) -> TensorFile:
             while i < len(order) and base + entries[order[i]]["end"] <= hi:  # entries finished in this block
                 i += 1
             pos = hi
-    return TensorFile(size, whole.hexdigest(), entries, {k: h.hexdigest() for k, h in hashers.items()}, meta)
+    tf = TensorFile(size, whole.hexdigest(), entries, {k: h.hexdigest() for k, h in hashers.items()}, meta)
+    if key is not None:
+        digest_cache.remember_tensor_file(path, tf.sha256, tf.digests, key)
+    return tf
 
 
 def cross_check(name: str, tf: TensorFile, records: list) -> list[str]:

@@ -45,6 +45,7 @@ class Verdict:
     name: str
     status: str = "ok"  # ok, missing, unrecorded, altered, malformed, inconsistent, unchecked
     reasons: list[str] = field(default_factory=list)
+    how: str | None = None  # where the digests came from when not computed in this run (zen.digest_cache)
 
     def add(self, status: str, reason: str) -> None:
         if self.status in ("ok", "unchecked"):
