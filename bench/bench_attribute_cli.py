@@ -24,6 +24,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,10 +53,11 @@ def one_entry(work: Path, cases_dir: Path, q: str) -> Path:
     return path
 
 
-def run_cli(qdir: Path, lib: Path) -> tuple[float, str]:
+def run_cli(qdir: Path, lib: Path, env: dict | None = None) -> tuple[float, str]:
     t = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
     r = subprocess.run([sys.executable, "-m", "zen", "attribute", str(qdir), "--library", str(lib), "--json"],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+                       capture_output=True, text=True, env=env)  # fmt: skip
     wall = time.perf_counter() - t
     if r.returncode not in (0, 5):
         raise SystemExit(f"zen attribute {qdir} failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -67,6 +69,10 @@ def main() -> int:
     ap.add_argument("--cases", type=Path, required=True, help="directory of real recovered cases (case_*)")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "zen-bench-attribute-cli")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 100, 1000])
+    ap.add_argument("--held-out", type=Path, nargs="*", default=[],
+                    help="full-size recovered cases whose fingerprints the libraries do not hold (e.g. `zen recover` of "
+                         "bench/bench_digest.py's gpt2 image): first run with an empty digest cache (a case copied from "
+                         "elsewhere: its tensor files hashed and recorded), then repeated")  # fmt: skip
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -90,13 +96,29 @@ def main() -> int:
                    "max": max(again), "attributed": attributed, "load": os.getloadavg()[0]}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
-    lines = [f"One run of `python bench/bench_attribute_cli.py --cases CASES --sizes {' '.join(map(str, args.sizes))}` "
+        for qdir in args.held_out if size > 1 else []:
+            with tempfile.TemporaryDirectory() as cache:
+                env = {"ZEN_CACHE_DIR": cache}
+                first, attributed = run_cli(qdir, paths[size], env)
+                again = [run_cli(qdir, paths[size], env)[0] for _ in range(REPEATS)]
+            mb = (qdir / case.WEIGHTS).stat().st_size / 1e6
+            row = {"size": size, "query": f"{qdir.name} (held out, weights {mb:,.0f} MB)", "first": first,
+                   "median": statistics.median(again), "min": min(again), "max": max(again), "attributed": attributed,
+                   "load": os.getloadavg()[0]}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    held = " --held-out " + " ".join(p.name for p in args.held_out) if args.held_out else ""
+    lines = [f"One run of `python bench/bench_attribute_cli.py --cases CASES --sizes {' '.join(map(str, args.sizes))}{held}` "
              f"on {time.strftime('%Y-%m-%d')}: {platform.machine()}, {os.cpu_count()} cores, Python "
              f"{platform.python_version()}. Cases: {len(cases)} real fingerprints (`bench/real_cases.py`: the test "
              "suite's target processes); libraries beyond them are seeded perturbed copies, all added with "
              "`Library.add`" + (f" ({build_s:.0f} s to build)" if build_s > 5 else "") + "; size 1 is the query's own "
              f"fingerprint alone. Each cell: one `zen attribute CASE --library L --json` process, start to exit; "
-             f"first run, then the median (range) of {REPEATS} more.", "",
+             f"first run, then the median (range) of {REPEATS} more."
+             + (" Held-out queries: full-size cases recovered from images of other processes, not in the libraries; "
+                "their first run starts with an empty digest cache (a case copied from elsewhere), the repeated ones "
+                "take the tensor files' digests recorded by it (README, \"Forensic soundness\")." if args.held_out else ""),
+             "",
              "| entries | query | attributed | first s | repeated s (range) | load avg |",
              "|---:|---|---|---:|---:|---:|"]  # fmt: skip
     for r in rows:
