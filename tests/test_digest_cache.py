@@ -149,3 +149,41 @@ def test_case_tensor_digests_are_recorded_at_recovery_and_reused_while_unchanged
     case._verdict_cache.clear()
     altered = case.verdicts(c, man)[case.WEIGHTS]
     assert altered.status == "altered" and altered.how is None
+
+
+def _resident(path) -> float:
+    """Fraction of the file's pages in the page cache (mincore over a private mapping none of whose pages is written)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY) as mm:
+        start = ctypes.c_char.from_buffer(mm)
+        rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(start)), ctypes.c_size_t(size), vec)
+        del start
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return sum(b & 1 for b in vec) / len(vec)
+
+
+def test_reused_digest_has_the_image_read_ahead_into_the_page_cache(tmp_path, monkeypatch):
+    """With the digest reused nobody reads the image in order; `warm_page_cache` has the kernel do it (in a daemon
+    thread, nothing copied to zen), and does nothing for an empty file or one larger than half of the memory."""
+    from zen import image_digest
+
+    f = tmp_path / "image.bin"
+    f.write_bytes(os.urandom(1 << 20) * 24)
+    with open(f, "rb") as fh:
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    if _resident(f) > 0.5:
+        pytest.skip("this file system keeps the file's pages whatever it is told (tmpfs)")
+    t = image_digest.warm_page_cache(f)
+    assert t is not None and t.daemon
+    t.join(60)
+    assert _resident(f) == 1.0
+    (tmp_path / "empty").write_bytes(b"")
+    assert image_digest.warm_page_cache(tmp_path / "empty") is None
+    monkeypatch.setattr(os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1024)  # a machine of 4 MB
+    assert image_digest.warm_page_cache(f) is None

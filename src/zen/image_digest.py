@@ -5,6 +5,13 @@ zen's own would wait for the interpreter lock at every block while the analysis 
 does it. It runs at the analysis's own priority and starts first: at the lowest priority it got almost no CPU on a
 busy machine, and a 4 s recovery waited a minute for its digest (issue 39). A digest zen computed before for the
 same, unchanged file is reused (`zen.digest_cache`); the manifest says which.
+
+A reused digest leaves nobody reading the file in order: the analysis then pulled the image from disk page fault
+by page fault, and a GPT-2 recovery with its digest reused took longer from a cold page cache than one that hashed
+the image (4.0 against 3.6 s). `warm_page_cache` has the kernel read the file into the page cache ahead of it,
+in order, without copying it to zen (`sendfile` to /dev/null: 0.04 s of CPU for 1.5 GB): 3.72 -> 3.53 s (medians
+of six, alternated, cold page cache). Beside a digest being computed it gained nothing (the hashing child already
+reads in order), so it runs only where the digest is reused.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class ImageDigest:
         if hit is not None:
             self._digest = hit.pop("sha256")
             self.provenance = hit
+            warm_page_cache(path)
             return
         self.provenance = {"how": "computed in this run" + (" (--rehash)" if rehash else "")}
         self._t0 = time.perf_counter()
@@ -130,3 +138,46 @@ def _hash_mapped(h, mm: mmap.mmap, report: Callable[[str, int, int], None] | Non
         pos = end
         if report is not None:
             report("evidence sha256", pos, n)
+
+
+WARM_STEP = 64 << 20  # bytes the kernel is asked to read at a time
+
+
+def warm_page_cache(path: Path) -> threading.Thread | None:
+    """Read `path` into the page cache in a daemon thread (the GIL is released in `sendfile`), in order, from its
+    start; nothing where the file is more than half of this machine's memory (it would push out what it read
+    first, and the analysis's own pages) or where `sendfile` to /dev/null is not available."""
+    try:
+        size = os.stat(path).st_size
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not size or size > memory // 2 or not hasattr(os, "sendfile"):
+        return None
+    t = threading.Thread(target=_send_to_null, args=(path, size), daemon=True, name="zen-page-cache")
+    t.start()
+    return t
+
+
+def _send_to_null(path: Path, size: int) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        os.close(fd)
+        return
+    try:
+        pos = 0
+        while pos < size:
+            n = os.sendfile(null, fd, pos, min(WARM_STEP, size - pos))
+            if n <= 0:
+                break
+            pos += n
+    except OSError:  # the kernel or the file system does not do it: the analysis reads the pages itself
+        pass
+    finally:
+        os.close(fd)
+        os.close(null)
