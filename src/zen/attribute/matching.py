@@ -193,7 +193,7 @@ def optimal_cos(delta: list[CodeView], gamma: list[CodeView], exact_pairs: list[
     wg = np.array([v.weight for v in g])
     # the reference: (attr_ss(x, y) + ibss(x, y)) / 2 * (x.weight + y.weight) / 2, left to right
     m = (attr_matrix(d, g) + cache.matrix(d, g)) / 2 * (wd[:, None] + wg[None, :]) / 2
-    from scipy.optimize import linear_sum_assignment  # importing scipy.optimize costs ~0.3 s: only when assigning
+    from zen.attribute.assignment import linear_sum_assignment  # loaded only when an assignment is needed
 
-    rows, cols = linear_sum_assignment(m, maximize=True)
+    rows, cols = linear_sum_assignment()(m, maximize=True)
     return min(1.0, (exact_w + float(m[rows, cols].sum())) / total_w)

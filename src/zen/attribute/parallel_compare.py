@@ -37,8 +37,8 @@ from zen.forking import Forked, enabled
 Compare = Callable[[str, list[CodeView]], tuple[MatchResult, float]]  # name, entry's views -> (match, CLS)
 MIN_PARALLEL = 3  # fewer comparisons than this: one process (the fork and the prefetch cost more than they save)
 # Less estimated work than this (code objects of the entries the query does not hold identically), one process:
-# a CNN query's ten comparisons take ~0.1 s, and forking would add the optimal assignment's import (0.13-0.25 s),
-# which they do not need when every code object is identical (measured: 0.59 -> 0.76 s at 1,000 entries)
+# a CNN query's ten comparisons take ~0.1 s, less than the fork and the prefetch save (measured when forking also
+# imported all of scipy.optimize: 0.59 -> 0.76 s at 1,000 entries; `assignment` now loads only its C extension)
 MIN_WORK = 500
 FIXED_COST = 30  # estimated cost of one comparison besides the bodies it reads (the matching's own passes)
 
@@ -49,7 +49,7 @@ def compare_all(names: list[str], gammas: Callable[[str], list[CodeView]], delta
     `cost` (an estimate per name: the entry's code objects the query does not hold identically).
 
     Before the fork this process reads the child's entries (their views, the bodies it will need)
-    and imports the optimal assignment's module (both processes need it); its own entries it reads
+    and loads the optimal assignment (both processes need it); its own entries it reads
     while the child runs."""
     work = {n: max(0, cost.get(n, 0)) for n in names}
     if not parallel or len(names) < MIN_PARALLEL or sum(work.values()) < MIN_WORK or not enabled():
@@ -63,7 +63,9 @@ def compare_all(names: list[str], gammas: Callable[[str], list[CodeView]], delta
         return {n: compare(n, gammas(n)) for n in names}  # one process: it fails only where that would
     for n in theirs:
         _parent_only(views[n])
-    import scipy.optimize  # noqa: F401 - the optimal assignment's (0.25 s): imported once, before the fork
+    from zen.attribute.assignment import linear_sum_assignment
+
+    linear_sum_assignment()  # loaded once, before the fork (both processes assign)
 
     parent = os.getpid()
 

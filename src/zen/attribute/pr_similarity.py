@@ -108,9 +108,9 @@ def optimal_cos_reference(delta: list[CodeView], gamma: list[CodeView], exact_pa
     for i, x in enumerate(d):
         for j, y in enumerate(g):
             m[i, j] = (attr_ss(x, y) + ibss(x, y)) / 2 * (x.weight + y.weight) / 2
-    from scipy.optimize import linear_sum_assignment  # ~0.3 s to import: only when an assignment is needed
+    from zen.attribute.assignment import linear_sum_assignment  # loaded only when an assignment is needed
 
-    rows, cols = linear_sum_assignment(m, maximize=True)
+    rows, cols = linear_sum_assignment()(m, maximize=True)
     return min(1.0, (exact_w + float(m[rows, cols].sum())) / total_w)
 
 
