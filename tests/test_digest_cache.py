@@ -127,7 +127,7 @@ def test_case_tensor_digests_are_recorded_at_recovery_and_reused_while_unchanged
     c = tmp_path / "case"
     recover(image, None, c)
     w = c / case.WEIGHTS
-    known = digest_cache.lookup_tensor_file(digest_cache.stat_key(w))
+    known = digest_cache.lookup_tensor_file(w, digest_cache.stat_key(w))
     mr = json.loads((c / "mr.json").read_text())
     assert known is not None and known["sha256"] == _sha(w)
     assert known["tensors"] == {t["key"]: t["sha256"] for t in mr["tensors"] if t.get("status", "ok") == "ok"}
@@ -187,3 +187,41 @@ def test_reused_digest_has_the_image_read_ahead_into_the_page_cache(tmp_path, mo
     assert image_digest.warm_page_cache(tmp_path / "empty") is None
     monkeypatch.setattr(os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1024)  # a machine of 4 MB
     assert image_digest.warm_page_cache(f) is None
+
+
+MOUNTINFO = [
+    "22 27 0:21 / /proc rw,relatime - proc proc rw",
+    "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw",
+    "40 27 8:17 / /media/usb\\040drive rw,relatime shared:5 - exfat /dev/sdb1 rw",
+    "41 27 8:33 / /media/old rw,relatime - vfat /dev/sdc1 rw",
+    "42 27 0:50 / /srv/overlay rw - overlay overlay rw,lowerdir=/a",
+]
+
+
+def test_file_system_is_told_by_device_then_by_mount_point():
+    from zen.digest_cache import mount_type
+
+    assert mount_type(MOUNTINFO, "254:0", "/tmp/x.core") == "ext4"
+    assert mount_type(MOUNTINFO, "8:17", "/anything") == "exfat"  # the device decides first
+    assert mount_type(MOUNTINFO, "9:9", "/media/usb drive/seized.lime") == "exfat"  # \040 is a space
+    assert mount_type(MOUNTINFO, "9:9", "/media/old/a.core") == "vfat"
+    assert mount_type(MOUNTINFO, "9:9", "/srv/overlay/x") == "overlay"  # an overlay's file reports another device
+    assert mount_type(MOUNTINFO, "9:9", "/media/oldish/x") == "ext4"  # a prefix of a name is not a mount point above
+    assert mount_type(["garbage", ""], "9:9", "/x") is None
+
+
+def test_no_digest_is_reused_on_a_file_system_without_a_kept_ctime(image, tmp_path, monkeypatch):
+    """exFAT and FAT keep no ctime (Linux derives it from the mtime, which a user can set back): a digest recorded
+    there could outlive a change, so nothing is recorded or reused, for evidence and case tensor files alike."""
+    from zen import digest_cache
+
+    monkeypatch.setenv("ZEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest_cache, "file_system", lambda path: "exfat")
+    key = digest_cache.stat_key(image)
+    digest_cache.remember(image, _sha(image), key)
+    digest_cache.remember_tensor_file(image, _sha(image), {"t": "0" * 64}, key)
+    assert digest_cache.lookup(image) is None and digest_cache.lookup_tensor_file(image, key) is None
+    monkeypatch.setattr(digest_cache, "file_system", lambda path: "ext4")
+    assert digest_cache.lookup(image) is None  # nothing was recorded meanwhile
+    digest_cache.remember(image, _sha(image), key)
+    assert digest_cache.lookup(image)["sha256"] == _sha(image)

@@ -12,6 +12,11 @@ the file's sha256 and every tensor's, computed from the buffers it wrote, for th
 command that checks the case against its manifest and mr.json takes them from here while the file is unchanged
 instead of reading and hashing it twice again. `zen verify-case` and `zen sign` always recompute.
 
+Reuse rests on the ctime: only where the file system keeps one that the kernel sets on every change and no user
+can set back (`CTIME_KEPT`: ext4, xfs, btrfs, tmpfs, ...). FAT and exFAT store no ctime (Linux derives it from the
+mtime, which `touch -d` sets back), NTFS through FUSE reports what the driver chooses: evidence on such a drive, a
+common way to carry it, is hashed by every command, as is a file whose file system cannot be told.
+
 Stdlib only (sqlite3): the store is one small database under the user cache directory; a broken or unwritable
 cache only costs a recomputation, never an error.
 """
@@ -19,6 +24,7 @@ cache only costs a recomputation, never an error.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -43,6 +49,45 @@ def file_sha256(path: Path | str) -> str:
         while n := fh.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
+
+
+# File systems whose inodes carry a ctime the kernel updates on every change of data or metadata, which no user
+# can set (utime sets atime and mtime only): a changed file always has a new stat key
+CTIME_KEPT = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "zfs", "jfs", "nilfs2", "reiserfs",
+                        "tmpfs", "ramfs", "overlay", "nfs", "nfs4"})  # fmt: skip
+
+
+def file_system(path: Path | str) -> str | None:
+    """The type of the file system holding `path`, or None where it cannot be told."""
+    try:
+        st = os.stat(path)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    return mount_type(lines, f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", os.path.realpath(path))
+
+
+def mount_type(mountinfo: list[str], dev: str, real: str) -> str | None:
+    """From the lines of /proc/self/mountinfo: the type of the mount of device `dev` ("major:minor"), else of the
+    longest mount point above the path `real` (an overlay's files report the device beneath it)."""
+    best, best_len = None, -1
+    for line in mountinfo:
+        f = line.split()
+        sep = f.index("-", 6) if "-" in f[6:] else -1
+        if sep < 0 or len(f) <= sep + 1:
+            continue
+        if f[2] == dev:
+            return f[sep + 1]
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4])  # a space is written \040
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > best_len:
+            best, best_len = f[sep + 1], len(point)
+    return best
+
+
+def reusable(path: Path | str) -> bool:
+    """Whether a digest recorded under this file's stat may stand for its bytes (see the module's docstring)."""
+    return file_system(path) in CTIME_KEPT
 
 
 def cache_file() -> Path:
@@ -80,7 +125,7 @@ def _text(path: Path | str) -> str:
 def lookup(path: Path | str) -> dict | None:
     """The digest recorded for this file in its present state, with its provenance; None if there is none."""
     key = stat_key(path)
-    con = _connect() if key is not None else None
+    con = _connect() if key is not None and reusable(path) else None
     if con is None:
         return None
     try:
@@ -102,7 +147,7 @@ def remember(path: Path | str, sha256: str, key: tuple | None) -> None:
     file changed meanwhile."""
     from zen import __version__
 
-    if key is None or stat_key(path) != key:
+    if key is None or stat_key(path) != key or not reusable(path):
         return
     con = _connect()
     if con is None:
@@ -118,10 +163,10 @@ def remember(path: Path | str, sha256: str, key: tuple | None) -> None:
         con.close()
 
 
-def lookup_tensor_file(key: tuple | None) -> dict | None:
-    """What `remember_tensor_file` recorded for a tensor file with stat `key` (`stat_key`, or the fstat of the open
-    file): {"sha256", "tensors": name -> sha256, "how", ...}; None if nothing is recorded for that state."""
-    con = _connect() if key is not None else None
+def lookup_tensor_file(path: Path | str, key: tuple | None) -> dict | None:
+    """What `remember_tensor_file` recorded for the tensor file `path` with stat `key` (`stat_key`, or the fstat of
+    the open file): {"sha256", "tensors": name -> sha256, "how", ...}; None if nothing is recorded for that state."""
+    con = _connect() if key is not None and reusable(path) else None
     if con is None:
         return None
     try:
@@ -152,7 +197,7 @@ def remember_tensor_file(path: Path | str, sha256: str, tensors: dict[str, str],
 
     from zen import __version__
 
-    if key is None or stat_key(path) != key:
+    if key is None or stat_key(path) != key or not reusable(path):
         return
     con = _connect()
     if con is None:

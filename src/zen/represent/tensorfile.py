@@ -103,7 +103,7 @@ def read_tensor_file(path: Path, *, reuse: bool = True) -> TensorFile:
         size = st.st_size
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if size >= REUSE_ABOVE else None
         entries, meta, base = _header(path, fh, size)
-        known = digest_cache.lookup_tensor_file(key) if reuse and key is not None else None
+        known = digest_cache.lookup_tensor_file(path, key) if reuse and key is not None else None
         if known is not None and known["tensors"].keys() == entries.keys():
             return TensorFile(size, known["sha256"], entries, known["tensors"], meta, reused=known["how"])
         fh.seek(0)
