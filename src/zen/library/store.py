@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 from zen.library.errors import Conflict, LibraryError, NotFound  # noqa: F401 - the library's errors, as before
 from zen.library.schema import SCHEMA_VERSION, render
+from zen.represent.jsontext import loads
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
 
@@ -86,7 +87,8 @@ def _json_bytes(obj: dict) -> bytes:
 
 
 def _unpack(blob: bytes) -> dict:
-    return json.loads(zlib.decompress(blob))
+    # orjson where it reads the same values (`jsontext.loads`): a stored transformers PR took 0.7 s with json alone
+    return loads(zlib.decompress(blob))
 
 
 def check_name(name: Any) -> str:
