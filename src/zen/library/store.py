@@ -6,20 +6,18 @@ object's de-specialised bytecode hash and normalised-listing hash is also stored
 table, so Algorithm 1's candidate selection ("which bases share any function with this model?") is
 one indexed query, not a scan of every entry.
 
-Attribution compares a query with every candidate entry; what it needs of an entry that does
-not depend on the query (layer and tensor multisets, hyper-parameters, the module graph's Laplacian
-spectrum, the code views) is computed once here, at `add`, and kept in the `invariants` table
-(zen.attribute.invariants says what and why): decoding an entry's MR and PR JSON and recomputing
-its spectrum per query cost 0.1-0.7 s per real entry.
+Attribution compares a query with every candidate entry; what it needs of an entry that does not depend on the
+query (layer and tensor multisets, hyper-parameters, the module graph's Laplacian spectrum, the code views) is
+computed once, at `add`, and kept in the `invariants` table (zen.attribute.invariants says what and why):
+decoding an entry's MR and PR JSON and recomputing its spectrum per query cost 0.1-0.7 s per real entry.
 
-`Library` is the SQLite store (a file: the default) and holds every query, written in the SQL that
-SQLite and PostgreSQL share; `zen.library.postgres.PostgresLibrary` (a team's database) changes only
-how it connects, how a write transaction is taken and the placeholder style. Both run the schema
-and migrations of `zen.library.schema`. A write (add, replace, remove, import, token change) is one
-transaction that holds the library's write lock (SQLite: BEGIN IMMEDIATE in WAL mode with a busy
-timeout; PostgreSQL: a transaction-scoped advisory lock), so concurrent writers queue instead of
-losing or half-writing entries, and every write leaves a row in the `audit` table in the same
-transaction: who, what, when and the fingerprint's digests.
+`Library` is the SQLite store (a file: the default) and holds every query, written in the SQL that SQLite and
+PostgreSQL share; `zen.library.postgres.PostgresLibrary` (a team's database) changes only how it connects, how a
+write transaction is taken and the placeholder style. Both run the schema and migrations of `zen.library.schema`.
+A write (add, replace, remove, import, token change) is one transaction that holds the library's write lock
+(SQLite: BEGIN IMMEDIATE in WAL mode with a busy timeout; PostgreSQL: a transaction-scoped advisory lock), so
+concurrent writers queue instead of losing or half-writing entries, and every write leaves a row in the `audit`
+table in the same transaction: who, what, when and the fingerprint's digests.
 """
 
 from __future__ import annotations
@@ -88,8 +86,7 @@ def _json_bytes(obj: dict) -> bytes:
 
 
 def _unpack(blob: bytes) -> dict:
-    # orjson where it reads the same values (`jsontext.loads`): a stored transformers PR took 0.7 s with json alone
-    return loads(zlib.decompress(blob))
+    return loads(zlib.decompress(blob))  # orjson where it reads the same values as json (a stored PR: 0.13 -> 0.07 s)
 
 
 def check_name(name: Any) -> str:
@@ -133,8 +130,7 @@ class Entry:
     _pr: bytes
     _ur: bytes
 
-    # Unpacked once per entry: `zen report` read the base's PR four times (attribution's explanation, the artefacts,
-    # the diff, the patch), 0.25 s each for a transformers model. Callers read these records; none changes them.
+    # Unpacked once per entry (`zen report` read the base's PR 4 times, 0.25 s each): callers only read these records
     @functools.cached_property
     def mr(self) -> ModelMR:
         return ModelMR.from_json(_unpack(self._mr))
