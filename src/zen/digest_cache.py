@@ -125,18 +125,8 @@ def _text(path: Path | str) -> str:
 def lookup(path: Path | str) -> dict | None:
     """The digest recorded for this file in its present state, with its provenance; None if there is none."""
     key = stat_key(path)
-    con = _connect() if key is not None and reusable(path) else None
-    if con is None:
-        return None
-    try:
-        with con:
-            row = con.execute("SELECT sha256, computed_at, tool, path FROM digests WHERE dev=? AND ino=? AND size=? "
-                              "AND mtime_ns=? AND ctime_ns=?", key).fetchone()  # fmt: skip
-    except sqlite3.Error:
-        return None
-    finally:
-        con.close()
-    if row is None:
+    row = _fetch("digests", "sha256, computed_at, tool", path, key)
+    if row is None or key is None:
         return None
     return {"sha256": row[0], "how": f"computed on {row[1]} by {row[2]}, file unchanged since", "computed_at": row[1],
             "by": row[2], "stat": dict(zip(("device", "inode", "size", "mtime_ns", "ctime_ns"), key))}  # fmt: skip
@@ -145,6 +135,12 @@ def lookup(path: Path | str) -> dict | None:
 def remember(path: Path | str, sha256: str, key: tuple | None) -> None:
     """Record a digest computed while the file had stat `key` (taken before hashing): nothing is recorded if the
     file changed meanwhile."""
+    _store("digests", path, key, (sha256,))
+
+
+def _store(table: str, path: Path | str, key: tuple | None, values: tuple) -> None:
+    """One row of `table`: the stat key, the path (a note), `values`, when and by which zen; nothing where the file
+    changed since `key` was taken or its file system keeps no trustworthy ctime."""
     from zen import __version__
 
     if key is None or stat_key(path) != key or not reusable(path):
@@ -152,13 +148,26 @@ def remember(path: Path | str, sha256: str, key: tuple | None) -> None:
     con = _connect()
     if con is None:
         return
+    row = (*key, _text(path), *values, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), f"zen {__version__}")
     try:
         with con:
-            con.execute("INSERT OR REPLACE INTO digests VALUES (?,?,?,?,?,?,?,?,?)",
-                        (*key, _text(path), sha256, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         f"zen {__version__}"))  # fmt: skip
+            con.execute(f"INSERT OR REPLACE INTO {table} VALUES ({','.join('?' * len(row))})", row)
     except sqlite3.Error:
         pass
+    finally:
+        con.close()
+
+
+def _fetch(table: str, columns: str, path: Path | str, key: tuple | None) -> tuple | None:
+    """The row of `table` recorded for this file state, or None."""
+    con = _connect() if key is not None and reusable(path) else None
+    if con is None:
+        return None
+    try:
+        with con:
+            return con.execute(f"SELECT {columns} FROM {table} WHERE {_KEY}", key).fetchone()
+    except sqlite3.Error:
+        return None
     finally:
         con.close()
 
@@ -166,20 +175,11 @@ def remember(path: Path | str, sha256: str, key: tuple | None) -> None:
 def lookup_tensor_file(path: Path | str, key: tuple | None) -> dict | None:
     """What `remember_tensor_file` recorded for the tensor file `path` with stat `key` (`stat_key`, or the fstat of
     the open file): {"sha256", "tensors": name -> sha256, "how", ...}; None if nothing is recorded for that state."""
-    con = _connect() if key is not None and reusable(path) else None
-    if con is None:
-        return None
-    try:
-        with con:
-            row = con.execute(f"SELECT sha256, tensors, computed_at, tool FROM tensor_files WHERE {_KEY}", key).fetchone()
-    except sqlite3.Error:
-        return None
-    finally:
-        con.close()
-    if row is None:
-        return None
     import json
 
+    row = _fetch("tensor_files", "sha256, tensors, computed_at, tool", path, key)
+    if row is None:
+        return None
     try:
         tensors = json.loads(row[1])
     except ValueError:
@@ -195,20 +195,5 @@ def remember_tensor_file(path: Path | str, sha256: str, tensors: dict[str, str],
     nothing is recorded if the file has changed since."""
     import json
 
-    from zen import __version__
-
-    if key is None or stat_key(path) != key or not reusable(path):
-        return
-    con = _connect()
-    if con is None:
-        return
-    try:
-        with con:
-            # ensure_ascii: a tensor name read from an image may hold a lone surrogate (its escape is stored)
-            con.execute("INSERT OR REPLACE INTO tensor_files VALUES (?,?,?,?,?,?,?,?,?,?)",
-                        (*key, _text(path), sha256, json.dumps(tensors, sort_keys=True),
-                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), f"zen {__version__}"))  # fmt: skip
-    except sqlite3.Error:
-        pass
-    finally:
-        con.close()
+    # ensure_ascii (json's default): a tensor name read from an image may hold a lone surrogate (its escape is stored)
+    _store("tensor_files", path, key, (sha256, json.dumps(tensors, sort_keys=True)))
