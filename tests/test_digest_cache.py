@@ -131,6 +131,8 @@ def test_case_tensor_digests_are_recorded_at_recovery_and_reused_while_unchanged
     mr = json.loads((c / "mr.json").read_text())
     assert known is not None and known["sha256"] == _sha(w)
     assert known["tensors"] == {t["key"]: t["sha256"] for t in mr["tensors"] if t.get("status", "ok") == "ok"}
+    truth = json.loads((image.parent / "truth.json").read_text())["tensors"]  # written by the deployed process
+    assert known["tensors"] and all(known["tensors"][k] == truth[k]["sha256"] for k in known["tensors"])
     man = case.load_manifest(c)
     reused = case.verdicts(c, man)[case.WEIGHTS]
     assert reused.status == "ok" and reused.how and reused.how.endswith("file unchanged since")

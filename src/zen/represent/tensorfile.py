@@ -47,7 +47,9 @@ class TensorFile:
     reused: str | None = None  # the digests were not computed in this run: when and by what (digest_cache)
 
 
-def _header(path: Path, fh, size: int) -> tuple[dict, dict, int]:
+def read_header(path: Path, fh, size: int) -> tuple[dict, dict, int]:
+    """(entries: key -> dtype, shape, start, end in the data; __metadata__; where the data starts), every entry
+    checked against the file's size; `fh` is at the file's start."""
     if size < 8:
         raise TensorFileError(f"{size} bytes: shorter than a safetensors header")
     (n,) = struct.unpack("<Q", fh.read(8))
@@ -102,7 +104,7 @@ def read_tensor_file(path: Path, *, reuse: bool = True) -> TensorFile:
         st = os.fstat(fh.fileno())  # the state of the file this reads, whatever the path names meanwhile
         size = st.st_size
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if size >= REUSE_ABOVE else None
-        entries, meta, base = _header(path, fh, size)
+        entries, meta, base = read_header(path, fh, size)
         known = digest_cache.lookup_tensor_file(path, key) if reuse and key is not None else None
         if known is not None and known["tensors"].keys() == entries.keys():
             return TensorFile(size, known["sha256"], entries, known["tensors"], meta, reused=known["how"])

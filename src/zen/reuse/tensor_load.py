@@ -12,12 +12,11 @@ afterwards; the tensor bytes are the file's, unchanged. This path reads the file
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
 from zen.errors import ZenError
-
-MAX_HEADER = 100 << 20  # as zen.analyze.tensors: a header past this is not one zen wrote
 
 
 def load_safetensors(path: Path) -> dict:
@@ -44,38 +43,29 @@ def load_safetensors(path: Path) -> dict:
 
 def _renamed(path: Path) -> tuple[bytes, dict[str, str]] | None:
     """(the file with a header the Rust loader reads, placeholder -> real name), or None when renaming
-    would not help (the header is unreadable, or every key is already valid UTF-8)."""
+    would not help (the header is not a well-formed one, or every key is already valid UTF-8)."""
+    from zen.represent.tensorfile import TensorFileError, read_header
+
     with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) != 8:
-            return None
-        (n,) = struct.unpack("<Q", head)
-        size = path.stat().st_size
-        if n > min(MAX_HEADER, size - 8):
-            return None
         try:
-            header = json.loads(fh.read(n))
-        except (ValueError, UnicodeDecodeError):
-            return None
-        if not isinstance(header, dict):
+            entries, _meta, base = read_header(path, fh, os.fstat(fh.fileno()).st_size)
+        except TensorFileError:
             return None
         names: dict[str, str] = {}
         fixed: dict[str, object] = {}
-        for i, (key, value) in enumerate(header.items()):
-            if key == "__metadata__":  # not tensors, and the loader returns none of it: left out
-                continue
-            if _utf8(key):
-                fixed[key] = value
-                continue
-            alias = f"zen-unencodable-name-{i}"
-            while alias in header or alias in fixed:
-                alias += "_"
-            names[alias] = key
-            fixed[alias] = value
+        for i, (key, e) in enumerate(entries.items()):
+            name = key
+            if not _utf8(key):
+                name = f"zen-unencodable-name-{i}"
+                while name in entries or name in fixed:
+                    name += "_"
+                names[name] = key
+            fixed[name] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [e["start"], e["end"]]}
         if not names:
             return None
-        blob = json.dumps(fixed, separators=(",", ":")).encode("ascii")
+        blob = json.dumps(fixed, separators=(",", ":")).encode("ascii")  # __metadata__ left out: not tensors
         blob += b" " * (-len(blob) % 8)
+        fh.seek(base)
         return struct.pack("<Q", len(blob)) + blob + fh.read(), names
 
 
