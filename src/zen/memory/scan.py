@@ -207,16 +207,20 @@ def find_u64_in_ranges(
     """`find_u64_in` over address ranges (a pointer map) instead of whole chunks. The ranges are
     the Python heap, which the object readers go on to read: its pages stay resident (while zen's
     resident set is under `RESIDENT_SOFT_LIMIT`) instead of being faulted in again."""
-    pieces: list = []
+    return find_u64_in(space, values, pieces_of(space, ranges), keep=True)
+
+
+def pieces_of(space: AddressSpace, ranges: Sequence[tuple[int, int]]) -> list:
+    """The chunks covering `ranges`, clipped to them: a chunk wholly inside a range is itself, one
+    cut by a range's ends a `Slice` of it. Each range is one search (`run_from`): a
+    whole-machine process's Python heap is tens of thousands of one-page chunks. Where a range
+    meets a gap (memory not captured) the rest of it is left out, as a read would stop there."""
+    out: list = []
     for a, b in ranges:
-        while a < b:
-            c = space.chunk_of(a)
-            if c is None:
-                break
-            end = min(b, c.end)
-            pieces.append(Slice(c, a, end))
-            a = end
-    return find_u64_in(space, values, pieces, keep=True)
+        for c in space.run_from(a, b):
+            lo, hi = max(a, c.start), min(b, c.end)
+            out.append(c if lo == c.start and hi == c.end else Slice(c, lo, hi))
+    return out
 
 
 class Slice:
@@ -229,6 +233,9 @@ class Slice:
 
     def array(self) -> np.ndarray:
         return self._c.array()[self.start - self._c.start : self.end - self._c.start]
+
+    def view(self, offset: int, size: int):
+        return self._c.view(self.start - self._c.start + offset, size)
 
     def release(self, offset: int = 0, size: int | None = None) -> None:
         size = self.end - self.start - offset if size is None else size

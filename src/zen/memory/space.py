@@ -228,6 +228,17 @@ class AddressSpace:
             return self._chunks[i]
         return None
 
+    def run_from(self, start: int, end: int) -> list[Chunk]:
+        """The chunks that hold [start, end) without a gap, from the one holding `start` up to the
+        first gap or `end` (empty where `start` is not captured): one search for the whole run."""
+        i = bisect_right(self._starts, start) - 1
+        if i < 0 or start >= self._chunks[i].end:
+            return []
+        j = i + 1
+        while j < len(self._chunks) and self._chunks[j].start < end and self._chunks[j].start == self._chunks[j - 1].end:
+            j += 1
+        return self._chunks[i:j]
+
     def is_readable(self, addr: int, size: int = 1) -> bool:
         """True when all of [addr, addr+size) has bytes in this space."""
         end = addr + size
@@ -263,7 +274,7 @@ class AddressSpace:
         (memory the caller will read again) only while zen's resident set is above
         `RESIDENT_SOFT_LIMIT`.
         """
-        for start, arr, release in self._coalesced(self._chunks if chunks is None else chunks, block):
+        for start, arr, release in self._coalesced(self._chunks if chunks is None else chunks, block, keep):
             head = (-start) % 8  # keep pieces 8-byte aligned in virtual addresses
             for pos in range(0, len(arr), block):
                 lo = pos if pos == 0 else pos + head
@@ -275,13 +286,17 @@ class AddressSpace:
                     release(lo, hi - lo)
 
     @staticmethod
-    def _coalesced(chunks: Sequence[Chunk], block: int) -> Iterator[tuple[int, np.ndarray, object]]:
+    def _coalesced(chunks: Sequence[Chunk], block: int, keep: bool = False) -> Iterator[tuple[int, np.ndarray, object]]:
         """(start, bytes, release) for scanning, with runs of small virtually adjacent chunks joined.
 
         A process of a whole-machine image has tens of thousands of one-page chunks (its pages
         are scattered in physical memory); scanning each alone costs more in per-call overhead
         than in comparisons. Small neighbours are copied into one array instead (at most `block`
-        bytes, released by the caller's next step).
+        bytes, released by the caller's next step). The copy is made from zero-copy views joined
+        as bytes (a numpy array per page cost more than the copy). With `keep` the pages copied
+        are released only above `RESIDENT_SOFT_LIMIT`, as `iter_arrays` does for large chunks:
+        the callers that keep (a scan of the Python heap) go on to read those pages, and releasing
+        them page by page was one system call each and a page fault each on the next read.
         """
         small = 1 << 20
         group: list[Chunk] = []
@@ -290,9 +305,10 @@ class AddressSpace:
         def joined():
             if len(group) == 1:
                 return group[0].start, group[0].array(), group[0].release
-            data = np.concatenate([g.array() for g in group])
-            for g in group:
-                g.release()
+            data = np.frombuffer(b"".join([g.view(0, g.end - g.start) for g in group]), dtype=np.uint8)
+            if not keep or resident_bytes() > RESIDENT_SOFT_LIMIT:
+                for g in group:
+                    g.release()
             return group[0].start, data, lambda *_: None
 
         for c in chunks:
