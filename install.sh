@@ -25,7 +25,7 @@ fi
 echo "installing pip, torch 2.13.0 (CPU), zen and its test tools into .venv (a few minutes the first time)"
 pipq --upgrade pip
 pipq "torch==2.13.0"
-pipq -e '.[test]'
+pipq -e '.[test,quant]'
 # Whole-machine image tests boot a QEMU guest (tools/guestvm); compressed AVML images need libsnappy.
 # Installed when this runs as root on Debian/Ubuntu; without them those tests skip, zen itself works.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v qemu-system-x86_64 >/dev/null 2>&1; then

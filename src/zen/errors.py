@@ -63,6 +63,13 @@ class TruncatedImage(ZenError):
     exit_code = 5
 
 
+class StateNotRead(ZenError):
+    """The model holds state zen did not read (a quantized tensor subclass, a C++ object, an offloaded tensor): a
+    runnable copy would crash, compute something else or read files outside itself, so none is written (exit 5)."""
+
+    exit_code = 5
+
+
 class ProfileError(ZenError):
     """No layout profile exists for the interpreter version, or a profile file is unusable."""
 

@@ -35,6 +35,7 @@ from zen.recover_jobs import TensorFiles
 from zen.represent import case, textio
 
 Progress = Callable[[str, int, int], None]
+READ = ("ok", "composite")  # tensor statuses of state that was read (composite: in its inner tensors)
 
 
 @dataclass
@@ -146,13 +147,15 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         tensor_types = {ti.addr for ti in heap.subclasses_of(TENSOR_BASE)}
         module_types = {ti.addr for ti in heap.subclasses_of(MODULE_BASE)}
         code_types = {ip.wk.types["function"], ip.wk.types["code"]}
-        found = heap.instances_of_types(tensor_types | module_types | code_types)
+        from zen.frontends.pytorch.forms import ort_session_types, ort_sessions
+
+        ort_types = ort_session_types(heap)
+        found = heap.instances_of_types(tensor_types | module_types | code_types | ort_types)
+        sessions = ort_sessions(ip, found, ort_types)
         index = ModuleIndex(ip, heap, found)
         root_addrs = index.roots()
         if not root_addrs:
-            raise NoModelFound(
-                f"no PyTorch models found in {space.description}: torch is loaded but no nn.Module instance is alive"
-            )
+            _no_model(space, sessions, "torch is loaded but no nn.Module instance is alive")
         refs = references(ip, heap, set(root_addrs))
         roots = [root_record(index, reader, a, refs.get(a, [])) for a in root_addrs]
         roots.sort(key=lambda r: (not r.referenced_from, -r.parameter_elements, -r.modules, r.address))
@@ -166,10 +169,19 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
                     f"--model {model!r} matches no model root", "use a root's address, #RANK, or a name from `referenced_from`"
                 )
             chosen, how = sub, f"--model {model}"
+        chosen, how, deployment = _unwrap_form(ip, index, reader, chosen, how, refs)
         mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types, bounds[1])
+        if sessions and not mr.tensors and model is None:  # a leftover module (an exporter's fx graph) is not the model
+            _no_model(space, sessions, f"the only nn.Module roots hold no tensors (the first: {chosen.cls})")
+        mr.problems += [f"an ONNX Runtime session ({s}) holds a model in C++ state zen does not read" for s in sessions]
+        mr.deployment = deployment
+        _audit_form(ip, reader, index, mr, slots, tensor_types)
         from zen.frontends.pytorch.state import module_states
 
         extra = module_states(ip, index, reader, mr, slots, tensor_types)
+        from zen.frontends.pytorch.forms import eager_state
+
+        eager_state(mr)
         space.release(unless_under=RESIDENT_SOFT_LIMIT)  # the code stage reads the same heap pages again
         timings["model"] = time.perf_counter() - t
         problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
@@ -230,6 +242,39 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         digests,
         bounds,
     )
+
+
+def _no_model(space, sessions: list[str], why: str) -> None:
+    if sessions:
+        raise NoModelFound(f"an ONNX Runtime session holds the model in {space.description} ({sessions[0]}); "
+                           f"zen does not read ONNX Runtime's C++ state, and {why}",
+                           "recover the model from the ONNX file the session loaded, or from the exporting process")  # fmt: skip
+    raise NoModelFound(f"no PyTorch models found in {space.description}: {why}")
+
+
+def _unwrap_form(ip, index, reader, chosen, how, refs):
+    """A `torch.compile` wrapper is recovered as the eager module it wraps (keys as in eager), with the
+    compilation recorded in mr.json's `deployment`."""
+    from zen.frontends.pytorch.forms import unwrap_compiled
+
+    got = unwrap_compiled(ip, index, int(chosen.address, 16))
+    if got is None:
+        return chosen, how, {}
+    inner, info = got
+    rec = root_record(index, reader, inner, chosen.referenced_from)  # the wrapper's references and rank are the model's
+    rec.rank = chosen.rank
+    return rec, f"{how}, the eager module inside torch.compile's wrapper", info
+
+
+def _audit_form(ip, reader, index, mr, slots, tensor_types) -> None:
+    """State of the model that the eager reader did not read (`forms.audit`) becomes problems: never complete."""
+    from zen.frontends.pytorch.forms import audit
+
+    unread, parts = audit(ip, reader, index, int(mr.root.address, 16), slots, tensor_types)
+    mr.unread = [u.to_json() for u in unread]
+    mr.problems += [u.problem() for u in unread]
+    slots += parts  # the inner tensors of subclasses, written to the weights file like state_dict tensors
+    mr.tensors += [s.record for s in parts]
 
 
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
@@ -314,7 +359,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
     from zen.limits import in_effect
 
     try:
-        status = "partial" if problems or any(s.record.status not in ("ok",) for s in slots) else "complete"
+        status = "partial" if problems or any(s.record.status not in READ for s in slots) else "complete"
         problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
         evidence = _evidence(space, image, pid, hasher)
         timings.update(hasher.timings())
@@ -338,7 +383,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
         "profiles": profiles,
         "model": {"root": chosen.address, "class": chosen.cls, "selected_by": how, "roots_found": len(roots)},
         "status": status,
-        "problems": problems + [f"{s.key}: {s.record.status} ({s.record.note})" for s in slots if s.record.status != "ok"],
+        "problems": problems + [f"{s.key}: {s.record.status} ({s.record.note})" for s in slots if s.record.status not in READ],
         "files": files,
         "limits": in_effect(bounds),
         "run": {"started": started, "seconds": {k: round(v, 3) for k, v in timings.items()},

@@ -105,11 +105,14 @@ class Encoder:
         if kind == "type":
             return {"cls": self._name(ip.type_info(addr))}
         if kind == "function":
-            from zen.cpython.readers.functions import read_function
+            from zen.cpython.names import name_resolves
+            from zen.cpython.readers.functions import carries_own_name, read_function
 
             f = read_function(ip, addr)
             if not f.module:
                 return {"unsupported": f"function {f.qualname} has no module"}
+            if not carries_own_name(ip, f) and not name_resolves(ip, f.module, f.qualname, addr):
+                return {"unsupported": f"function wrapping {f.qualname} (functools.wraps): its code is another function's"}
             return {"func": f"{f.module}:{f.qualname}", "fn": f"{addr:#x}"}
         if kind == "method":
             from zen.cpython.readers.functions import read_function, read_method

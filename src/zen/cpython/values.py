@@ -164,12 +164,13 @@ class ValueKinds:
 
     def _function(self, addr: int, tp: int) -> dict | None:
         from zen.cpython.codebuild import can_rebuild, rebuild_code, rebuilt_memo
+        from zen.cpython.names import name_resolves
         from zen.cpython.readers.containers import read_tuple
-        from zen.cpython.readers.functions import read_cell, read_function
+        from zen.cpython.readers.functions import carries_own_name, read_cell, read_function
 
         ip = self.ip
         f = read_function(ip, addr)
-        if "<" not in f.qualname or not f.module:
+        if not f.module or ("<" not in f.qualname and (carries_own_name(ip, f) or name_resolves(ip, f.module, f.qualname, addr))):
             return None  # reachable by its name: the encoder's {"func": ...}
         n, seen = self._memo(addr)
         if seen:

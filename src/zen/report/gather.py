@@ -104,8 +104,24 @@ def _summary(mr, pr) -> dict:
         "tensors": len(mr.tensors), "layers": len(mr.modules), "weights": mr.summary.get("parameter_elements"),
         "dtypes": mr.summary.get("dtypes"), "functions": len(model_codes), "code_objects": len(pr.codes),
         "classes": len(pr.classes), "modules": len(pr.modules), "layer_types": mr.layer_types, "counts": pr.counts,
-        "tied": mr.tied, "roots": len(mr.roots),
+        "tied": mr.tied, "roots": len(mr.roots), "deployed_as": deployed_as(mr), "unread": len(mr.unread),
     }  # fmt: skip
+
+
+def deployed_as(mr) -> str:
+    """One line on the form the model was deployed in (torch.compile and its backend, tensor subclasses read in
+    parts), "eager" when nothing says otherwise."""
+    parts = []
+    dep = mr.deployment or {}
+    if dep.get("form"):
+        how = dep.get("how") or f"wrapped by {dep.get('wrapper', '?')}"
+        parts.append(f"{dep['form']} (backend {dep.get('backend', '?')}; {how}); rebuilt as the eager model")
+    classes = sorted({t.python_type for t in mr.tensors if t.subclass})
+    if classes:
+        parts.append(f"tensor subclasses read in parts: {', '.join(classes[:6])}")
+    if mr.unread:
+        parts.append(f"{len(mr.unread)} object(s) whose state zen did not read (see the problems)")
+    return "; ".join(parts) or "eager"
 
 
 def _modules(mr) -> list[dict]:

@@ -121,6 +121,7 @@ def _summary(d: dict) -> str:
     s = d["summary"]
     rows = [("model", f"<code>{_t(s['root_class'])}</code> at {_t(s['root_address'])} "
                       f"(referenced from {_t(', '.join(s['referenced_from']) or 'nowhere')})"),
+            ("deployed as", _t(s.get("deployed_as") or "eager")),
             ("tensors", f"{s['tensors']:,}"), ("layers (modules)", f"{s['layers']:,}"),
             ("weights (parameter elements)", f"{(s['weights'] or 0):,}"), ("dtypes", _t(s.get("dtypes"))),
             ("model functions / code objects", f"{s['functions']:,} / {s['code_objects']:,}"),

@@ -90,7 +90,8 @@ def render(d: dict) -> str:
         if sig:
             lines += ["", f"signature: **{_txt(sig.get('status'))}** ({_txt(sig.get('reason'))})"]
     lines += ["## 2. Recovered model", ""]
-    lines += _table(["", ""], [["model", Md(f"{_code(s['root_class'])} at {_txt(s['root_address'])}")], ["tensors", s["tensors"]],
+    lines += _table(["", ""], [["model", Md(f"{_code(s['root_class'])} at {_txt(s['root_address'])}")],
+                               ["deployed as", s.get("deployed_as") or "eager"], ["tensors", s["tensors"]],
                                ["layers", s["layers"]], ["weights", f"{s['weights'] or 0:,}"],
                                ["functions / code objects", f"{s['functions']} / {s['code_objects']}"],
                                ["classes / modules", f"{s['classes']} / {s['modules']}"]])  # fmt: skip

@@ -73,10 +73,15 @@ class TensorRecord:
     storage: str  # its StorageImpl
     python_type: str
     data_address: str = "0x0"  # where the first element lives in the imaged process
-    status: str = "ok"  # "ok", "missing", "on-device", "unrepresentable", "unreadable"
+    status: str = "ok"  # "ok", "missing", "on-device", "unrepresentable", "unreadable", "composite", "subclass"
     sha256: str | None = None  # of the data in C order
     tied_to: str | None = None  # the first key holding the same tensor
     note: str = ""
+    # a tensor subclass read in parts (frontends/pytorch/subclasses.py): attribute name -> key of the inner tensor
+    # (kind "inner", in the weights file), and {"cls": "module:qualname", "wrapper": bool, "state": {encoded
+    # attributes}} to rebuild the object; status "composite" when the outer object has no data of its own
+    components: dict[str, str] = field(default_factory=dict)
+    subclass: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +98,10 @@ class ModelMR:
     summary: dict[str, Any] = field(default_factory=dict)
     extra_tensors: list[TensorRecord] = field(default_factory=list)  # not in state_dict (extra.safetensors)
     problems: list[str] = field(default_factory=list)  # what could not be read, each naming its path
+    # state the model holds that was not read (forms.audit): where, type, address, why; non-empty -> partial
+    unread: list[dict[str, str]] = field(default_factory=list)
+    # how the model was deployed when not plain eager: {"form": "torch.compile", "backend": ..., ...}
+    deployment: dict[str, Any] = field(default_factory=dict)
     framework: str = "pytorch"  # the front end that recovered it: "pytorch" or "keras" (older cases: pytorch)
     format: int = MR_FORMAT
 
@@ -133,5 +142,7 @@ class ModelMR:
             summary=d.get("summary", {}),
             extra_tensors=[TensorRecord(**t) for t in d.get("extra_tensors", [])],
             problems=d.get("problems", []),
+            unread=d.get("unread", []),
+            deployment=d.get("deployment", {}),
             framework=d.get("framework", "pytorch"),
         )

@@ -12,7 +12,9 @@ and `_modules` in their registration order. Tensors come from the case's safeten
 * strides are restored (`empty_strided`) for tensors that were not C-contiguous in the image;
 * tensors on an accelerator in the image are loaded on the CPU (the report says so);
 * a tensor whose data was missing from the image is filled with NaN (zeros for integer types)
-  and listed in the report: outputs that depend on it cannot be trusted.
+  and listed in the report: outputs that depend on it cannot be trusted;
+* a tensor subclass (torchao, quanto, bitsandbytes) is rebuilt as an object of its class around its parts
+  (`TensorFactory._subclass`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,30 @@ class TensorFactory:
         self.data = {("weights", k): v for k, v in weights.items()} | {("extra", k): v for k, v in extra.items()}
         self.report = report
         self.objects: dict[tuple[str, str], Any] = {}
+        self.decoder: Decoder | None = None  # set once the decoder exists: subclass tensors decode their attributes
+
+    def _subclass(self, rec: TensorRecord, own):
+        """A tensor subclass rebuilt around its parts: the same class (resolved like the model's classes), an
+        object made the way torch makes one (`_make_wrapper_subclass` with the recorded size, strides and dtype for
+        a wrapper; `_make_subclass` around its own data for a Parameter subclass), then its attributes decoded
+        (inner tensors from the weights file, metadata as recorded). No constructor of the library runs."""
+        import torch
+
+        sc = rec.subclass
+        cls = self.decoder.r.cls(sc["cls"])
+        if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+            raise ReuseError(f"{sc['cls']} resolved to {cls!r}, not a tensor subclass")
+        dtype = getattr(torch, rec.dtype.replace("torch.", ""))
+        if sc.get("wrapper"):
+            obj = torch.Tensor._make_wrapper_subclass(cls, tuple(rec.shape), strides=tuple(rec.stride),
+                                                      storage_offset=rec.storage_offset, dtype=dtype, device="cpu",
+                                                      requires_grad=rec.requires_grad)  # fmt: skip
+        else:
+            obj = torch.Tensor._make_subclass(cls, own, rec.requires_grad)
+        where = f"tensor {rec.key}"
+        for name, enc in (sc.get("state") or {}).items():
+            obj.__dict__[name] = self.decoder.decode(enc, f"{where}.{name}")
+        return obj
 
     def tensor(self, file: str, key: str, parameter: bool = False):
         import torch
@@ -72,6 +98,9 @@ class TensorFactory:
             return self.objects[k]
         rec: TensorRecord | None = self.records.get(k)
         t = self.data.get(k)
+        if rec is not None and rec.subclass and rec.subclass.get("wrapper"):
+            self.objects[k] = self._subclass(rec, None)
+            return self.objects[k]
         if rec is None and t is None:
             raise ReuseError(f"tensor {key} is neither in the MR nor in the case's {file} file")
         if t is None:
@@ -88,7 +117,9 @@ class TensorFactory:
             t = _restore_strides(t, rec)
             if rec.device and rec.device not in ("cpu", "meta") and not rec.device.startswith("cpu"):
                 self.report.moved_to_cpu.append(f"{key} ({rec.device})")
-        if parameter:
+        if rec is not None and rec.subclass:
+            t = self._subclass(rec, t)
+        elif parameter:
             t = torch.nn.Parameter(t, requires_grad=rec.requires_grad if rec is not None else True)
         self.objects[k] = t
         return t
@@ -133,7 +164,7 @@ def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool 
         def __contains__(self, k):
             return k in tensors.records or k in tensors.data
 
-    dec = Decoder(resolver, Tensors(), objs)
+    dec = tensors.decoder = Decoder(resolver, Tensors(), objs)
     for m in mr.modules:
         obj = objs[m.path]
         d = obj.__dict__

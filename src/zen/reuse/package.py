@@ -129,10 +129,25 @@ def package_hashes(pkg: Path) -> dict[str, str]:
     return {name: case.file_sha256(pkg / name) for name in PACKAGE_FILES if (pkg / name).is_file()}
 
 
+def require_rebuildable(mr, where: Path) -> None:
+    """Refuse (exit 5) a model whose state was not all read: the state the audit of deployment forms named
+    (`mr.unread`), tensor subclasses, and tensors on the meta device (offloaded: their data is in files the
+    deployment's hooks would read at load time). A package must rebuild exactly or not be written."""
+    from zen.errors import StateNotRead
+
+    missing = [f"{u.get('where') or 'the root'} ({u.get('type')}): {u.get('why')}" for u in mr.unread]
+    missing += [f"{t.key}: {t.note}" for t in mr.tensors if t.status == "subclass" or t.device == "meta"]
+    if missing:
+        more = f" (and {len(missing) - 1} more; mr.json's `unread` and tensors list them)" if len(missing) > 1 else ""
+        raise StateNotRead(f"{where}: the model holds state zen did not read, so no runnable copy is written: {missing[0]}{more}",
+                           "see README 'Deployment forms' for what zen reads of each form")  # fmt: skip
+
+
 def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | None) -> Path:
     from zen.patch.format import write_patch
 
     case_dir, out = Path(case_dir), Path(out)
+    require_rebuildable(case.load_mr(case_dir), case_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "reuse.json").exists())):
         raise ZenError(f"{out} exists and is not an empty directory or a zen reuse package", "choose a new directory")
     if not out.name.isidentifier():

@@ -117,3 +117,15 @@ def read_property(ip: ImageReader, addr: int) -> PropertyInfo:
     P = ip.P.property
     raw = _struct(ip, addr, "property", max(P.fget, P.fset, P.fdel, P.doc) + 8)
     return PropertyInfo(addr, _w(raw, P.fget), _w(raw, P.fset), _w(raw, P.fdel), _w(raw, P.doc))
+
+
+def carries_own_name(ip: ImageReader, f: FunctionInfo) -> bool:
+    """Whether a function's `__qualname__` is its code's: False for a wrapper that took another function's
+    name through `functools.wraps` (dynamo's `_fn` carries `Module._call_impl`'s), which must be identified by
+    its code object, never by the name it carries. Before 3.11 code has no qualname: the names are compared."""
+    C = ip.P.code
+    if C.has("co_qualname"):
+        return ip.str(ip.ptr(f.code + C.co_qualname)) == f.qualname
+    if C.has("co_name"):
+        return ip.str(ip.ptr(f.code + C.co_name)) == f.name
+    return True

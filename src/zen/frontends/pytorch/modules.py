@@ -34,6 +34,9 @@ class ModuleNode:
     parameters: list[tuple[str, int]] = field(default_factory=list)
     buffers: list[tuple[str, int]] = field(default_factory=list)
     non_persistent: set[str] = field(default_factory=set)
+    # `_parameters`/`_buffers`/`_modules` held in something other than a dict (TorchScript's wrappers):
+    # the module is still a node, and `forms.audit` names what was not read
+    wrapped: dict[str, str] = field(default_factory=dict)
 
 
 class ModuleIndex:
@@ -64,6 +67,9 @@ class ModuleIndex:
         for attr, target in (("_modules", node.children), ("_parameters", node.parameters), ("_buffers", node.buffers)):
             d = inst.attrs.get(attr)
             if d is None or d == none:
+                continue
+            if ip.kind(d) != "dict":
+                node.wrapped[attr] = ip.type_name(d)
                 continue
             for k, v in read_dict(ip, d):
                 if ip.kind(k) == "str":

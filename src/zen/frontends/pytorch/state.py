@@ -102,5 +102,45 @@ def module_states(ip: Interpreter, index: ModuleIndex, reader: TensorReader, mr:
         rec.buffer_keys = {n: (state_key.get(a) or extra_key.get(a)) if a else None for n, a in node.buffers}
         rec.parameter_keys = {n: state_key.get(a) if a else None for n, a in node.parameters}
         rec.child_paths = {n: paths.get(c) if c else None for n, c in node.children}
+    _subclass_states(ip, enc, mr, slots, context)
     mr.extra_tensors = [s.record for s in extra]
     return extra
+
+
+def _subclass_states(ip: Interpreter, enc: Encoder, mr: ModelMR, slots: list[TensorSlot], context: dict) -> None:
+    """The attributes of each tensor read in parts (`subclasses.expand`), encoded for the rebuild: inner tensors
+    by key, metadata (block size, qtype, a bitsandbytes quant_state with its own tensors as extra tensors) as
+    values. A value the encoder cannot rebuild leaves that tensor unread (named), never silently dropped."""
+    from zen.cpython.readers.instances import read_instance
+
+    for s in slots:
+        sc = s.record.subclass
+        if not sc or "state" in sc:
+            continue
+        context["where"] = s.key
+        try:
+            sc["state"] = {name: enc.encode(v) for name, v in read_instance(ip, s.addr).attrs.items()}
+        except ZenError as exc:
+            sc["state"] = {}
+            _unread(mr, s, f"its attributes could not be read ({exc})")
+            continue
+        bad = [name for name, v in sc["state"].items() if _unsupported(v)]
+        if bad:
+            _unread(mr, s, f"attributes zen cannot rebuild: {', '.join(bad[:8])}")
+
+
+def _unread(mr: ModelMR, s: TensorSlot, why: str) -> None:
+    u = {"where": s.key, "type": s.record.python_type, "address": s.record.address, "why": why}
+    mr.unread.append(u)
+    mr.problems.append(f"{s.key} ({u['type']} at {u['address']}) not read: {why}")
+
+
+def _unsupported(v: Any, depth: int = 0) -> bool:
+    """Whether an encoding holds a value marked unsupported (bounded: encodings are bounded too)."""
+    if depth > 32:
+        return True
+    if isinstance(v, dict):
+        return "unsupported" in v or any(_unsupported(x, depth + 1) for x in v.values())
+    if isinstance(v, list):
+        return any(_unsupported(x, depth + 1) for x in v)
+    return False

@@ -1,0 +1,159 @@
+"""Deployment forms bench (issues 47, 48): what zen recovers of one model served in each form, in one run.
+
+    python bench/forms.py [--only FORM ...] [-o bench/results/forms.md]
+
+For each form of `tests/targets/forms_target.py` (eager as the control; torch.compile as a wrapper and in place;
+torchao int8 and int4; optimum-quanto int8; bitsandbytes 8-bit and 4-bit; dynamic quantization; TorchScript
+traced and scripted; ONNX Runtime): start the real process, image it with `zen acquire --lean`, run `zen recover`
+as a user would, and compare with what the process's own `state_dict()` holds: every tensor (a subclass's inner
+tensors and packed parameters counted one by one) bit-exact or not. Where `zen reuse` writes a package, it is
+loaded in a fresh process and run on the deployed request; its outputs are compared with the deployed response.
+Seconds are zen recover's wall time; "s/GB" divides it by the image size, so quantized and float forms compare
+per byte of evidence. Forms whose library is not installed are listed as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ROOT / "tests" / "targets"
+FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit",
+         "dynamic", "jit-trace", "jit-script", "ort"]  # fmt: skip
+
+
+def zen(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zen", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=1200)  # fmt: skip
+
+
+def truth_tensors(state: dict) -> dict[str, str]:
+    """key -> sha256 of every tensor the model's own state_dict holds (a subclass's inner tensors as KEY.NAME,
+    the items of packed parameters as KEY.N)."""
+    out: dict[str, str] = {}
+
+    def walk(key: str, d: dict) -> None:
+        if "sha256" in d:
+            out[key] = d["sha256"]
+        for name, inner in (d.get("inner") or {}).items():
+            walk(f"{key}.{name}", inner)
+        for i, item in enumerate(d.get("items") or []):
+            walk(f"{key}.{i}", item)
+
+    for k, v in state.items():
+        walk(k, v)
+    return out
+
+
+def recovered_tensors(case: Path) -> dict[str, str]:
+    from safetensors.numpy import load_file
+
+    p = case / "weights.safetensors"
+    if not p.is_file():
+        return {}
+    return {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in load_file(str(p)).items()}
+
+
+def run_form(form: str, work: Path) -> dict:
+    outdir = work / form
+    proc = subprocess.Popen([sys.executable, str(TARGETS / "forms_target.py"), str(outdir), form], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)  # fmt: skip
+    outdir.mkdir(parents=True, exist_ok=True)
+    line = proc.stdout.readline()
+    if line.strip() != "READY":
+        err = proc.stderr.read()[-300:] if proc.poll() is not None else ""
+        proc.kill()
+        return {"form": form, "skipped": (err.strip().splitlines() or ["did not start"])[-1]}
+    truth = json.loads((outdir / "truth.json").read_text())
+    img = work / f"{form}.core"
+    try:
+        acq = zen("acquire", "--pid", truth["pid"], "-o", img, "--lean")
+        assert acq.returncode == 0, acq.stderr
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    case = work / f"case-{form}"
+    t0 = time.perf_counter()
+    rec = zen("recover", img, "-o", case)
+    seconds = time.perf_counter() - t0
+    size = img.stat().st_size
+    img.unlink()
+    row = {"form": form, "exit": rec.returncode, "seconds": round(seconds, 2), "image_mb": round(size / 1e6),
+           "s_per_gb": round(seconds / (size / 1e9), 2)}  # fmt: skip
+    manifest = json.loads((case / "manifest.json").read_text()) if (case / "manifest.json").exists() else {}
+    row["status"] = manifest.get("status") or f"no case ({(rec.stderr.strip().splitlines() or ['?'])[0][:160]})"
+    row["problems"] = manifest.get("problems", [])
+    want = truth_tensors(truth["state"])
+    got = recovered_tensors(case)
+    row["exact"] = sum(1 for k, h in want.items() if got.get(k) == h)
+    row["total"] = len(want)
+    row["rebuilt"] = rebuilt(case, outdir, work, form) if manifest else "-"
+    return row
+
+
+def rebuilt(case: Path, outdir: Path, work: Path, form: str) -> str:
+    pkg = work / f"pkg_{form.replace('-', '_')}"
+    r = zen("reuse", case, "-o", pkg)
+    if r.returncode != 0:
+        return f"refused, exit {r.returncode}"
+    out = work / f"check-{form}.json"
+    cmd = [sys.executable, str(TARGETS / "reuse_check.py"), str(pkg), str(outdir / "io.pt"), str(out)]
+    c = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env={**os.environ, "PYTHONPATH": str(work)}, timeout=600)
+    if c.returncode != 0:
+        return f"**load failed**: {(c.stderr.strip().splitlines() or ['?'])[-1][:120]}"
+    res = json.loads(out.read_text())
+    return "bit-identical" if res["equal"] else f"max abs diff {res['max_abs_diff']:.2e}"
+
+
+def write(rows: list[dict], path: Path) -> None:
+    lines = ["# Deployment forms", "", f"`python bench/forms.py` on {platform.node() and 'this machine'} "
+             f"({os.cpu_count()} cores, Python {platform.python_version()}), {time.strftime('%Y-%m-%d')}. "
+             "One small MLP (3 Linear layers, 128 wide) per form, built at run time from the installed libraries; "
+             "exact/total counts every tensor the process's own `state_dict()` holds (a subclass's inner tensors and "
+             "packed parameters one by one). \"rebuilt\": `zen reuse` + the package loaded in a fresh process on the "
+             "deployed request, compared with the deployed response.", "",
+             "| form | zen recover | status | tensors exact / total | rebuilt outputs | seconds | image MB | s/GB |",
+             "|---|---|---|---|---|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['form']} | skipped: {r['skipped']} | | | | | | |")
+            continue
+        lines.append(f"| {r['form']} | exit {r['exit']} | {r['status']} | {r['exact']} / {r['total']} | {r['rebuilt']} | "
+                     f"{r['seconds']} | {r['image_mb']} | {r['s_per_gb']} |")  # fmt: skip
+    lying = [r["form"] for r in rows if r.get("status") == "complete" and r["exact"] < r["total"]]
+    lines += ["", f"Cases \"complete\" with a tensor missing: {len(lying)}" + (f" ({', '.join(lying)})" if lying else "") + ".",
+              "", "## Problems zen reported, per form", ""]  # fmt: skip
+    for r in rows:
+        for p in (r.get("problems") or [])[:4]:
+            lines.append(f"- {r['form']}: {p}")
+        if len(r.get("problems") or []) > 4:
+            lines.append(f"- {r['form']}: ... {len(r['problems']) - 4} more")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", choices=FORMS)
+    ap.add_argument("-o", type=Path, default=ROOT / "bench" / "results" / "forms.md")
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zen-forms-") as tmp:
+        for form in a.only or FORMS:
+            row = run_form(form, Path(tmp))
+            print(json.dumps({k: v for k, v in row.items() if k != "problems"}), flush=True)
+            rows.append(row)
+    write(rows, a.o)
+    print(f"wrote {a.o}")
+
+
+if __name__ == "__main__":
+    main()

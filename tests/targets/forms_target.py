@@ -1,0 +1,146 @@
+"""A real process serving one small model in one deployment form, with its ground truth.
+
+Run: python forms_target.py OUTDIR FORM [BACKEND]
+BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
+torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, dynamic, jit-trace, jit-script, ort.
+The model is built at run time (no downloads), put in that form the way its library documents, and run once
+on a fixed input. OUTDIR/truth.json records the form, the served object's
+id and class, and every state_dict entry as the model's own `state_dict()` returns it: plain tensors with
+dtype, shape and sha256 of their bytes; tensor subclasses with their `__tensor_flatten__` components;
+other values (packed C++ objects) with their type. OUTDIR/io.pt holds the input and output. Prints READY
+and waits on stdin with everything referenced from `__main__`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+LEFTOVER: list = []
+
+
+class Net(nn.Module):
+    """Three linear layers, 128 wide and 32 out (torchao int4 and bitsandbytes 4-bit need multiples of 32)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(128, 128)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(128, 128)
+        self.head = nn.Linear(128, 32)
+
+    def forward(self, x):
+        return self.head(self.act(self.fc2(self.act(self.fc1(x)))))
+
+
+def digest(t: torch.Tensor) -> str:
+    t = t.detach().cpu().contiguous()
+    if t.is_quantized:
+        t = t.int_repr()
+    return hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
+
+
+def describe(v, depth: int = 0) -> dict:
+    """One state_dict value as its library holds it (subclass components through the subclass's own protocol)."""
+    if isinstance(v, torch.Tensor) and hasattr(v, "__tensor_flatten__") and type(v) not in (torch.Tensor, nn.Parameter):
+        names, ctx = v.__tensor_flatten__()
+        return {"subclass": f"{type(v).__module__}.{type(v).__qualname__}", "shape": list(v.shape),
+                "dtype": str(v.dtype).replace("torch.", ""),
+                "inner": {n: describe(getattr(v, n), depth + 1) for n in names}}  # fmt: skip
+    if isinstance(v, torch.Tensor):
+        extra = {k: type(x).__name__ for k, x in vars(v).items()} if type(v) not in (torch.Tensor, nn.Parameter) else {}
+        return {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape), "sha256": digest(v),
+                "python_type": f"{type(v).__module__}.{type(v).__qualname__}", "attributes": extra}  # fmt: skip
+    if isinstance(v, (tuple, list)) and depth < 4:  # packed parameters: (weight, bias)
+        return {"value_type": type(v).__name__, "items": [describe(x, depth + 1) for x in v]}
+    return {"value_type": f"{type(v).__module__}.{type(v).__qualname__}"}
+
+
+def build(form: str, outdir: str, backend: str = "inductor"):
+    """(served object, the nn.Module whose state_dict is the truth or None, input)."""
+    model = Net().eval()
+    x = torch.randn(4, 128)
+    if form == "eager":
+        return model, model, x
+    if form == "compile":
+        return torch.compile(model, backend=backend), model, x
+    if form == "compile-method":
+        model.compile(backend=backend)
+        return model, model, x
+    if form.startswith("torchao-"):
+        from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+
+        cfg = Int8WeightOnlyConfig() if form == "torchao-int8" else IntxWeightOnlyConfig(weight_dtype=torch.int4)
+        quantize_(model, cfg)
+        return model, model, x
+    if form == "quanto-int8":
+        from optimum.quanto import freeze, qint8, quantize
+
+        quantize(model, weights=qint8)
+        freeze(model)
+        return model, model, x
+    if form in ("bnb-8bit", "bnb-4bit"):
+        import bitsandbytes as bnb
+
+        q = nn.Module()
+        for name in ("fc1", "fc2", "head"):
+            lin = getattr(model, name)
+            if form == "bnb-8bit":
+                new = bnb.nn.Linear8bitLt(lin.in_features, lin.out_features, has_fp16_weights=False)
+                new.weight = bnb.nn.Int8Params(lin.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+            else:
+                new = bnb.nn.Linear4bit(lin.in_features, lin.out_features, quant_type="nf4", compute_dtype=torch.float32)
+                new.weight = bnb.nn.Params4bit(lin.weight.data.clone(), requires_grad=False, quant_type="nf4")
+            new.bias = nn.Parameter(lin.bias.data.clone(), requires_grad=False)
+            setattr(model, name, new.to("cpu"))
+        del q
+        return model.eval(), model, x
+    if form == "dynamic":
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8), None, x
+    if form == "jit-trace":
+        return torch.jit.trace(model, x), None, x
+    if form == "jit-script":
+        return torch.jit.script(model), None, x
+    if form == "ort":
+        import onnxruntime as ort
+
+        path = os.path.join(outdir, "model.onnx")
+        torch.onnx.export(model, (x,), path, dynamo=False)
+        # an exporter's leftover: a traced module with no tensors stays alive beside the session
+        LEFTOVER.append(torch.fx.symbolic_trace(nn.ReLU()))
+        return ort.InferenceSession(path, providers=["CPUExecutionProvider"]), None, x
+    raise SystemExit(f"unknown form {form}")
+
+
+def main(outdir: str, form: str, backend: str = "inductor") -> None:
+    served, truth_model, x = build(form, outdir, backend)
+    with torch.no_grad():
+        if form == "ort":
+            y = torch.from_numpy(served.run(None, {served.get_inputs()[0].name: x.numpy()})[0])
+        else:
+            y = served(x)
+    sd_owner = truth_model if truth_model is not None else (served if isinstance(served, nn.Module) else None)
+    state = {k: describe(v) for k, v in sd_owner.state_dict().items()} if sd_owner is not None else {}
+    if form == "compile":
+        state = {k.removeprefix("_orig_mod."): v for k, v in state.items()}
+    truth = {"pid": os.getpid(), "form": form, "torch": torch.__version__, "served_id": id(served),
+             "served_class": f"{type(served).__module__}.{type(served).__qualname__}", "state": state,
+             "output_sha256": digest(y)}  # fmt: skip
+    torch.save({"input": x, "output": y}, os.path.join(outdir, "io.pt"))
+    with open(os.path.join(outdir, "truth.json"), "w") as fh:
+        json.dump(truth, fh, indent=1)
+    globals().update(model=served, request=x, response=y)
+    del served, truth_model
+    print("READY", flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
