@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TARGETS, start_target, zen
@@ -29,6 +30,8 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "quanto-int8": "optimum.quanto",
     "bnb-8bit": "bitsandbytes",
     "bnb-4bit": "bitsandbytes",
+    "offload-cpu": "accelerate",
+    "offload-disk": "accelerate",
     "dynamic": None,
     "jit-trace": None,
     "ort": "onnxruntime",
@@ -88,7 +91,7 @@ def _get(form_images, form):
 
 def _recover(form_images, form, workdir, *extra):
     img, t = _get(form_images, form)
-    case = workdir / f"case-form-{form}"
+    case = workdir / f"case-form-{form}{len(extra) and '-given' or ''}"
     res = zen("recover", img, "-o", case, *extra, check=False)
     manifest = json.loads((case / "manifest.json").read_text()) if (case / "manifest.json").exists() else None
     return res, case, manifest, t
@@ -179,6 +182,45 @@ def test_unread_state_makes_the_case_partial(form_images, workdir, form, says):
     assert refused.returncode == 5 and "state zen did not read" in refused.stderr, refused.stderr
     assert not (workdir / f"refused_{form.replace('-', '_')}").exists()
     assert "Traceback" not in res.stderr + refused.stderr
+
+
+def test_cpu_offloaded_model_is_read_from_the_hooks_map(form_images, workdir):
+    """accelerate's cpu_offload: the parameters are on `meta`, the data in the hooks' weights_map (CPU tensors in the
+    image): read from there bit-exact, the case complete, the hooks left out of the rebuild (which runs on the
+    package's weights, never fetching from elsewhere), outputs bit-identical."""
+    res, case, manifest, t = _recover(form_images, "offload-cpu", workdir)
+    assert res.returncode == 0 and manifest["status"] == "complete", res.stderr
+    mr = json.loads((case / "mr.json").read_text())
+    assert all(x["device"] == "meta" and x["offload"]["from"] == "memory" for x in mr["tensors"])
+    assert mr["deployment"]["form"] == "accelerate" and mr["deployment"]["offloaded_from"] == ["memory"]
+    weights = load_file(case / "weights.safetensors")
+    assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
+    got = _rebuilt(workdir, case, "offload-cpu", t)
+    assert got["equal"] and got["state_equal"], got
+
+
+def test_disk_offloaded_model_names_its_files_and_reads_them_when_given(form_images, workdir):
+    """accelerate's disk offload: without the files, partial, each tensor naming the file accelerate would read (from
+    the hook's index), and no package; with `--offload DIR`, read from the files (sha256 in the evidence, each tensor
+    marked), complete, and rebuilt bit-identical."""
+    res, case, manifest, t = _recover(form_images, "offload-disk", workdir)
+    assert res.returncode == 5 and manifest["status"] == "partial", res.stderr
+    offdir = t.outdir / "offload"
+    for key in ("fc2.weight", "fc2.bias", "head.weight", "head.bias"):
+        assert any(p.startswith(f"{key}: offloaded") and str(offdir / f"{key}.dat") in p for p in manifest["problems"]), key
+    refused = zen("reuse", case, "-o", workdir / "refused_offload", check=False)
+    assert refused.returncode == 5 and "fc2.weight.dat" in refused.stderr
+    res, case, manifest, t = _recover(form_images, "offload-disk", workdir, "--offload", offdir)
+    assert res.returncode == 0 and manifest["status"] == "complete", res.stderr
+    files = {Path(e["path"]).name: e for e in manifest["evidence"]["offload"]}
+    assert sorted(files) == ["fc2.bias.dat", "fc2.weight.dat", "head.bias.dat", "head.weight.dat"]
+    assert all(e["sha256"] == hashlib.sha256((offdir / n).read_bytes()).hexdigest() for n, e in files.items())
+    weights = load_file(case / "weights.safetensors")
+    assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
+    mr = json.loads((case / "mr.json").read_text())
+    assert "given with --offload" in mr["tensors"][2]["note"]
+    got = _rebuilt(workdir, case, "offload-disk", t)
+    assert got["equal"] and got["state_equal"], got
 
 
 def test_onnx_runtime_session_is_named_not_a_leftover_module(form_images, workdir):

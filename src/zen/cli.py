@@ -72,6 +72,8 @@ EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see t
 IMAGE_HELP = "Memory image: a process core (zen acquire, gcore, kernel core) or a whole-machine image (LiME, AVML, raw, ELF)."
 PID_HELP = "With IMAGE: a process of a whole-machine image (default: the one Python process with torch). Alone: a live process."
 SYMBOLS_HELP = "Kernel symbols (ISF file or directory) for a whole-machine image; repeatable. Default: zen's symbol cache."
+LIMIT_HELP = "NAME=VALUE: raise or lower a bound on what is read from the image (max_str, max_items, ...; see README)."
+OFFLOAD_HELP = "A folder or file holding tensors accelerate offloaded to disk (repeatable): read, sha256 in evidence."
 GPU_HELP = "GPU core of the same process (device memory; `zen acquire --pid` writes IMAGE.gpu0.nvcudmp); repeatable."
 
 
@@ -240,14 +242,10 @@ def recover(
     symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
     gpu: list[Path] | None = typer.Option(None, "--gpu", help=GPU_HELP),
     model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
-    limit: list[str] | None = typer.Option(
-        None,
-        "--limit",
-        help="NAME=VALUE: raise or lower a bound on what is read "
-        "from the image (max_str, max_items, max_module_depth, ...; see README).",
-    ),
+    limit: list[str] | None = typer.Option(None, "--limit", help=LIMIT_HELP),
     sign: Path | None = typer.Option(None, "--sign", help="Sign the manifest with this Ed25519 key (manifest.sig)."),
     rehash: bool = typer.Option(False, "--rehash", help="Hash the image again even if zen hashed it unchanged before."),
+    offload: list[Path] | None = typer.Option(None, "--offload", help=OFFLOAD_HELP),
 ) -> None:
     """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs.
 
@@ -269,13 +267,8 @@ def recover(
         def tick(stage: str, done: int, total: int) -> None:
             prog.update(task, description=stage, completed=done, total=total)
 
-        res = _frozen(
-            image,
-            pid,
-            lambda: do_recover(
-                image, pid, output, model=model, progress=tick, symbols=symbols, limits=limit, gpu=gpu, rehash=rehash
-            ),
-        )
+        opts = dict(model=model, progress=tick, symbols=symbols, limits=limit, gpu=gpu, rehash=rehash, offload=offload)
+        res = _frozen(image, pid, lambda: do_recover(image, pid, output, **opts))
     _render_recover(res)
     if sign is not None:
         from zen.represent.signature import sign_case

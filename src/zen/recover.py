@@ -99,11 +99,13 @@ def recover(
     limits: list[str] | None = None,
     gpu: list[Path] | None = None,
     rehash: bool = False,
+    offload: list[Path] | None = None,
 ) -> RecoverResult:
     """Recover the model of an image (or live PID) into the case directory `out`.
 
     `limits` are `NAME=VALUE` overrides of the bounds in `zen.limits` (parsed before anything runs);
-    `gpu` names GPU cores of the process (tensors on cuda:N are read from them)."""
+    `gpu` names GPU cores of the process (tensors on cuda:N are read from them); `offload`, files or folders holding
+    the data of tensors accelerate offloaded to disk (read only for tensors whose hook names that file)."""
     from zen import limits as zl
 
     bounds = zl.parse(limits)
@@ -114,13 +116,13 @@ def recover(
     created = not Path(out).exists()
     out = case.prepare(out)
     try:
-        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []), rehash)
+        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []), rehash, offload)
     except BaseException:
         case.discard(out, remove_dir=created)  # a failed run leaves no half-written case behind
         raise
 
 
-def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu, rehash) -> RecoverResult:
+def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu, rehash, offload=None) -> RecoverResult:
     # The image (and each GPU image) is hashed while it is analysed (`image_digest`: a forked child, else a thread),
     # started first; a digest computed before for the unchanged file is reused (`digest_cache`).
     hasher = Digests(image, gpu, rehash, progress)
@@ -171,6 +173,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
             chosen, how = sub, f"--model {model}"
         chosen, how, deployment = _unwrap_form(ip, index, reader, chosen, how, refs)
         mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types, bounds[1])
+        _offloaded(ip, reader, index, mr, slots, space, offload)
         if sessions and not mr.tensors and model is None:  # a leftover module (an exporter's fx graph) is not the model
             _no_model(space, sessions, f"the only nn.Module roots hold no tensors (the first: {chosen.cls})")
         mr.problems += [f"an ONNX Runtime session ({s}) holds a model in C++ state zen does not read" for s in sessions]
@@ -264,6 +267,22 @@ def _unwrap_form(ip, index, reader, chosen, how, refs):
     rec = root_record(index, reader, inner, chosen.referenced_from)  # the wrapper's references and rank are the model's
     rec.rank = chosen.rank
     return rec, f"{how}, the eager module inside torch.compile's wrapper", info
+
+
+def _offloaded(ip, reader, index, mr, slots, space, files) -> None:
+    """Meta tensors of an accelerate-offloaded model: read from the hook's in-memory map, or named (the file), or
+    read from the files given with --offload (recorded in the evidence)."""
+    from zen.frontends.pytorch.offload import resolve
+
+    if not any(s.meta is not None and s.meta.device == "meta" for s in slots):
+        return
+    mr.problems += resolve(ip, reader, index, int(mr.root.address, 16), slots)
+    if files:
+        from zen.frontends.pytorch.offload_files import attach
+
+        space.offload_evidence, problems = attach(reader, slots, files)
+        mr.problems += problems
+    mr.tensors = [s.record for s in slots]
 
 
 def _audit_form(ip, reader, index, mr, slots, tensor_types) -> None:
@@ -458,6 +477,8 @@ def _evidence(space, image, pid, hasher: Digests) -> dict:
     system = getattr(space, "system", None)
     if system is not None:
         ev["system"] = system
+    if getattr(space, "offload_evidence", None):  # files given with --offload that tensors were read from
+        ev["offload"] = space.offload_evidence
     if space.notes:  # how the evidence was completed (e.g. pages read from mapped files on disk)
         ev["notes"] = list(space.notes)
     if error:

@@ -1,7 +1,8 @@
 """Load a zen reuse package of a deployment-form case in a fresh process and compare it with the deployed process.
 
-Run: python forms_check.py PACKAGE TARGET_OUTDIR OUT_JSON
-TARGET_OUTDIR is the forms_target.py directory (truth.json, io.pt). Writes OUT_JSON: whether the rebuilt model's
+Run: python forms_check.py PACKAGE TARGET_OUTDIR OUT_JSON [DEVICE]
+DEVICE (default cpu): where the rebuilt model runs (`load(device=...)`). TARGET_OUTDIR is the forms_target.py
+directory (truth.json, io.pt). Writes OUT_JSON: whether the rebuilt model's
 output on the deployed request is bit-identical to the deployed response (and the largest difference), and
 whether the rebuilt model's own `state_dict()`, described the way the target described the deployed one (a
 subclass's inner tensors through its `__tensor_flatten__`, every tensor by sha256), equals the deployed one:
@@ -24,12 +25,12 @@ from zen.reuse.runtime import first_tensor, import_package  # noqa: E402
 torch.set_num_threads(1)
 
 
-def main(pkg_dir: str, target_dir: str, out_path: str) -> None:
+def main(pkg_dir: str, target_dir: str, out_path: str, device: str = "cpu") -> None:
     truth = json.load(open(os.path.join(target_dir, "truth.json")))
     io = torch.load(os.path.join(target_dir, "io.pt"))
-    model, report = import_package(pkg_dir).load_with_report()
+    model, report = import_package(pkg_dir).load_with_report(device=device)
     with torch.no_grad():
-        got = first_tensor(model(io["input"]))
+        got = first_tensor(model(io["input"].to(device))).cpu()
     want = io["output"]
     state = {k: describe(v) for k, v in model.state_dict().items()}
     differ = sorted(k for k in set(state) | set(truth["state"]) if state.get(k) != truth["state"].get(k))
@@ -41,4 +42,4 @@ def main(pkg_dir: str, target_dir: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -2,7 +2,8 @@
 
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
-torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, dynamic, jit-trace, jit-script, ort.
+torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic, jit-trace,
+jit-script, ort.
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
 on a fixed input. OUTDIR/truth.json records the form, the served object's
 id and class, and every state_dict entry as the model's own `state_dict()` returns it: plain tensors with
@@ -24,6 +25,8 @@ from torch import nn
 torch.set_num_threads(1)
 torch.manual_seed(0)
 LEFTOVER: list = []
+TRUTH: dict = {}  # the state_dict's description when the served model's own no longer holds the data (offloaded)
+DEVICE = os.environ.get("ZEN_FORMS_DEVICE", "cpu")  # "cuda" for the GPU forms of bench/gpu_forms.py
 
 
 class Net(nn.Module):
@@ -77,6 +80,7 @@ def build(form: str, outdir: str, backend: str = "inductor"):
     if form.startswith("torchao-"):
         from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
 
+        model, x = model.to(DEVICE), x.to(DEVICE)
         cfg = Int8WeightOnlyConfig() if form == "torchao-int8" else IntxWeightOnlyConfig(weight_dtype=torch.int4)
         quantize_(model, cfg)
         return model, model, x
@@ -99,9 +103,20 @@ def build(form: str, outdir: str, backend: str = "inductor"):
                 new = bnb.nn.Linear4bit(lin.in_features, lin.out_features, quant_type="nf4", compute_dtype=torch.float32)
                 new.weight = bnb.nn.Params4bit(lin.weight.data.clone(), requires_grad=False, quant_type="nf4")
             new.bias = nn.Parameter(lin.bias.data.clone(), requires_grad=False)
-            setattr(model, name, new.to("cpu"))
+            setattr(model, name, new.to(DEVICE))
         del q
-        return model.eval(), model, x
+        return model.eval(), model, x.to(DEVICE)
+    if form in ("offload-cpu", "offload-disk"):
+        # accelerate leaves the parameters on the meta device; the truth is the state before offloading
+        TRUTH.update({k: describe(v) for k, v in model.state_dict().items()})
+        if form == "offload-cpu":
+            from accelerate import cpu_offload
+
+            return cpu_offload(model, execution_device=torch.device("cpu")), None, x
+        from accelerate import dispatch_model
+
+        device_map = {"fc1": "cpu", "act": "cpu", "fc2": "disk", "head": "disk"}
+        return dispatch_model(model, device_map, main_device="cpu", offload_dir=os.path.join(outdir, "offload")), None, x
     if form == "dynamic":
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8), None, x
     if form == "jit-trace":
@@ -127,13 +142,13 @@ def main(outdir: str, form: str, backend: str = "inductor") -> None:
         else:
             y = served(x)
     sd_owner = truth_model if truth_model is not None else (served if isinstance(served, nn.Module) else None)
-    state = {k: describe(v) for k, v in sd_owner.state_dict().items()} if sd_owner is not None else {}
+    state = {k: describe(v) for k, v in sd_owner.state_dict().items()} if sd_owner is not None and not TRUTH else TRUTH
     if form == "compile":
         state = {k.removeprefix("_orig_mod."): v for k, v in state.items()}
     truth = {"pid": os.getpid(), "form": form, "torch": torch.__version__, "served_id": id(served),
              "served_class": f"{type(served).__module__}.{type(served).__qualname__}", "state": state,
              "output_sha256": digest(y)}  # fmt: skip
-    torch.save({"input": x, "output": y}, os.path.join(outdir, "io.pt"))
+    torch.save({"input": x.cpu(), "output": y.cpu(), "device": DEVICE}, os.path.join(outdir, "io.pt"))
     with open(os.path.join(outdir, "truth.json"), "w") as fh:
         json.dump(truth, fh, indent=1)
     globals().update(model=served, request=x, response=y)

@@ -440,6 +440,10 @@ class AddressSpace:
         self._devices = dict(spaces)
         self.device_evidence = list(evidence)
 
+    def attach_device(self, name: str, space: AddressSpace) -> None:
+        """Add one device space beside those attached (the files given with `zen recover --offload`)."""
+        self._devices = {**(getattr(self, "_devices", None) or {}), name: space}
+
     def device_space(self, device: str) -> AddressSpace | None:
         """Where the bytes of memory on `device` are: this space for "cpu", an attached device space,
         or None when no evidence of that device's memory was given."""

@@ -82,6 +82,9 @@ class TensorRecord:
     # attributes}} to rebuild the object; status "composite" when the outer object has no data of its own
     components: dict[str, str] = field(default_factory=dict)
     subclass: dict[str, Any] = field(default_factory=dict)
+    # an offloaded tensor (accelerate): where its data was found or is ({"from": "memory"|"file", ...}); see
+    # frontends/pytorch/offload.py; status "offloaded" while the file was not given (--offload)
+    offload: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -66,6 +66,7 @@ class TensorFactory:
         self.report = report
         self.objects: dict[tuple[str, str], Any] = {}
         self.decoder: Decoder | None = None  # set once the decoder exists: subclass tensors decode their attributes
+        self.device: str | None = None  # the accelerator the model is rebuilt for (None: the CPU)
 
     def _subclass(self, rec: TensorRecord, own):
         """A tensor subclass rebuilt around its parts: the same class (resolved like the model's classes), an
@@ -80,8 +81,9 @@ class TensorFactory:
             raise ReuseError(f"{sc['cls']} resolved to {cls!r}, not a tensor subclass")
         dtype = getattr(torch, rec.dtype.replace("torch.", ""))
         if sc.get("wrapper"):
+            on = self.device if self.device is not None and rec.device.split(":")[0] == self.device.split(":")[0] else "cpu"
             obj = torch.Tensor._make_wrapper_subclass(cls, tuple(rec.shape), strides=tuple(rec.stride),
-                                                      storage_offset=rec.storage_offset, dtype=dtype, device="cpu",
+                                                      storage_offset=rec.storage_offset, dtype=dtype, device=on,
                                                       requires_grad=rec.requires_grad)  # fmt: skip
         else:
             obj = torch.Tensor._make_subclass(cls, own, rec.requires_grad)
@@ -115,7 +117,9 @@ class TensorFactory:
             t = t.clone(memory_format=torch.contiguous_format)
         if rec is not None:
             t = _restore_strides(t, rec)
-            if rec.device and rec.device not in ("cpu", "meta") and not rec.device.startswith("cpu"):
+            if self.device is not None and rec.device.split(":")[0] == self.device.split(":")[0]:
+                t = t.to(self.device)  # where it was deployed (strides kept by .to)
+            elif rec.device and rec.device not in ("cpu", "meta") and not rec.device.startswith("cpu"):
                 self.report.moved_to_cpu.append(f"{key} ({rec.device})")
         if rec is not None and rec.subclass:
             t = self._subclass(rec, t)
@@ -137,14 +141,17 @@ def _restore_strides(t, rec: TensorRecord):
     return out
 
 
-def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool = True):
-    """The recovered model as a live `nn.Module` (and what the rebuild could not restore)."""
+def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool = True, device: str | None = None):
+    """The recovered model as a live `nn.Module` (and what the rebuild could not restore). `device`: the accelerator
+    the model is rebuilt for; tensors that were on an accelerator in the image are created there (also those held
+    in plain objects, which `.to()` does not move: bitsandbytes' MatmulLtState.SCB), the rest moved by the caller."""
     import torch
 
     from zen.represent import case
 
     report = GraphReport()
     tensors = TensorFactory(mr, _load(Path(case_dir) / case.WEIGHTS), _load(Path(case_dir) / case.EXTRA), report)
+    tensors.device = device
     objs: dict[str, Any] = {}  # path -> module
     by_addr: dict[str, Any] = {}
     for m in mr.modules:

@@ -136,7 +136,8 @@ def require_rebuildable(mr, where: Path) -> None:
     from zen.errors import StateNotRead
 
     missing = [f"{u.get('where') or 'the root'} ({u.get('type')}): {u.get('why')}" for u in mr.unread]
-    missing += [f"{t.key}: {t.note}" for t in mr.tensors if t.status == "subclass" or t.device == "meta"]
+    missing += [f"{t.key}: {t.note}" for t in mr.tensors if t.status in ("subclass", "offloaded")
+                or (t.device == "meta" and t.status != "ok")]  # fmt: skip
     if missing:
         more = f" (and {len(missing) - 1} more; mr.json's `unread` and tensors list them)" if len(missing) > 1 else ""
         raise StateNotRead(f"{where}: the model holds state zen did not read, so no runnable copy is written: {missing[0]}{more}",

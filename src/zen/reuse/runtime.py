@@ -34,7 +34,7 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu") 
     patch = read_patch(pkg_dir / "patch.json")
     applied = apply_patch(patch)
     mr = package_mr(pkg_dir)
-    model, graph = rebuild(mr, applied.resolver, pkg_dir, eval_mode=eval_mode)
+    model, graph = rebuild(mr, applied.resolver, pkg_dir, eval_mode=eval_mode, device=_accelerator(device))
     placed = _place(model, device)
     problems = graph.problems() + [f"class {m}" for m in applied.mro_mismatch]
     if problems:  # said at load time too, not only in the report: a placeholder fails only when used
@@ -44,6 +44,11 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu") 
         warnings.warn(f"zen: {len(problems)} value(s) of the recovered model could not be rebuilt: "
                       + "; ".join(problems[:5]) + more, stacklevel=3)  # fmt: skip
     return model, {"patch": applied.to_json(), "graph": graph.to_json(), "problems": problems, "device": placed}
+
+
+def _accelerator(device: str) -> str | None:
+    """`device` when it names an accelerator the model is rebuilt for, else None (a CPU rebuild)."""
+    return None if str(device) == "cpu" else str(device)
 
 
 def _place(model: Any, device: str) -> dict:

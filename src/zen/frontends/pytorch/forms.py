@@ -238,12 +238,22 @@ def _backend(ip: Interpreter, ctx: int | None) -> dict:
     return out
 
 
+ACCELERATE_HOOK_STATE = ("_hf_hook", "_old_forward", "forward")
+
+
 def eager_state(mr) -> None:
     """Modules compiled in place (`Module.compile()` sets `_compiled_call_impl` to dynamo's wrapper): the
     rebuilt model is the eager one, so the wrapper is left out of the state reuse restores (None, as an
-    uncompiled module has) and the compilation is recorded in `mr.deployment`."""
-    compiled = []
+    uncompiled module has) and the compilation is recorded in `mr.deployment`. Likewise accelerate's hooks
+    (`_hf_hook`, the saved `_old_forward` and the instance `forward` that calls through the hook): with them the
+    rebuilt model would fetch offloaded weights from the deployment's files at each forward; without them it
+    runs on the weights in its package."""
+    compiled, hooked = [], []
     for m in mr.modules:
+        if "_hf_hook" in m.state:
+            for name in ACCELERATE_HOOK_STATE:
+                m.state.pop(name, None)
+            hooked.append(m.path)
         v = m.state.get("_compiled_call_impl")
         if v is not None and v != {"lit": "None"}:
             m.state["_compiled_call_impl"] = {"lit": "None"}
@@ -251,6 +261,10 @@ def eager_state(mr) -> None:
     if compiled:
         mr.deployment = {"form": "torch.compile", **mr.deployment, "compiled_in_place": compiled,
                          "how": "Module.compile() (the module's _compiled_call_impl)"}  # fmt: skip
+    if hooked:
+        off = sorted({t.offload.get("from", "") for t in mr.tensors if t.offload})
+        mr.deployment = {"form": "accelerate", **mr.deployment, "accelerate_hooks_removed": hooked[:1000],
+                         "offloaded_from": off}  # fmt: skip
 
 
 ORT_SESSION = "onnxruntime.capi.onnxruntime_inference_collection.Session"
