@@ -30,6 +30,7 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "quanto-int8": "optimum.quanto",
     "bnb-8bit": "bitsandbytes",
     "bnb-4bit": "bitsandbytes",
+    "several": "torchao",
     "offload-cpu": "accelerate",
     "offload-disk": "accelerate",
     "dynamic": None,
@@ -221,6 +222,28 @@ def test_disk_offloaded_model_names_its_files_and_reads_them_when_given(form_ima
     assert "given with --offload" in mr["tensors"][2]["note"]
     got = _rebuilt(workdir, case, "offload-disk", t)
     assert got["equal"] and got["state_equal"], got
+
+
+def test_the_served_model_is_chosen_and_every_model_can_be_written(form_images, workdir):
+    """A float reference kept beside the served int8 model: zen picks the one running code uses (the serving loop
+    loads the global `model`), says so, lists the reference as merely alive; `--model all` writes a case for each."""
+    res, case, manifest, t = _recover(form_images, "several", workdir)
+    assert res.returncode == 0, res.stderr
+    mr = json.loads((case / "mr.json").read_text())
+    served, reference = mr["roots"][0], next(r for r in mr["roots"] if r["address"] == hex(t.truth["reference_id"]))
+    assert served["address"] == hex(t.truth["served_id"]) and mr["root"]["address"] == served["address"]
+    assert "global model loaded by the live frame serve" in served["served_by"] and not reference["served_by"]
+    assert manifest["model"]["selected_by"] == "rank 1 (served by running code)"
+    img, _ = _get(form_images, "several")
+    every = workdir / "cases-several"
+    res = zen("recover", img, "-o", every, "--model", "all", check=False)
+    assert res.returncode == 0, res.stderr
+    dirs = sorted(p.name for p in every.iterdir())
+    assert dirs == ["1-Net", f"{reference['rank']}-Net"], dirs
+    ref = json.loads((every / dirs[1] / "mr.json").read_text())
+    assert ref["root"]["address"] == reference["address"] and len(ref["tensors"]) == 6
+    assert all(x["python_type"] == "torch.nn.parameter.Parameter" for x in ref["tensors"])
+    assert json.loads((every / "1-Net" / "manifest.json").read_text())["status"] == "complete"
 
 
 def test_onnx_runtime_session_is_named_not_a_leftover_module(form_images, workdir):

@@ -72,6 +72,7 @@ EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see t
 IMAGE_HELP = "Memory image: a process core (zen acquire, gcore, kernel core) or a whole-machine image (LiME, AVML, raw, ELF)."
 PID_HELP = "With IMAGE: a process of a whole-machine image (default: the one Python process with torch). Alone: a live process."
 SYMBOLS_HELP = "Kernel symbols (ISF file or directory) for a whole-machine image; repeatable. Default: zen's symbol cache."
+MODEL_HELP = "Which model root: address, #RANK, a referencing name, or `all` (one case per root: CASE/RANK-CLASS/)."
 LIMIT_HELP = "NAME=VALUE: raise or lower a bound on what is read from the image (max_str, max_items, ...; see README)."
 OFFLOAD_HELP = "A folder or file holding tensors accelerate offloaded to disk (repeatable): read, sha256 in evidence."
 GPU_HELP = "GPU core of the same process (device memory; `zen acquire --pid` writes IMAGE.gpu0.nvcudmp); repeatable."
@@ -241,7 +242,7 @@ def recover(
     pid: int | None = typer.Option(None, "--pid", help=PID_HELP + " (A live process is stopped while read.)"),
     symbols: list[Path] | None = typer.Option(None, "--symbols", help=SYMBOLS_HELP),
     gpu: list[Path] | None = typer.Option(None, "--gpu", help=GPU_HELP),
-    model: str | None = typer.Option(None, "--model", help="Which model root: address, #RANK, or a referencing name."),
+    model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
     limit: list[str] | None = typer.Option(None, "--limit", help=LIMIT_HELP),
     sign: Path | None = typer.Option(None, "--sign", help="Sign the manifest with this Ed25519 key (manifest.sig)."),
     rehash: bool = typer.Option(False, "--rehash", help="Hash the image again even if zen hashed it unchanged before."),
@@ -267,8 +268,13 @@ def recover(
         def tick(stage: str, done: int, total: int) -> None:
             prog.update(task, description=stage, completed=done, total=total)
 
-        opts = dict(model=model, progress=tick, symbols=symbols, limits=limit, gpu=gpu, rehash=rehash, offload=offload)
-        res = _frozen(image, pid, lambda: do_recover(image, pid, output, **opts))
+        opts = dict(progress=tick, symbols=symbols, limits=limit, gpu=gpu, rehash=rehash, offload=offload)
+        if model == "all":  # one case per model root (zen.recover_all)
+            from zen.recover_all import recover_all
+
+            every = _frozen(image, pid, lambda: recover_all(image, pid, output, sign, **opts))
+            raise typer.Exit(0 if all(r.status == "complete" for r in every) else EXIT_PARTIAL)  # each case says why
+        res = _frozen(image, pid, lambda: do_recover(image, pid, output, model=model, **opts))
     _render_recover(res)
     if sign is not None:
         from zen.represent.signature import sign_case
@@ -281,11 +287,11 @@ def recover(
 def _render_recover(res) -> None:
     mr, man = res.mr, res.manifest
     s = mr.summary
-    t = Table("rank", "root", "class", "modules", "params", "elements", "referenced from")
+    t = Table("rank", "root", "class", "modules", "params", "elements", "served by / referenced from")
     for r in mr.roots[:10]:
         mark = "*" if r.address == mr.root.address else ""
         t.add_row(f"{r.rank}{mark}", r.address, r.cls, str(r.modules), str(r.parameters), f"{r.parameter_elements:,}",
-                  ", ".join(r.referenced_from[:3]))  # fmt: skip
+                  ", ".join([f"served: {x}" for x in r.served_by[:2]] + r.referenced_from[:3]))  # fmt: skip
     out.print(t)
     out.print(f"model: {mr.root.cls} at {mr.root.address} ({man['model']['selected_by']})")
     layers = ", ".join(f"{k.rsplit('.', 1)[-1]}×{v}" for k, v in sorted(mr.layer_types.items(), key=lambda kv: -kv[1])[:8])

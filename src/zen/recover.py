@@ -74,7 +74,7 @@ def torch_version(ip: Interpreter, heap: Heap) -> str:
 
 def select_root(roots, choice: str | None):
     if choice is None:
-        return roots[0], "rank 1 (most likely model)"
+        return roots[0], "rank 1 (served by running code)" if roots[0].served_by else "rank 1 (most likely model)"
     c = choice.strip()
     if c.startswith("#") and c[1:].isdigit() and 1 <= int(c[1:]) <= len(roots):
         return roots[int(c[1:]) - 1], f"--model {c}"
@@ -160,7 +160,8 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
             _no_model(space, sessions, "torch is loaded but no nn.Module instance is alive")
         refs = references(ip, heap, set(root_addrs))
         roots = [root_record(index, reader, a, refs.get(a, [])) for a in root_addrs]
-        roots.sort(key=lambda r: (not r.referenced_from, -r.parameter_elements, -r.modules, r.address))
+        _served(ip, heap, index, roots)
+        roots.sort(key=lambda r: (not r.served_by, not r.referenced_from, -r.parameter_elements, -r.modules, r.address))
         for i, r in enumerate(roots, 1):
             r.rank = i
         chosen, how = select_root(roots, model)
@@ -245,6 +246,16 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         digests,
         bounds,
     )
+
+
+def _served(ip, heap, index, roots) -> None:
+    """Which roots running code uses (served), and which are merely alive: served ones rank first. A compile wrapper's
+    use counts for the module inside it."""
+    from zen.frontends.common import served
+
+    evidence = served(ip, heap, {int(r.address, 16) for r in roots})
+    for r in roots:
+        r.served_by = evidence.get(int(r.address, 16), [])
 
 
 def _no_model(space, sessions: list[str], why: str) -> None:

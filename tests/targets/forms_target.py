@@ -3,7 +3,7 @@
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic, jit-trace,
-jit-script, ort.
+jit-script, ort, several (a float reference beside the served torchao int8 model).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
 on a fixed input. OUTDIR/truth.json records the form, the served object's
 id and class, and every state_dict entry as the model's own `state_dict()` returns it: plain tensors with
@@ -117,6 +117,14 @@ def build(form: str, outdir: str, backend: str = "inductor"):
 
         device_map = {"fc1": "cpu", "act": "cpu", "fc2": "disk", "head": "disk"}
         return dispatch_model(model, device_map, main_device="cpu", offload_dir=os.path.join(outdir, "offload")), None, x
+    if form == "several":  # a float reference kept beside the served int8 copy (torchao), as an evaluation service does
+        import copy
+
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        globals()["reference"] = copy.deepcopy(model)
+        quantize_(model, Int8WeightOnlyConfig())
+        return model, model, x
     if form == "dynamic":
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8), None, x
     if form == "jit-trace":
@@ -149,12 +157,21 @@ def main(outdir: str, form: str, backend: str = "inductor") -> None:
              "served_class": f"{type(served).__module__}.{type(served).__qualname__}", "state": state,
              "output_sha256": digest(y)}  # fmt: skip
     torch.save({"input": x.cpu(), "output": y.cpu(), "device": DEVICE}, os.path.join(outdir, "io.pt"))
+    truth["reference_id"] = id(globals()["reference"]) if "reference" in globals() else None
     with open(os.path.join(outdir, "truth.json"), "w") as fh:
         json.dump(truth, fh, indent=1)
     globals().update(model=served, request=x, response=y)
     del served, truth_model
     print("READY", flush=True)
-    sys.stdin.read()
+    serve()
+
+
+def serve() -> None:
+    """The serving loop: each line on stdin is a request answered by the served model, a global this code loads
+    (what zen's `served` evidence looks for); blocked here while imaged."""
+    for _line in sys.stdin:
+        with torch.no_grad():
+            model(request)  # noqa: F821 - globals set by main()
 
 
 if __name__ == "__main__":

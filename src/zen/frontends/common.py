@@ -39,3 +39,44 @@ def references(ip: Interpreter, heap: Heap, targets: set[int]) -> dict[int, list
     except ZenError:
         pass
     return refs
+
+
+MAX_FRAMES_READ = 4096  # frames whose code is read for the global names it loads
+
+
+def served(ip: Interpreter, heap: Heap, targets: set[int]) -> dict[int, list[str]]:
+    """Evidence that a model is *served*, not merely alive: code running in a live frame loads it by a global name
+    its function's module binds to it (a request handler or serving loop that calls `model(x)`), or was handed it
+    as an argument (`serve(model)`); a local a function merely built is not evidence of serving. A float reference
+    kept beside a quantized deployment, an exporter's leftover, a checkpoint copy: alive but named by no running
+    code. Read without running anything: the frame's `co_names` looked up in its function's globals."""
+    from zen.cpython.readers.code import read_code
+    from zen.cpython.readers.functions import read_function
+
+    out: dict[int, list[str]] = {t: [] for t in targets}
+    frames = 0
+    try:
+        for th in heap.threads():
+            for fr in th.frames:
+                frames += 1
+                if frames > MAX_FRAMES_READ or "error" in fr:
+                    continue
+                where = fr.get("qualname", "?")
+                if where == "<module>":
+                    continue  # the script's top level: its names are the module's globals, not a handler's
+                ci = read_code(ip, fr["code"])
+                args = set(ci.varnames[: ci.argcount + ci.kwonlyargcount])
+                for name, v in heap.frame_locals(fr).items():
+                    if v in out and name in args:  # handed to the running function (serve(model), handle(req, model))
+                        out[v].append(f"argument {name} of the live frame {where}")
+                func = fr.get("function")
+                if not func or ip.kind(func) != "function":
+                    continue
+                g = read_function(ip, func).globals
+                names = set(ci.names)
+                for k, v in read_dict(ip, g):
+                    if v in out and ip.kind(k) == "str" and ip.str(k) in names:
+                        out[v].append(f"global {ip.str(k)} loaded by the live frame {where}")
+    except ZenError:
+        pass
+    return out

@@ -30,6 +30,7 @@ class RootRecord:
     depth: int
     referenced_from: list[str] = field(default_factory=list)
     rank: int = 0
+    served_by: list[str] = field(default_factory=list)  # running code that uses it (frontends.common.served)
 
 
 @dataclass

@@ -223,14 +223,16 @@ def hierarchy_edges(modules: list[ModuleRecord]) -> list[list]:
 def summarize(mr: ModelMR) -> dict:
     unique = [t for t in mr.tensors if t.tied_to is None]
     params = [t for t in unique if t.kind == "parameter"]
+    parts = [t for t in mr.tensors if t.kind == "inner"]  # a subclass's inner tensors (frontends/pytorch/subclasses)
     return {
         "modules": len(mr.modules),
-        "state_dict_entries": len(mr.tensors),
+        "state_dict_entries": len(mr.tensors) - len(parts),
+        "inner_tensors": len(parts),
         "unique_tensors": len(unique),
         "parameters": len(params),
         "parameter_elements": sum(_numel(t) for t in params),
         "buffers": len([t for t in unique if t.kind == "buffer"]),
-        "bytes": sum(t.nbytes for t in unique),
+        "bytes": sum(t.nbytes for t in unique if t.status != "composite"),  # a composite's bytes are its parts'
         "dtypes": dict(sorted(Counter(t.dtype for t in unique).items())),
         "status": dict(sorted(Counter(t.status for t in mr.tensors).items())),
         "tied_groups": len(mr.tied),
