@@ -91,6 +91,27 @@ def test_constructed_core_round_trip_with_devices_and_note(tmp_path):
         assert g.read(0x7F00_0040_0000, 64) == b"\x01" * 64
 
 
+@pytest.mark.parametrize("levels", [200_000, 40])
+def test_deeply_nested_acquisition_note_is_a_problem_not_a_crash(tmp_path, levels):
+    """Issue 49.1: a `.zen.acquisition` section nested 200,000 deep made `zen info` exit 70 (RecursionError); one
+    nested past what zen writes (40 levels) would reach the printers. Both: the note is reported unreadable."""
+    deep = b'{"a":' * levels + b"1" + b"}" * levels
+    p = tmp_path / "deep.nvcudmp"
+    placeholder = {"p": "X" * len(deep)}  # zen's writer serialises a dict; the section's bytes are replaced after
+    _small_core(p, note=placeholder)
+    raw = bytearray(p.read_bytes())
+    blob = json.dumps(placeholder, sort_keys=True).encode()
+    at = raw.find(blob)
+    assert at > 0
+    raw[at : at + len(blob)] = deep.ljust(len(blob))  # JSON allows trailing whitespace
+    p.write_bytes(bytes(raw))
+    with GpuCoreSpace(p) as g:
+        assert "error" in g.core.zen_note
+    for args in (("info", p), ("info", p, "--json")):
+        res = zen(*args, check=False)
+        assert res.returncode in (0, 2, 5) and "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+
+
 def _section_table(raw: bytes) -> tuple[int, int]:
     shoff = struct.unpack_from("<Q", raw, 40)[0]
     shnum = struct.unpack_from("<H", raw, 60)[0]

@@ -190,7 +190,7 @@ class ElfCoreSpace(AddressSpace):
 
                     try:
                         info.acquisition = json.loads(bytes(desc).rstrip(b"\0").decode("utf-8"))
-                    except (ValueError, UnicodeDecodeError):
+                    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: hostile nesting
                         info.acquisition = {"error": "unreadable zen acquisition note"}
                 elif name == "GDB":
                     saw_gdb = True

@@ -195,12 +195,37 @@ def _zen_note(data, sh: np.ndarray, inside: np.ndarray, names: _Names) -> dict |
     for i in np.flatnonzero((sh["type"] == 1) & inside & (sh["size"] <= 16 << 20)):  # SHT_PROGBITS
         if names.get(int(i)) == ".zen.acquisition":
             off, size = int(sh[i]["offset"]), int(sh[i]["size"])
+            if size > MAX_NOTE:
+                return {"error": f"the .zen.acquisition section holds {size:,} bytes (zen writes under {MAX_NOTE:,})"}
             try:
                 note = json.loads(bytes(data[off : off + size]))
-            except ValueError:
-                return {"error": "the .zen.acquisition section is not valid JSON"}
-            return note if isinstance(note, dict) else {"error": "the .zen.acquisition section is not a JSON object"}
+            except (ValueError, RecursionError):  # a hostile note nested 200,000 deep exhausts the parser's recursion
+                return {"error": "the .zen.acquisition section is not valid JSON (or nested too deep)"}
+            if not isinstance(note, dict):
+                return {"error": "the .zen.acquisition section is not a JSON object"}
+            if _depth(note) > MAX_NOTE_DEPTH:
+                return {"error": f"the .zen.acquisition section is nested deeper than {MAX_NOTE_DEPTH} levels"}
+            return note
     return None
+
+
+MAX_NOTE = 1 << 20  # bytes of zen's acquisition note (real notes: a few KB)
+MAX_NOTE_DEPTH = 32  # nesting of the note (real notes: 4); later readers print it recursively
+
+
+def _depth(value, limit: int = MAX_NOTE_DEPTH) -> int:
+    """Nesting depth of a parsed JSON value, walked without recursion, stopping past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(v, dict):
+            stack += [(x, d + 1) for x in v.values()]
+        elif isinstance(v, list):
+            stack += [(x, d + 1) for x in v]
+    return deepest
 
 
 class _Names:
