@@ -102,13 +102,14 @@ def _digest(a: torch.Tensor) -> str:
     return hashlib.sha256(a.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def _rebuilt(workdir, case, form, t) -> dict:
+def _rebuilt(workdir, case, form, t, *dequantize: str) -> dict:
     """`zen reuse` of the case, loaded in a fresh process (forms_check.py): outputs on the deployed request and the
-    rebuilt model's own state_dict, both against the deployed process."""
-    pkg = workdir / f"rebuilt_{form.replace('-', '_')}"
-    zen("reuse", case, "-o", pkg)
-    out = workdir / f"check-{form}.json"
-    cmd = [sys.executable, str(TARGETS / "forms_check.py"), str(pkg), str(t.outdir), str(out)]
+    rebuilt model's own state_dict, both against the deployed process. `"--dequantize"`: the float copy."""
+    pkg = workdir / f"rebuilt_{form.replace('-', '_')}{'_float' if dequantize else ''}"
+    zen("reuse", case, "-o", pkg, *dequantize)
+    out = workdir / f"check-{form}{'-float' if dequantize else ''}.json"
+    cmd = [sys.executable, str(TARGETS / "forms_check.py"), str(pkg), str(t.outdir), str(out), "cpu"]
+    cmd += ["dequantize"] if dequantize else []
     run = subprocess.run(
         cmd, capture_output=True, text=True, timeout=300, cwd=workdir, env={**os.environ, "PYTHONPATH": str(workdir)}
     )
@@ -159,6 +160,11 @@ def test_quantized_model_is_read_in_parts_and_rebuilt_exactly(form_images, workd
             assert _digest(weights[key]) == d["sha256"], key
     got = _rebuilt(workdir, case, form, t)
     assert got["equal"] and got["state_equal"], got
+    # --dequantize: a float copy, every layer and weight a torch.nn one, outputs within the kernels' rounding
+    flt = _rebuilt(workdir, case, form, t, "--dequantize")
+    assert len(flt["report"]["dequantized"]) == 3, flt["report"]
+    assert not [c for c in flt["classes"] if any(lib in c for lib in ("torchao", "quanto", "bitsandbytes"))], flt
+    assert flt["max_abs_diff"] < 1e-2, flt
 
 
 @pytest.mark.parametrize(

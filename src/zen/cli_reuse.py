@@ -131,6 +131,12 @@ def reuse(
         "omit for a self-contained rebuild from the recovered code alone.",
     ),  # fmt: skip
     library: str | None = LIB_OPT,
+    dequantize: bool = typer.Option(
+        False,
+        "--dequantize",
+        help="load() returns a float copy of a quantized model "
+        "(torchao, quanto, bitsandbytes layers as torch.nn ones; outputs then differ).",
+    ),
 ) -> None:
     """Write an importable package that rebuilds the recovered model: `import PKG; PKG.load()`.
 
@@ -152,8 +158,9 @@ def reuse(
         return
     entry = _base(library, base)[0] if base else None
     data, d = make_patch(case_dir, entry)
-    pkg = write_package(case_dir, output, data, d.summary() if d else None)
+    pkg = write_package(case_dir, output, data, d.summary() if d else None, dequantize)
     how = f"base {base} + patch" if base else "self-contained (modules synthesised from recovered code)"
+    how += "; load() dequantizes (a float copy)" if dequantize else ""
     out.print(f"wrote {escape(str(pkg))}: {how}; {len(data['functions'])} functions, {len(data['classes'])} classes")
     out.print(f"use: import {pkg.name}; model = {pkg.name}.load()   (with {escape(str(pkg.parent))} on sys.path)")
     # values the package cannot rebuild (a lock, a class made inside a function): load() reports them

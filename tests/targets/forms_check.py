@@ -1,6 +1,6 @@
 """Load a zen reuse package of a deployment-form case in a fresh process and compare it with the deployed process.
 
-Run: python forms_check.py PACKAGE TARGET_OUTDIR OUT_JSON [DEVICE]
+Run: python forms_check.py PACKAGE TARGET_OUTDIR OUT_JSON [DEVICE] [dequantize]
 DEVICE (default cpu): where the rebuilt model runs (`load(device=...)`). TARGET_OUTDIR is the forms_target.py
 directory (truth.json, io.pt). Writes OUT_JSON: whether the rebuilt model's
 output on the deployed request is bit-identical to the deployed response (and the largest difference), and
@@ -25,10 +25,10 @@ from zen.reuse.runtime import first_tensor, import_package  # noqa: E402
 torch.set_num_threads(1)
 
 
-def main(pkg_dir: str, target_dir: str, out_path: str, device: str = "cpu") -> None:
+def main(pkg_dir: str, target_dir: str, out_path: str, device: str = "cpu", mode: str = "") -> None:
     truth = json.load(open(os.path.join(target_dir, "truth.json")))
     io = torch.load(os.path.join(target_dir, "io.pt"))
-    model, report = import_package(pkg_dir).load_with_report(device=device)
+    model, report = import_package(pkg_dir).load_with_report(device=device, dequantize=mode == "dequantize")
     with torch.no_grad():
         got = first_tensor(model(io["input"].to(device))).cpu()
     want = io["output"]
@@ -36,10 +36,11 @@ def main(pkg_dir: str, target_dir: str, out_path: str, device: str = "cpu") -> N
     differ = sorted(k for k in set(state) | set(truth["state"]) if state.get(k) != truth["state"].get(k))
     res = {"equal": bool(torch.equal(got, want)), "max_abs_diff": float((got.double() - want.double()).abs().max()),
            "state_equal": not differ, "state_differs": differ[:20], "state_entries": len(truth["state"]),
-           "model_class": f"{type(model).__module__}.{type(model).__qualname__}", "report": report}  # fmt: skip
+           "model_class": f"{type(model).__module__}.{type(model).__qualname__}", "report": report,
+           "classes": sorted({f"{type(x).__module__}.{type(x).__qualname__}" for x in [*model.modules(), *model.parameters()]})}  # noqa: E501  # fmt: skip
     with open(out_path, "w") as fh:
         json.dump(res, fh)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

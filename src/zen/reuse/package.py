@@ -38,17 +38,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def load(*, eval_mode=True, device="cpu"):
+DEQUANTIZE = {dequantize}  # `zen reuse --dequantize`: load() returns a float copy of a quantized model
+
+
+def load(*, eval_mode=True, device="cpu", dequantize=DEQUANTIZE):
     """The rebuilt model (an nn.Module; in eval mode unless eval_mode=False), on `device` ("cpu", or
-    "cuda:0" where a GPU is present; the deployed model's device is in mr.json)."""
-    return load_with_report(eval_mode=eval_mode, device=device)[0]
+    "cuda:0" where a GPU is present; the deployed model's device is in mr.json). dequantize=True: every
+    quantized layer (torchao, quanto, bitsandbytes) becomes its float torch.nn layer (outputs then differ from
+    the deployed ones by the integer kernels' rounding)."""
+    return load_with_report(eval_mode=eval_mode, device=device, dequantize=dequantize)[0]
 
 
-def load_with_report(*, eval_mode=True, device="cpu"):
+def load_with_report(*, eval_mode=True, device="cpu", dequantize=DEQUANTIZE):
     """(model, report): what the patch created/replaced/verified and what could not be restored."""
     from zen.reuse.runtime import load_package
 
-    return load_package(HERE, eval_mode=eval_mode, device=device)
+    return load_package(HERE, eval_mode=eval_mode, device=device, dequantize=dequantize)
 
 
 def inputs():
@@ -144,7 +149,7 @@ def require_rebuildable(mr, where: Path) -> None:
                            "see README 'Deployment forms' for what zen reads of each form")  # fmt: skip
 
 
-def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | None) -> Path:
+def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | None, dequantize: bool = False) -> Path:
     from zen.patch.format import write_patch
 
     case_dir, out = Path(case_dir), Path(out)
@@ -158,7 +163,7 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
     manifest = case.load_manifest(case_dir)
     sha = (manifest.get("evidence") or {}).get("sha256") or "unknown"
     title = f"{patch['source'].get('model')}: " + (f"base {patch['base']} + patch" if patch["base"] else "self-contained rebuild")
-    (out / "__init__.py").write_text(TEMPLATE.format(title=title, version=__version__, sha=sha))
+    (out / "__init__.py").write_text(TEMPLATE.format(title=title, version=__version__, sha=sha, dequantize=bool(dequantize)))
     write_patch(patch, out / "patch.json")
     shutil.copyfile(case_dir / case.MR_FILE, out / case.MR_FILE)
     for name in (case.WEIGHTS, case.EXTRA, case.INPUTS):
@@ -166,7 +171,7 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
     info = {"kind": "zen-reuse", "format": 1, "tool": f"zen {__version__}", "case": str(case_dir.resolve()),
             "evidence_sha256": sha, "mode": patch["mode"], "base": patch["base"], "python": patch["python"],
             "patch_sha256": patch["content_sha256"], "diff": diff_summary,
-            "executes_recovered_code": True}  # fmt: skip
+            "executes_recovered_code": True, "dequantize": bool(dequantize)}  # fmt: skip
     info["problems"] = value_problems(case.load_mr(case_dir))
     (out / "reuse.json").write_text(json.dumps(info, indent=1) + "\n")
     return out

@@ -22,7 +22,7 @@ def load_tensors(path: Path) -> dict:
     return {k: v.clone() for k, v in loaded.items()}
 
 
-def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu") -> tuple[Any, dict]:
+def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu", dequantize: bool = False) -> tuple[Any, dict]:
     """(model, report). Verifies the patch (hashes, Python version) before anything runs. The model is
     rebuilt on the CPU, then moved to `device` (parameters and buffers; tensors the model keeps in plain
     attributes stay where they are and are named in the report)."""
@@ -35,6 +35,11 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu") 
     applied = apply_patch(patch)
     mr = package_mr(pkg_dir)
     model, graph = rebuild(mr, applied.resolver, pkg_dir, eval_mode=eval_mode, device=_accelerator(device))
+    dequantized = None
+    if dequantize:  # a float copy (zen.reuse.dequantize): the library's own dequantization, layer by layer
+        from zen.reuse.dequantize import dequantize as to_float
+
+        dequantized = to_float(model)
     placed = _place(model, device)
     problems = graph.problems() + [f"class {m}" for m in applied.mro_mismatch]
     if problems:  # said at load time too, not only in the report: a placeholder fails only when used
@@ -43,7 +48,8 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu") 
         more = f" (and {len(problems) - 5} more; see load_with_report())" if len(problems) > 5 else ""
         warnings.warn(f"zen: {len(problems)} value(s) of the recovered model could not be rebuilt: "
                       + "; ".join(problems[:5]) + more, stacklevel=3)  # fmt: skip
-    return model, {"patch": applied.to_json(), "graph": graph.to_json(), "problems": problems, "device": placed}
+    report = {"patch": applied.to_json(), "graph": graph.to_json(), "problems": problems, "device": placed}
+    return model, ({**report, "dequantized": dequantized} if dequantize else report)
 
 
 def _accelerator(device: str) -> str | None:
