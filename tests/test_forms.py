@@ -34,6 +34,7 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "offload-cpu": "accelerate",
     "offload-disk": "accelerate",
     "dynamic": None,
+    "hostile-ring": None,
     "jit-trace": None,
     "ort": "onnxruntime",
 }
@@ -250,6 +251,19 @@ def test_the_served_model_is_chosen_and_every_model_can_be_written(form_images, 
     assert ref["root"]["address"] == reference["address"] and len(ref["tensors"]) == 6
     assert all(x["python_type"] == "torch.nn.parameter.Parameter" for x in ref["tensors"])
     assert json.loads((every / "1-Net" / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_subclasses_holding_each_other_are_read_once_and_bounded(form_images, workdir):
+    """Hostile: 30 wrapper-subclass tensors, each holding all the others as inner tensors. Expanding every part at
+    every level would make 30**4 records; each object is read once (a later meeting points to the first), the
+    nesting bound cuts the rest with a true problem, and the case is partial, quickly, without a traceback."""
+    res, case, manifest, t = _recover(form_images, "hostile-ring", workdir)
+    assert res.returncode == 5 and "Traceback" not in res.stderr, res.stderr
+    mr = json.loads((case / "mr.json").read_text())
+    assert len(mr["tensors"]) < 2000, len(mr["tensors"])
+    assert any("nested deeper than" in p for p in manifest["problems"])
+    assert any(x["tied_to"] and "whose parts are read there" in x["note"] for x in mr["tensors"])
+    assert not any("pages are not in the image" in p for p in manifest["problems"])
 
 
 def test_onnx_runtime_session_is_named_not_a_leftover_module(form_images, workdir):

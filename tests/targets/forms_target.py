@@ -3,7 +3,7 @@
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic, jit-trace,
-jit-script, ort, several (a float reference beside the served torchao int8 model).
+jit-script, ort, several (a float reference beside the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
 on a fixed input. OUTDIR/truth.json records the form, the served object's
 id and class, and every state_dict entry as the model's own `state_dict()` returns it: plain tensors with
@@ -41,6 +41,22 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.head(self.act(self.fc2(self.act(self.fc1(x)))))
+
+
+class Ring(torch.Tensor):
+    """Hostile: a wrapper subclass whose inner tensors are other Ring tensors, each holding all the others (a reader
+    that expands every inner tensor at every level multiplies them: 30 ** 4 parts at zen's nesting bound)."""
+
+    @staticmethod
+    def __new__(cls, shape):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32)
+
+    def __tensor_flatten__(self):
+        return [k for k in vars(self) if k.startswith("peer")], None
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"Ring does not compute ({func})")
 
 
 def digest(t: torch.Tensor) -> str:
@@ -124,6 +140,15 @@ def build(form: str, outdir: str, backend: str = "inductor"):
 
         globals()["reference"] = copy.deepcopy(model)
         quantize_(model, Int8WeightOnlyConfig())
+        return model, model, x
+    if form == "hostile-ring":
+        ring = [Ring((4, 4)) for _ in range(30)]
+        for i, r in enumerate(ring):
+            for j, peer in enumerate(ring):
+                setattr(r, f"peer{j}", peer if j != i else torch.ones(4, 4))
+        model.register_buffer("ring", ring[0])
+        TRUTH.update({"ring": {"subclass": "__main__.Ring"}})
+        LEFTOVER.append(ring)
         return model, model, x
     if form == "dynamic":
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8), None, x

@@ -55,6 +55,7 @@ def served(ip: Interpreter, heap: Heap, targets: set[int]) -> dict[int, list[str
 
     out: dict[int, list[str]] = {t: [] for t in targets}
     frames = 0
+    bound: dict[int, dict[str, int]] = {}  # a module's globals that name a target, read once per module
     try:
         for th in heap.threads():
             for fr in th.frames:
@@ -73,10 +74,10 @@ def served(ip: Interpreter, heap: Heap, targets: set[int]) -> dict[int, list[str
                 if not func or ip.kind(func) != "function":
                     continue
                 g = read_function(ip, func).globals
-                names = set(ci.names)
-                for k, v in read_dict(ip, g):
-                    if v in out and ip.kind(k) == "str" and ip.str(k) in names:
-                        out[v].append(f"global {ip.str(k)} loaded by the live frame {where}")
+                if g not in bound:
+                    bound[g] = {ip.str(k): v for k, v in read_dict(ip, g) if v in out and ip.kind(k) == "str"}
+                for name in sorted(set(ci.names) & set(bound[g])):
+                    out[bound[g][name]].append(f"global {name} loaded by the live frame {where}")
     except ZenError:
         pass
     return out

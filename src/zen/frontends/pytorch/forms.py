@@ -69,11 +69,12 @@ def audit(ip: Interpreter, reader, index: ModuleIndex, root: int, slots: list,
     parts: list = []
     in_parts: set[str] = set()  # keys of subclass tensors whose state was read in parts
     seen: set[int] = set()
+    expanded: dict[int, str] = {}  # objects whose parts were read -> their key (shared by every expansion of this model)
     for s in slots:
         if s.meta is None or s.addr in seen or s.record.tied_to:
             continue
         seen.add(s.addr)
-        got = _tensor_parts(ip, reader, look, s, tensor_types)
+        got = _tensor_parts(ip, reader, look, s, tensor_types, expanded)
         if isinstance(got, Unread):
             out.append(got)
         elif got is not None:
@@ -139,7 +140,8 @@ def _type_name(ip: Interpreter, addr: int) -> str:
         return "?"
 
 
-def _tensor_parts(ip: Interpreter, reader, look: ClassLookup, slot, tensor_types: set[int]) -> Unread | list | None:
+def _tensor_parts(ip: Interpreter, reader, look: ClassLookup, slot, tensor_types: set[int],
+                  expanded: dict[int, str]) -> Unread | list | None:  # fmt: skip
     """None for a plain tensor; the part slots of a subclass read in parts; an Unread when that failed."""
     meta, rec = slot.meta, slot.record
     if meta.python_type in PLAIN_TENSORS:
@@ -156,7 +158,7 @@ def _tensor_parts(ip: Interpreter, reader, look: ClassLookup, slot, tensor_types
     # a Parameter subclass with only flags (bitsandbytes' Int8Params once its forward moved SCB into the module's
     # state: CB=None, SCB=None) is still rebuilt as its class: its library's forward reads those attributes
     try:
-        got = expand(ip, reader, slot, tensor_types, wrapper)
+        got = expand(ip, reader, slot, tensor_types, wrapper, seen=expanded)
     except ZenError as exc:
         if wrapper:
             rec.status, rec.note = "subclass", f"held in the inner tensors of a {meta.python_type} tensor subclass"

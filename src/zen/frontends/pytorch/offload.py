@@ -55,12 +55,17 @@ def _attrs(ip: Interpreter, addr: int | None) -> dict[str, int]:
 
 
 def _str_items(ip: Interpreter, addr: int | None) -> list[tuple[str, int]]:
+    """A str-keyed dict's items, read once per dict: every module of an offloaded model shares one weights map, so
+    a model of N tensors would otherwise read an N-entry map N times."""
     if addr is None or ip.is_none(addr) or ip.kind(addr) != "dict":
         return []
-    items = read_dict(ip, addr)
-    if len(items) > MAX_INDEX:
-        raise ZenError(f"an offload map of {len(items):,} entries (more than {MAX_INDEX:,})")
-    return [(ip.str(k), v) for k, v in items if ip.kind(k) == "str"]
+    memo = ip.census_memo.setdefault("offload_maps", {})
+    if addr not in memo:  # type: ignore[operator]
+        items = read_dict(ip, addr)
+        if len(items) > MAX_INDEX:
+            raise ZenError(f"an offload map of {len(items):,} entries (more than {MAX_INDEX:,})")
+        memo[addr] = dict((ip.str(k), v) for k, v in items if ip.kind(k) == "str")  # type: ignore[index]
+    return list(memo[addr].items())  # type: ignore[index]
 
 
 def align_hooks(ip: Interpreter, module_attrs: dict[str, int]) -> list[dict[str, int]]:

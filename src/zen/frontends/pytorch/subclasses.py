@@ -85,10 +85,14 @@ def inner_tensors(ip: Interpreter, addr: int, tensor_types: set[int]) -> list[tu
 
 
 def expand(ip: Interpreter, reader: TensorReader, slot: TensorSlot, tensor_types: set[int], wrapper: bool,
-           depth: int = 0) -> list[TensorSlot]:  # fmt: skip
+           depth: int = 0, seen: dict[int, str] | None = None) -> list[TensorSlot]:  # fmt: skip
     """The slots of `slot`'s inner tensors (recursively), marking `slot` composite. `wrapper`: the outer object
     has no storage of its own (its data are the parts); else its own data stays the record's (a Parameter
-    subclass) and only its attributes are parts. Raises ZenError when the parts cannot be read."""
+    subclass) and only its attributes are parts. Raises ZenError when the parts cannot be read. `seen`: objects
+    already expanded (shared by a model's walk): a hostile image's subclasses that hold each other are expanded
+    once, so the parts stay bounded by the objects the image holds, never multiplied by the nesting."""
+    seen = {} if seen is None else seen
+    seen.setdefault(slot.addr, slot.key)
     parts = inner_tensors(ip, slot.addr, tensor_types)
     if len(parts) > MAX_PARTS:
         raise ZenError(f"{slot.key}: {len(parts)} inner tensors (more than {MAX_PARTS})")
@@ -108,8 +112,16 @@ def expand(ip: Interpreter, reader: TensorReader, slot: TensorSlot, tensor_types
         except ZenError as exc:
             sub = TensorSlot(key, a, "inner", None, tensor_record(key, "inner", a, None, str(exc)))
         out.append(sub)
-        if sub.meta is not None and depth < MAX_NEST and is_wrapper(ip, a):
-            out += expand(ip, reader, sub, tensor_types, True, depth + 1)
+        if sub.meta is None or not is_wrapper(ip, a):
+            continue
+        if a in seen:  # the same subclass object, read where it was first met: not read (and counted) again
+            sub.record.status, sub.record.tied_to = COMPOSITE, seen[a]
+            sub.record.note = f"the same {sub.record.python_type} object as {seen[a]}, whose parts are read there"
+        elif depth >= MAX_NEST:
+            sub.record.status = "subclass"
+            sub.record.note = f"a tensor subclass nested deeper than {MAX_NEST} levels of subclasses: its parts were not read"
+        else:
+            out += expand(ip, reader, sub, tensor_types, True, depth + 1, seen)
     return out
 
 
