@@ -35,6 +35,7 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "offload-disk": "accelerate",
     "dynamic": None,
     "hostile-ring": None,
+    "nan-weights": None,
     "jit-trace": None,
     "ort": "onnxruntime",
 }
@@ -264,6 +265,22 @@ def test_subclasses_holding_each_other_are_read_once_and_bounded(form_images, wo
     assert any("nested deeper than" in p for p in manifest["problems"])
     assert any(x["tied_to"] and "whose parts are read there" in x["note"] for x in mr["tensors"])
     assert not any("pages are not in the image" in p for p in manifest["problems"])
+
+
+def test_drift_of_nan_weights_says_so_without_a_raw_warning(form_images, workdir):
+    """Issue 49.6: weights holding NaN and inf made `zen drift` print numpy's RuntimeWarning with a source line; the
+    metrics that are undefined are now '-' (null in drift.json) and one problem says which tensors and why."""
+    res, case, manifest, t = _recover(form_images, "nan-weights", workdir)
+    assert res.returncode == 0, res.stderr
+    again = workdir / "case-form-nan-weights-again"
+    zen("recover", _get(form_images, "nan-weights")[0], "-o", again)
+    out = workdir / "drift-nan"
+    res = zen("drift", case, again, "-o", out, check=False)
+    assert "RuntimeWarning" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert "3 tensor(s) hold NaN or infinite values (fc1.weight, fc2.weight, head.bias)" in res.stderr, res.stderr
+    doc = json.loads((out / "drift.json").read_text())
+    fc1 = next(x for x in doc["layers"] if x["name"] == "fc1")["snapshots"][0]
+    assert fc1["l2"] is None and fc1["nonfinite"] == 4 and fc1["changed"] == 0.0
 
 
 def test_onnx_runtime_session_is_named_not_a_leftover_module(form_images, workdir):

@@ -141,6 +141,12 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         globals()["reference"] = copy.deepcopy(model)
         quantize_(model, Int8WeightOnlyConfig())
         return model, model, x
+    if form == "nan-weights":  # a model whose weights went bad (NaN and inf): drift and analyses must say so plainly
+        with torch.no_grad():
+            model.fc1.weight[0, :4] = float("nan")
+            model.fc2.weight[1, :4] = float("inf")
+            model.head.bias[0] = float("-inf")
+        return model, model, x
     if form == "hostile-ring":
         ring = [Ring((4, 4)) for _ in range(30)]
         for i, r in enumerate(ring):

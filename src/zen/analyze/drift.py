@@ -54,10 +54,12 @@ class Sums:
     dd: float = 0.0  # ||b - a||^2
     changed: int = 0
     numel: int = 0
+    nonfinite: int = 0  # elements NaN or infinite in a or b: the norms and the cosine are undefined
 
     def add(self, o: Sums) -> None:
         self.aa, self.bb, self.ab, self.dd = self.aa + o.aa, self.bb + o.bb, self.ab + o.ab, self.dd + o.dd
         self.changed, self.numel = self.changed + o.changed, self.numel + o.numel
+        self.nonfinite += o.nonfinite
 
 
 def compare(fa: TensorFile, fb: TensorFile, key: str) -> Sums:
@@ -69,7 +71,9 @@ def compare(fa: TensorFile, fb: TensorFile, key: str) -> Sums:
     for i in range(0, ra.size, CHUNK):
         a = to_float64(dtype, np.asarray(ra[i : i + CHUNK]))
         b = to_float64(dtype, np.asarray(rb[i : i + CHUNK]))
-        d = b - a
+        s.nonfinite += int(a.size - np.count_nonzero(np.isfinite(a) & np.isfinite(b)))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: counted above, reported, never a raw warning
+            d = b - a
         s.aa += float(np.dot(a, a))
         s.bb += float(np.dot(b, b))
         s.ab += float(np.dot(a, b))
@@ -80,6 +84,10 @@ def compare(fa: TensorFile, fb: TensorFile, key: str) -> Sums:
 
 def _metrics(base: Sums, step: Sums) -> dict[str, Any]:
     """The reported numbers of one snapshot (None where undefined: a zero-norm baseline, empty tensors)."""
+    if base.nonfinite:  # NaN or infinite weights: no norm, relative change or cosine means anything
+        return {"l2": None, "relative": None, "cosine": None, "changed": (base.changed / base.numel) if base.numel else 0.0,
+                "step_l2": None, "step_changed": (step.changed / step.numel) if step.numel else 0.0,
+                "nonfinite": base.nonfinite}  # fmt: skip
     l2 = math.sqrt(base.dd)
     na, nb = math.sqrt(base.aa), math.sqrt(base.bb)
     return {
@@ -179,6 +187,10 @@ def compute(case_dirs: list[Path], progress=None) -> dict[str, Any]:
             model.add(s)
         tensors.append(s.to_json({"layer": layer, "dtype": dtype, "shape": list(weights[0].tensors[key].shape),
                                   "in_layer_totals": dtype in FLOATS}))  # fmt: skip
+    bad = [t["name"] for t in tensors if any(p.get("nonfinite") for p in t["snapshots"])]
+    if bad:
+        problems.append(f"{len(bad)} tensor(s) hold NaN or infinite values ({', '.join(bad[:5])}): their L2, relative "
+                        "change and cosine (and their layer's and model's) are undefined; 'changed' compares bits")  # fmt: skip
     extra = _extra(snaps, problems)
     times = [s.acquired_at for s in snaps]
     if all(times) and times != sorted(times):
