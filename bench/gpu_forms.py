@@ -25,24 +25,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from forms import truth_tensors  # noqa: E402
 from gpu import Run  # noqa: E402
 
 FORMS = ["bnb-8bit", "bnb-4bit", "torchao-int8"]
 TARGETS = ROOT / "tests" / "targets"
-
-
-def truth_tensors(state: dict) -> dict[str, str]:
-    out: dict[str, str] = {}
-
-    def walk(key: str, d: dict) -> None:
-        if "sha256" in d:
-            out[key] = d["sha256"]
-        for name, inner in (d.get("inner") or {}).items():
-            walk(f"{key}.{name}", inner)
-
-    for k, v in state.items():
-        walk(k, v)
-    return out
 
 
 def case_tensors(case: Path) -> dict[str, str]:
