@@ -142,6 +142,10 @@ def _owners(snap: Snapshot) -> dict[str, str]:
         for k in list(m.parameter_keys.values()) + list(m.buffer_keys.values()):
             if k is not None:
                 out.setdefault(k, m.path)
+    for t in snap.mr.tensors:  # a subclass's inner tensors belong to its module (outer records come first)
+        for inner in t.components.values():
+            if t.key in out:
+                out.setdefault(inner, out[t.key])
     return out
 
 
@@ -165,7 +169,7 @@ def compute(case_dirs: list[Path], progress=None) -> dict[str, Any]:
     tied = {t.key for t in first.mr.tensors if t.tied_to}
     keys, skipped = [], []
     for t in first.mr.tensors:
-        if t.key in tied:
+        if t.key in tied or t.status == "composite":  # a subclass's drift is its inner tensors' (compared as keys)
             continue
         missing = [s.label for s in snaps if s.mr.tensor(t.key).status != "ok" or t.key not in s.weights.tensors]
         if missing:

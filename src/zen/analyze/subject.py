@@ -49,7 +49,7 @@ def check_weights(mr: ModelMR, weights: Path, where: Path) -> None:
     """Refuse a model without weights, with unrecovered tensors, or whose weights file does not fit its MR."""
     if not mr.tensors:
         raise ZenError(f"{where} has no weights: the model has no parameters or buffers", "nothing to analyse")
-    bad = [t for t in mr.tensors if t.status != "ok"]
+    bad = [t for t in mr.tensors if t.status not in ("ok", "composite")]  # composite: its parts are tensors of their own
     if len(bad) == len(mr.tensors) or not weights.is_file():
         raise ZenError(f"{where} has no recovered weights (none of its {len(mr.tensors)} tensors was readable)", NEEDS_WEIGHTS)
     if bad:
@@ -57,6 +57,8 @@ def check_weights(mr: ModelMR, weights: Path, where: Path) -> None:
                        NEEDS_WEIGHTS)  # fmt: skip
     stored = TensorFile(weights).tensors
     for t in mr.tensors:
+        if t.status == "composite":  # a tensor subclass: its data are its inner tensors, checked as their own records
+            continue
         info = stored.get(t.key)
         if info is None:
             raise ZenError(f"{weights} does not match the model's architecture: no tensor {t.key}",
