@@ -25,18 +25,33 @@ def _dirname(rank: int, cls: str) -> str:
 
 def recover_all(image: Path | None, pid: int | None, output: Path, sign: Path | None = None, **opts) -> list:
     """Every worthwhile root into its own case under `output`; returns the RecoverResults (rank order)."""
-    from zen.recover import recover
-
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ZenError(f"{output} exists and is not an empty directory", "--model all writes its cases into a new directory")
+    created = not output.exists()
     output.mkdir(exist_ok=True)
+    results: list = []
+    try:
+        return _recover_each(image, pid, output, sign, results, opts)
+    except BaseException as exc:  # interrupted or failed: say what stands; a half-written case was removed by recover()
+        done = ", ".join(r.case_dir.name for r in results) or "none"
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
+        if results or isinstance(exc, KeyboardInterrupt):  # else the error's own message says it all
+            err.print(f"--model all {what}: cases written and complete before: {done}; the case being written was removed")
+        if created and not any(output.iterdir()):
+            output.rmdir()
+        raise
+
+
+def _recover_each(image, pid, output: Path, sign, results: list, opts: dict) -> list:
+    from zen.recover import recover
+
     first_dir = output / ".rank1.partial"
     first = recover(image, pid, first_dir, model="#1", **opts)
-    results = [first]
     final = output / _dirname(1, first.mr.root.cls)
     first_dir.rename(final)
     first.case_dir = final
+    results.append(first)
     todo = [r for r in first.mr.roots[1:] if r.parameters or r.served_by]
     skipped = [r for r in first.mr.roots[1:] if r not in todo]
     for r in todo[: MAX_CASES - 1]:

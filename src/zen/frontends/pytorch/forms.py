@@ -167,19 +167,6 @@ def _tensor_parts(ip: Interpreter, reader, look: ClassLookup, slot, tensor_types
     return got
 
 
-def _is_tensor(ip: Interpreter, v: int, tensor_types: set[int]) -> bool:
-    try:
-        return ip.type_of(v) in tensor_types
-    except ZenError:
-        return False
-
-
-def _plain(ip: Interpreter, v: int) -> bool:
-    if plain(ip, v):
-        return True
-    return _type_name(ip, v) in ("torch.dtype", "torch.device", "torch.Size")
-
-
 OPTIMIZED_MODULE = "torch._dynamo.eval_frame.OptimizedModule"
 MAX_BACKEND_HOPS = 8
 
