@@ -226,6 +226,10 @@ def test_disk_offloaded_model_names_its_files_and_reads_them_when_given(form_ima
         assert any(p.startswith(f"{key}: offloaded") and str(offdir / f"{key}.dat") in p for p in manifest["problems"]), key
     refused = zen("reuse", case, "-o", workdir / "refused_offload", check=False)
     assert refused.returncode == 5 and "fc2.weight.dat" in refused.stderr
+    img = _get(form_images, "offload-disk")[0]
+    missing = zen("recover", img, "-o", workdir / "no-case", "--offload", offdir / "nope", check=False)
+    assert missing.returncode == 2 and "--offload" in missing.stderr and "no such file" in missing.stderr, missing.stderr
+    assert not (workdir / "no-case").exists() and "Traceback" not in missing.stderr
     res, case, manifest, t = _recover(form_images, "offload-disk", workdir, "--offload", offdir)
     assert res.returncode == 0 and manifest["status"] == "complete", res.stderr
     files = {Path(e["path"]).name: e for e in manifest["evidence"]["offload"]}

@@ -113,6 +113,8 @@ def recover(
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for f in [image, *(gpu or [])] if image is not None else list(gpu or []):
         require_image_file(f)  # before anything is created: a FIFO or device is refused cleanly
+    for f in (f for f in offload or [] if not (Path(f).is_dir() or Path(f).is_file())):
+        raise ZenError(f"--offload {f}: no such file or directory", "give the folder accelerate offloaded to, or a file")
     created = not Path(out).exists()
     out = case.prepare(out)
     try:
