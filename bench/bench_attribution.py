@@ -27,11 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from zen.acquire import acquire  # noqa: E402
+from zen.acquire.process import acquire  # noqa: E402
 from zen.attribute.algorithm import attribute  # noqa: E402
 from zen.attribute.invariants import packed  # noqa: E402
 from zen.library.store import Library  # noqa: E402
-from zen.recover import recover  # noqa: E402
+from zen.recover.run import recover  # noqa: E402
 from zen.represent import case  # noqa: E402
 
 

@@ -38,11 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from zen.acquire import acquire  # noqa: E402
-from zen.cpython.context import execution_context  # noqa: E402
+from zen.acquire.process import acquire  # noqa: E402
 from zen.cpython.heap import Heap  # noqa: E402
 from zen.cpython.interp import Interpreter  # noqa: E402
-from zen.cpython.programmatic import build_pr, build_ur, model_closure, system_table  # noqa: E402
+from zen.cpython.program.context import execution_context  # noqa: E402
+from zen.cpython.program.programmatic import build_pr, build_ur, model_closure, system_table  # noqa: E402
 from zen.cpython.runtime import Runtime  # noqa: E402
 from zen.frontends.pytorch.modules import ModuleIndex  # noqa: E402
 from zen.memory import open_space  # noqa: E402
@@ -68,7 +68,7 @@ from pathlib import Path
 variant, image, out = sys.argv[1:4]
 if variant == "one process":
     os.environ["ZEN_FORK"] = "0"
-import zen.recover as R
+import zen.recover.run as R
 stage = R._code_stage
 got = {}
 def children():

@@ -28,12 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from zen.acquire import acquire  # noqa: E402
-from zen.cpython.codebuild import rebuild_code  # noqa: E402
+from zen.acquire.process import acquire  # noqa: E402
+from zen.cpython.code.codebuild import rebuild_code  # noqa: E402
 from zen.cpython.heap import Heap  # noqa: E402
 from zen.cpython.interp import Interpreter  # noqa: E402
-from zen.errors import ZenError  # noqa: E402
 from zen.memory import open_space  # noqa: E402
+from zen.runtime.errors import ZenError  # noqa: E402
 
 
 def sequential_read(path: Path, cold: bool = False) -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from zen.acquire import acquire  # noqa: E402
+from zen.acquire.process import acquire  # noqa: E402
 
 TARGET = r"""
 import sys, torch

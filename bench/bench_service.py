@@ -39,14 +39,14 @@ from bench_attribution import perturbed  # noqa: E402
 from pgcluster import PgCluster  # noqa: E402
 from zenserver import ZenServer  # noqa: E402
 
-from zen import childproc  # noqa: E402
-from zen.acquire import acquire  # noqa: E402
+from zen.acquire.process import acquire  # noqa: E402
 from zen.attribute.invariants import packed  # noqa: E402
 from zen.library import tokens  # noqa: E402
 from zen.library.backends import open_library  # noqa: E402
 from zen.library.bundle import Bundle  # noqa: E402
 from zen.library.remote import RemoteLibrary  # noqa: E402
-from zen.recover import recover  # noqa: E402
+from zen.recover.run import recover  # noqa: E402
+from zen.runtime import childproc  # noqa: E402
 
 
 def cases(work: Path) -> dict[str, Path]:

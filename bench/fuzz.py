@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from fuzz_targets import CaseTarget, ContainersTarget, ElfTarget, ObjectsTarget, word  # noqa: E402, F401 - beside this file
 
-from zen.errors import ZenError  # noqa: E402
+from zen.runtime.errors import ZenError  # noqa: E402
 
 Target = Callable[[random.Random], None]
 

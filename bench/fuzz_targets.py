@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from zen.errors import ZenError  # noqa: E402
 from zen.memory.space import AddressSpace  # noqa: E402
+from zen.runtime.errors import ZenError  # noqa: E402
 
 # -- mutations ---------------------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ class ObjectsTarget:
         from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE
         from zen.frontends.pytorch.profile import load_torch_profile
         from zen.memory import open_space
-        from zen.recover import torch_version
+        from zen.recover.run import torch_version
 
         self.space = open_space(image)
         self.ip = Interpreter.open(self.space)
@@ -142,15 +142,15 @@ class ObjectsTarget:
         self.errors: Counter[str] = Counter()  # typed errors raised by the readers (mutations bite)
 
     def __call__(self, rng: random.Random) -> None:
-        from zen.cpython.codebuild import rebuild_code
+        from zen.cpython.code.codebuild import rebuild_code
         from zen.cpython.describe import describe
+        from zen.cpython.encode.snapshot import Encoder
         from zen.cpython.interp import Interpreter
         from zen.cpython.readers.code import read_code
         from zen.cpython.readers.dicts import read_dict
         from zen.cpython.readers.functions import read_function
         from zen.cpython.readers.instances import read_instance
         from zen.cpython.readers.types import read_type
-        from zen.cpython.snapshot import Encoder
         from zen.frontends.pytorch.modules import ModuleIndex
         from zen.frontends.pytorch.mr import module_record
         from zen.frontends.pytorch.tensors import TensorReader

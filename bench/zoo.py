@@ -252,7 +252,7 @@ def image_model(name: str, work: Path, site: str | None, timeout: float = 900) -
             return None, truth, "acquire: " + _fail(res)
         return image, truth, None
     finally:
-        from zen.childproc import stop_process  # (main() put src/ on sys.path)
+        from zen.runtime.childproc import stop_process  # (main() put src/ on sys.path)
 
         stop_process(proc)
 

@@ -10,10 +10,10 @@ import sys
 import pytest
 from conftest import zen
 
-from zen.acquire import acquire
-from zen.errors import ProcessError, ZenError
+from zen.acquire.process import acquire
 from zen.memory import open_space
 from zen.memory.live import process_state, read_maps, thread_ids
+from zen.runtime.errors import ProcessError, ZenError
 
 
 @pytest.fixture(scope="module")

@@ -259,7 +259,7 @@ def _pairs(att) -> list:
 def _watched_forks(monkeypatch) -> list:
     """Force the parallel path (also on one core) and record how each child's part was obtained."""
     import zen.attribute.parallel_compare as pc
-    from zen.forking import Forked
+    from zen.runtime.forking import Forked
 
     seen = []
 

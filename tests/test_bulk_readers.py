@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 
 from zen.cpython import bulk
+from zen.cpython.code.instructions import decode, with_consts
 from zen.cpython.heap import Heap
-from zen.cpython.instructions import decode, with_consts
 from zen.cpython.interp import Interpreter
-from zen.cpython.programmatic import const_display
+from zen.cpython.program.programmatic import const_display
+from zen.cpython.program.system_table import system_table
 from zen.cpython.readers.code import read_code_brief
 from zen.cpython.readers.dicts import read_dict
 from zen.cpython.runtime import Runtime
-from zen.cpython.system_table import system_table
-from zen.errors import ZenError
 from zen.memory import open_space
 from zen.memory.scan import find_u64_in
+from zen.runtime.errors import ZenError
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +267,7 @@ def test_gc_paused_restores_the_collector():
     that had it off keeps it off."""
     import gc
 
-    from zen.cpython.programmatic import gc_paused
+    from zen.cpython.program.programmatic import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

@@ -1,7 +1,7 @@
 """Child interpreters zen starts never import from the directory zen runs in (issue 38).
 
 Investigators run zen where the evidence lies; a planted `bisect.py` or `sitecustomize.py` there must never run.
-Every child Python zen starts is built by zen.childproc (isolated mode, explicit sys.path, scratch cwd). Here the
+Every child Python zen starts is built by zen.runtime.childproc (isolated mode, explicit sys.path, scratch cwd). Here the
 builders run children *in* a booby-trapped directory, and the commands that start children (`profile`, `library
 build`; `demo`/`diff` in test_demo.py, `decompile` in test_decompile.py, Keras `verify` in test_keras.py) run there.
 """
@@ -15,7 +15,7 @@ import sys
 
 from conftest import booby_trapped, zen_command
 
-from zen import childproc
+from zen.runtime import childproc
 
 PROBE = "import json, sys, bisect, runpy, tomllib; print(json.dumps({'path': sys.path, 'argv': sys.argv}))"
 

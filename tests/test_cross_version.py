@@ -23,16 +23,16 @@ import pytest
 from conftest import FOREIGN, all_pythons, find_python, foreign_python, python_cache, recovered, start_target, zen
 from rapidfuzz import fuzz
 
-from zen.cpython.debug_offsets import read_debug_offsets
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
-from zen.cpython.profile import load_profile, parse_profile
-from zen.cpython.programmatic import listing_of
+from zen.cpython.layout.debug_offsets import read_debug_offsets
+from zen.cpython.layout.profile import load_profile, parse_profile
+from zen.cpython.layout.releases import resolve_release, variant_between
+from zen.cpython.program.programmatic import listing_of
 from zen.cpython.readers.functions import read_function
-from zen.cpython.releases import resolve_release, variant_between
 from zen.cpython.runtime import Runtime
-from zen.errors import ObjectError
 from zen.memory import open_space
+from zen.runtime.errors import ObjectError
 
 
 def _foreign(foreign_images, minor):
@@ -53,7 +53,7 @@ def test_calibration_reproduces_shipped_profile(minor, tmp_path):
                                        capture_output=True, text=True).stdout.strip(), built)  # fmt: skip
     if not exes:
         pytest.skip(f"no CPython {minor} on this machine")
-    shipped = json.loads(resources.files("zen.cpython").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
+    shipped = json.loads(resources.files("zen.cpython.layout").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
     for release, exe in sorted(exes.items()):
         out = tmp_path / f"{release}.json"
         res = zen("profile", "python", "--python", exe, "-o", out)
@@ -87,7 +87,7 @@ def test_debug_offsets_agree_with_calibration(foreign_images, minor):
 def test_image_table_wins_over_a_wrong_profile(foreign_images, minor):
     """A profile that is wrong where the table speaks (a patched build, say) is corrected."""
     t, image = _foreign(foreign_images, minor)
-    data = json.loads(resources.files("zen.cpython").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
+    data = json.loads(resources.files("zen.cpython.layout").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
     wrong = {("interp", "threads_head"): 8, ("code", "co_qualname"): 16, ("tuple", "ob_item"): 32}
     for (sname, fname), delta in wrong.items():
         data["structs"][sname]["fields"][fname][0] += delta

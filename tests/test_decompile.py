@@ -225,7 +225,7 @@ def test_constant_only_kernels_are_folded(built, decompiled):
 def test_static_parse_without_tvm(built):
     """The static layers read the function table, bytecode and weights without importing TVM."""
     code = (
-        "import sys, json; from zen.compiled.load import load_graph; "
+        "import sys, json; from zen.compiled.static.load import load_graph; "
         "lib, ex, g = load_graph(sys.argv[1]); "
         "print(json.dumps([sys.modules.get('tvm') is None, sys.modules.get('torch') is None, "
         "ex.function('main').params, len(g.kernels()), len(g.tensor_constants())]))"
@@ -257,21 +257,21 @@ def test_bad_library_gives_clear_error(damage, built, tmp_path):
 def test_corrupt_counts_are_bounded(built):
     """Huge counts/lengths in the VM executable are refused before allocation (no hang, no MemoryError)."""
     from zen.compiled.errors import ExecutableError
-    from zen.compiled.load import load_executable
+    from zen.compiled.static.load import load_executable
 
     lib, _ = load_executable(built / "cnn.so")
     data = bytearray(lib.data)
     at = data.find(b"0.14") + 4  # the function-table count follows the version string
     data[at : at + 8] = struct.pack("<Q", 1 << 60)
-    from zen.compiled.tvm_blob import vm_payload
-    from zen.compiled.vm_executable import parse_executable
+    from zen.compiled.static.tvm_blob import vm_payload
+    from zen.compiled.static.vm_executable import parse_executable
 
     with pytest.raises(ExecutableError, match="count"):
         parse_executable(vm_payload(bytes(data), lib.blob_offset)[0])
 
 
 def _unknown_argument_kind(data: bytearray, lib: Path) -> None:
-    from zen.compiled.load import load_executable
+    from zen.compiled.static.load import load_executable
 
     call = next(i for i in load_executable(lib)[1].instructions if i.op == "call" and i.args)
     kinds = {"reg": 0, "imm": 1, "const": 2, "func": 3}
@@ -417,8 +417,8 @@ def test_random_corruption_never_escapes_as_a_bug(built, tmp_path):
     import random
 
     from zen.compiled.errors import ExecutableError
-    from zen.compiled.load import load_executable, load_graph
-    from zen.compiled.tvm_blob import vm_payload
+    from zen.compiled.static.load import load_executable, load_graph
+    from zen.compiled.static.tvm_blob import vm_payload
 
     data = (built / "resnet.so").read_bytes()
     lib, _ = load_executable(built / "resnet.so")

@@ -10,7 +10,7 @@ import base64
 import marshal
 import sys
 
-from zen.cpython.canonical_marshal import dumps
+from zen.cpython.code.canonical_marshal import dumps
 from zen.diff.differ import class_attribute_changes
 from zen.represent.pr import ClassRecord
 

@@ -16,7 +16,7 @@ import types
 import pytest
 
 from zen.diff import decompile as dd
-from zen.errors import TimeLimitExceeded
+from zen.runtime.errors import TimeLimitExceeded
 
 pytestmark = pytest.mark.skipif(not dd.available(), reason="depyf is not installed (pip install -e .[decompile])")
 

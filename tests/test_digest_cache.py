@@ -17,7 +17,7 @@ import sys
 import pytest
 from conftest import zen
 
-from zen.digest_cache import file_sha256
+from zen.evidence.digest_cache import file_sha256
 
 
 def _sha(p) -> str:
@@ -117,8 +117,9 @@ def test_case_tensor_digests_are_recorded_at_recovery_and_reused_while_unchanged
     """`zen recover` records the weights file's digests from the buffers it wrote; a later check of the case takes
     them while the file is unchanged (and says so), computes them again when asked (verify-case), and never trusts
     them once the file changed, even with its mtime set back."""
-    from zen import digest_cache, recover_jobs
-    from zen.recover import recover
+    from zen.evidence import digest_cache
+    from zen.recover import jobs as recover_jobs
+    from zen.recover.run import recover
     from zen.represent import case, tensorfile
 
     monkeypatch.setenv("ZEN_CACHE_DIR", str(tmp_path / "cache"))
@@ -172,7 +173,7 @@ def _resident(path) -> float:
 def test_reused_digest_has_the_image_read_ahead_into_the_page_cache(tmp_path, monkeypatch):
     """With the digest reused nobody reads the image in order; `warm_page_cache` has the kernel do it (in a daemon
     thread, nothing copied to zen), and does nothing for an empty file or one larger than half of the memory."""
-    from zen import image_digest
+    from zen.evidence import image_digest
 
     f = tmp_path / "image.bin"
     f.write_bytes(os.urandom(1 << 20) * 24)
@@ -201,7 +202,7 @@ MOUNTINFO = [
 
 
 def test_file_system_is_told_by_device_then_by_mount_point():
-    from zen.digest_cache import mount_type
+    from zen.evidence.digest_cache import mount_type
 
     assert mount_type(MOUNTINFO, "254:0", "/tmp/x.core") == "ext4"
     assert mount_type(MOUNTINFO, "8:17", "/anything") == "exfat"  # the device decides first
@@ -215,7 +216,7 @@ def test_file_system_is_told_by_device_then_by_mount_point():
 def test_no_digest_is_reused_on_a_file_system_without_a_kept_ctime(image, tmp_path, monkeypatch):
     """exFAT and FAT keep no ctime (Linux derives it from the mtime, which a user can set back): a digest recorded
     there could outlive a change, so nothing is recorded or reused, for evidence and case tensor files alike."""
-    from zen import digest_cache
+    from zen.evidence import digest_cache
 
     monkeypatch.setenv("ZEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(digest_cache, "file_system", lambda path: "exfat")

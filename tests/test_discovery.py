@@ -12,8 +12,8 @@ from conftest import find_python, start_target, zen
 import zen.cpython.discover as discover_mod
 from zen.cpython.discover import _find_cookie, discover, find_self_typed
 from zen.cpython.interp import Interpreter
-from zen.cpython.profile import load_profile
-from zen.cpython.symbols import module_base, symbols_from_disk
+from zen.cpython.layout.profile import load_profile
+from zen.cpython.layout.symbols import module_base, symbols_from_disk
 from zen.cpython.wellknown import TYPES, WellKnown, _resolve_by_name
 from zen.memory import open_space
 

@@ -10,7 +10,7 @@ from conftest import zen
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zen.cpython.codebuild import rebuild_code
+from zen.cpython.code.codebuild import rebuild_code
 from zen.cpython.describe import describe
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
@@ -21,9 +21,9 @@ from zen.cpython.readers.functions import read_function
 from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.modules import read_module
 from zen.cpython.readers.types import read_type
-from zen.errors import ZenError
 from zen.memory import open_space
 from zen.memory.space import AddressSpace, BytesChunk
+from zen.runtime.errors import ZenError
 
 READERS = [
     lambda ip, a: ip.value(a),

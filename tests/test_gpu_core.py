@@ -20,9 +20,9 @@ from conftest import zen
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zen.errors import ImageError
 from zen.memory.gpu import GpuCoreSpace
 from zen.memory.gpu.writer import Range, write_gpu_core
+from zen.runtime.errors import ImageError
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "gpu-h200-cnn"
 UNPACKED_SHA = "b2be313af4a143bc06e16aadbba352a5cf951ad81a39a388cd11bf5928f50e6b"

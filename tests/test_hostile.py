@@ -413,8 +413,8 @@ def test_library_import_checks_what_it_is_given(intact, tmp_path):
 def test_code_stage_failure_keeps_model_and_weights(hostile, tmp_path, monkeypatch):
     """A corrupt object met in the code stage (after the weights are written) costs the code files,
     not the case: MR and weights stay, the case is partial and says why."""
-    import zen.recover as rec
-    from zen.errors import ObjectError
+    import zen.recover.run as rec
+    from zen.runtime.errors import ObjectError
 
     def broken(*args, **kwargs):
         raise ObjectError(0xDEAD, "corrupt code object (injected)")

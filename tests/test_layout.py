@@ -21,23 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "zen"
 MAX_LINES = 500
 
-# rank of each room: top-level utility modules at the bottom, the commands and workflows at the top
+# Each package is a floor, ranked in the order of the pipeline (lowest first, DESIGN.md): a module may import its own
+# package or a lower one. The process plumbing and the evidence's bookkeeping are the ground floors; the commands
+# (`cli/`) are the roof, and only `__main__` stands above them.
 RANKS = {
-    "zen": 0, "zen.errors": 0, "zen.console": 0, "zen.forking": 0, "zen.childproc": 0, "zen.digest_cache": 0,
-    "zen.image_digest": 0, "zen.outpaths": 0,
-    "zen.memory": 1,
-    "zen.represent": 2,
-    "zen.cpython": 3,
-    "zen.frontends": 4, "zen.compiled": 4,
-    "zen.library": 5,
-    "zen.attribute": 6,
-    "zen.diff": 7,
-    "zen.patch": 8,
-    "zen.reuse": 9,
-    "zen.analyze": 10,
-    "zen.report": 11,
+    "runtime": 0, "evidence": 1, "memory": 2, "represent": 3, "cpython": 4, "frontends": 5, "compiled": 5,
+    "recover": 6, "acquire": 7, "library": 8, "attribute": 9, "diff": 10, "patch": 11, "reuse": 12, "analyze": 13,
+    "report": 14, "serve": 15, "demo": 16, "cli": 17,
 }  # fmt: skip
-TOP = 12  # every other top-level module: cli*, recover*, acquire*, info, demo, limits, the library's build workflow
+MAIN = 18  # zen.__main__
+MAX_MODULES = 13  # modules at one package's top level (subpackages not counted)
 
 
 def _modules(base: Path, prefix: str) -> dict[str, Path]:
@@ -126,11 +119,11 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def _rank(module: str) -> int:
     parts = module.split(".")
-    for n in (2, 1):
-        room = ".".join(parts[:n])
-        if room in RANKS and (n == 2 or module == "zen"):
-            return RANKS[room]
-    return TOP
+    if module == "zen":
+        return 0
+    if module == "zen.__main__":
+        return MAIN
+    return RANKS[parts[1]]
 
 
 def test_no_import_circle_in_zen():
@@ -160,3 +153,29 @@ def test_ruff_holds(what):
     assert ruff, "ruff is a test dependency (pip install -e '.[test]')"
     res = subprocess.run([ruff, *what, "src", "tests", "bench", "tools"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+def test_top_level_is_the_pipeline():
+    """`ls src/zen` shows only the stages: packages, each ranked, plus `__init__.py` and `__main__.py`."""
+    entries = {p.name for p in SRC.iterdir() if p.name != "__pycache__"}
+    loose = sorted(e for e in entries if e.endswith(".py") and e not in {"__init__.py", "__main__.py"})
+    assert loose == [], f"loose modules at the top of src/zen: {loose}"
+    packages = {e for e in entries if (SRC / e / "__init__.py").is_file()}
+    assert packages == set(RANKS), (sorted(packages - set(RANKS)), sorted(set(RANKS) - packages))
+
+
+def test_no_package_is_crowded():
+    crowded = {}
+    for init in SRC.rglob("__init__.py"):
+        n = sum(1 for p in init.parent.glob("*.py") if p.name != "__init__.py")
+        if n > MAX_MODULES:
+            crowded[str(init.parent.relative_to(SRC))] = n
+    assert crowded == {}, crowded
+
+
+def test_only_main_imports_the_cli():
+    """The commands are the roof: nothing in the pipeline may reach up into `cli/`, so every stage stays a library."""
+    edges = _graph(_modules(SRC, "zen"), "zen")
+    into_cli = sorted(f"{a} -> {b}" for a, bs in edges.items() for b in bs
+                      if b.startswith("zen.cli") and not (a.startswith("zen.cli") or a == "zen.__main__"))  # fmt: skip
+    assert into_cli == [], into_cli

@@ -1,4 +1,4 @@
-"""`zen.leave`: the command exits without freeing its objects, and nothing else about the exit changes.
+"""`zen.runtime.leave`: the command exits without freeing its objects, and nothing else about the exit changes.
 
 Each case runs in its own interpreter, as the `zen` command does: the exit status, output still in the
 buffers, atexit handlers, a non-daemon thread still working, and a forked child still running.
@@ -17,7 +17,7 @@ import pytest
 
 def _run(body: str, tmp_path: Path) -> subprocess.CompletedProcess:
     script = tmp_path / "cmd.py"
-    script.write_text("import atexit, os, sys, threading, time\nfrom zen.leave import run_and_leave\n" + body)
+    script.write_text("import atexit, os, sys, threading, time\nfrom zen.runtime.leave import run_and_leave\n" + body)
     return subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
 
 
@@ -49,7 +49,7 @@ def test_output_atexit_and_threads_are_finished_before_leaving(tmp_path):
 def test_forked_children_still_running_are_stopped(tmp_path):
     """A `Forked` job whose result nobody asked for (an error path) does not outlive the command."""
     body = (
-        "from zen.forking import Forked\n"
+        "from zen.runtime.forking import Forked\n"
         "def slow():\n    time.sleep(60)\n    return b''\n"
         "job = Forked(slow, fork=True)\n"
         "open(os.path.join(sys.argv[1], 'pid'), 'w').write(str(job.pid))\n"

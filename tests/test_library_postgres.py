@@ -15,11 +15,11 @@ import pytest
 from conftest import recovered, zen
 from library_checks import problems
 
-from zen import childproc
 from zen.attribute.invariants import packed
 from zen.library.postgres import PostgresLibrary, redact
 from zen.library.schema import SCHEMA_VERSION, STEPS, render
 from zen.library.store import MIGRATIONS, Library, LibraryError
+from zen.runtime import childproc
 
 
 def _convnet_case(family_images, workdir):

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, find_python, model_id, python_cache, recovered
 
-from zen.cpython.canonical_marshal import MarshalFormatError, canonical, dumps
+from zen.cpython.code.canonical_marshal import MarshalFormatError, canonical, dumps
 
 # A recovery through the API in a process unlike the CLI's: another hash seed, the GC off from the
 # start, every 1-character string and every name of the image's code interned beforehand, and every
@@ -35,10 +35,10 @@ gc.disable()
 from pathlib import Path
 for c in map(chr, range(256)):
     sys.intern(c)
-import zen.cpython.codebuild as cb
+import zen.cpython.code.codebuild as cb
 import zen.cpython.runtime as rt
 from zen.cpython.readers import code as rc
-from zen.recover import recover
+from zen.recover.run import recover
 held = []
 _read, _rebuild = rc.read_code, cb.rebuild_code
 def read_code(ip, addr):
@@ -120,7 +120,7 @@ _SET_SOURCE = "def f(x):\n    return x in {'alpha', 'beta', 'gamma', 'delta', 'e
 _SET_PROGRAM = r"""
 import marshal, sys
 sys.path.insert(0, sys.argv[1])
-from zen.cpython.canonical_marshal import dumps
+from zen.cpython.code.canonical_marshal import dumps
 code = compile(sys.argv[2], "m.py", "exec")
 canon = dumps(code)
 assert marshal.loads(canon) == code
@@ -152,7 +152,7 @@ def test_frozenset_order_does_not_follow_hash_seed(minor):
 _FOREIGN = r"""
 import glob, marshal, sys, sysconfig
 sys.path.insert(0, sys.argv[1])
-from zen.cpython.canonical_marshal import dumps
+from zen.cpython.code.canonical_marshal import dumps
 codes = []
 for f in sorted(glob.glob(sysconfig.get_paths()["stdlib"] + "/*.py"))[:60]:
     try:

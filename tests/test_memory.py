@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from conftest import zen
 
-from zen.errors import MemoryReadError
 from zen.memory import ElfCoreSpace
 from zen.memory.regions import Region, Source
 from zen.memory.scan import find_u64, find_u64_in, gather_u64
 from zen.memory.space import AddressSpace, BytesChunk
+from zen.runtime.errors import MemoryReadError
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """The parts of `zen recover` that run side by side (issue 16) give what they gave run in turn.
 
-* `zen.forking.Forked`: a forked child's bytes, and the parent's own computation wherever the
+* `zen.runtime.forking.Forked`: a forked child's bytes, and the parent's own computation wherever the
   child does not deliver (it raises, dies, hangs, or fork is off);
 * `zen.represent.jsontext.compact`: orjson's bytes equal `json.dumps`'s for every float-free value,
   lone surrogates and huge ints included;
-* the image digest and the tensor files (`zen.recover_jobs`, forked children): the same files with
+* the image digest and the tensor files (`zen.recover.jobs`, forked children): the same files with
   fork off, and a failure of the analysis while they run stops them and leaves no case.
 
 Byte-identity of whole cases with the forked children on and off is checked on a real image in
@@ -26,9 +26,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zen import forking
-from zen.forking import Forked
 from zen.represent.jsontext import compact, loads
+from zen.runtime import forking
+from zen.runtime.forking import Forked
 
 PARENT = os.getpid()
 
@@ -237,7 +237,7 @@ def _children() -> list[int]:
 def test_analysis_failure_stops_the_jobs(zoo_image, tmp_path, monkeypatch):
     """A failure in the code stage while the tensors are written and the image hashed: both
     children are stopped and reaped, the case directory is removed, the error is the analysis's."""
-    import zen.recover as R
+    import zen.recover.run as R
 
     image, t = zoo_image
 
@@ -259,7 +259,7 @@ def test_analysis_failure_stops_the_jobs(zoo_image, tmp_path, monkeypatch):
 
 def test_jobs_write_the_same_case_with_and_without_fork(zoo_image, tmp_path, monkeypatch):
     """The image digest and the tensor files from forked children equal those written in-process."""
-    import zen.recover as R
+    import zen.recover.run as R
 
     image, _ = zoo_image
     R.recover(Path(image), None, tmp_path / "forked", rehash=True)  # hashed here, not taken from the digest cache
@@ -277,7 +277,7 @@ def test_code_stage_leaves_no_cycles_for_the_collector(zoo_image, tmp_path, monk
     """The code stage's runtime (its caches hold every decoded instruction) is freed by reference
     counting when the stage ends: no cycle through it (the owner index, an encoder and its value
     hook, canonical marshal's emitter) leaves it to a pass of the cyclic collector."""
-    import zen.recover as R
+    import zen.recover.run as R
 
     image, _ = zoo_image
     monkeypatch.setenv("ZEN_FORK", "0")  # every part of the stage in this process
@@ -294,7 +294,7 @@ def test_code_stage_leaves_no_cycles_for_the_collector(zoo_image, tmp_path, monk
         gc.garbage.clear()
         gc.enable()
     assert (tmp_path / "case" / "pr.json").is_file() and (tmp_path / "case" / "code.marshal").is_file()
-    code_stage = {"zen.cpython.runtime.Runtime", "zen.cpython.owners.OwnerIndex", "zen.cpython.instructions.Instruction",
+    code_stage = {"zen.cpython.runtime.Runtime", "zen.cpython.owners.OwnerIndex", "zen.cpython.code.instructions.Instruction",
                   "zen.cpython.readers.code.CodeInfo", "zen.cpython.namespaces.NamespaceTable"}  # fmt: skip
     assert not left & code_stage, sorted(left & code_stage)
     assert not emitters
@@ -306,8 +306,8 @@ def test_image_digest(tmp_path, monkeypatch, fork):
     be mapped: an empty one), in a child or a thread; a file that goes away is an error, not a crash."""
     import hashlib
 
-    import zen.image_digest as idg
-    from zen.image_digest import ImageDigest
+    import zen.evidence.image_digest as idg
+    from zen.evidence.image_digest import ImageDigest
 
     monkeypatch.setenv("ZEN_FORK", fork)
     monkeypatch.setattr(idg, "MAP_BLOCK", 1 << 16)  # several blocks

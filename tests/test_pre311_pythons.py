@@ -16,17 +16,19 @@ import subprocess
 import pytest
 from conftest import REPO, find_python
 
-from zen.cpython.codebuild import can_rebuild, code_spec
+from zen.cpython.code.codebuild import can_rebuild, code_spec
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.functions import read_function
 from zen.cpython.readers.instances import read_instance
 from zen.cpython.runtime import Runtime
-from zen.errors import ZenError
 from zen.memory import open_space
+from zen.runtime.errors import ZenError
 
 MINORS = ["3.8", "3.9", "3.10"]
-_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from zen.cpython.codebuild_child import main; sys.exit(main(sys.argv[2:]))"
+_CHILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from zen.cpython.code.codebuild_child import main; sys.exit(main(sys.argv[2:]))"
+)
 # run by the 3.10 interpreter: the rebuilt code objects against the process's own (functions.marshal)
 _COMPARE = """
 import json, marshal, sys

@@ -9,8 +9,8 @@ from importlib import resources
 import pytest
 from conftest import zen
 
-from zen.cpython.profile import load_profile, parse_profile
-from zen.errors import ProfileError
+from zen.cpython.layout.profile import load_profile, parse_profile
+from zen.runtime.errors import ProfileError
 
 SHIPPED = f"cpython-{sys.version_info.major}.{sys.version_info.minor}-x86_64.json"
 
@@ -20,7 +20,7 @@ def test_calibration_reproduces_shipped_profile(tmp_path):
     res = zen("profile", "python", "-o", out)
     assert "self-checks passed" in res.stdout
     measured = json.loads(out.read_text())
-    shipped_file = resources.files("zen.cpython").joinpath("profiles", SHIPPED)
+    shipped_file = resources.files("zen.cpython.layout").joinpath("profiles", SHIPPED)
     if not shipped_file.is_file():
         pytest.skip(f"zen ships no profile for {sys.version_info[:2]}")
     shipped = json.loads(shipped_file.read_text())
@@ -52,7 +52,7 @@ def test_malformed_profile():
 
 def test_user_profile_dir_takes_precedence(tmp_path, monkeypatch):
     minor = f"{sys.version_info.major}.{sys.version_info.minor}"
-    shipped = json.loads(resources.files("zen.cpython").joinpath("profiles", SHIPPED).read_text())
+    shipped = json.loads(resources.files("zen.cpython.layout").joinpath("profiles", SHIPPED).read_text())
     shipped["constants"]["T_OBJECT_EX"] = 16  # unchanged value; the source label tells which file won
     (tmp_path / SHIPPED).write_text(json.dumps(shipped))
     monkeypatch.setenv("ZEN_PROFILE_DIR", str(tmp_path))

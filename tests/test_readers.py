@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from zen.cpython.codebuild import can_rebuild, rebuild_code
+from zen.cpython.code.codebuild import can_rebuild, rebuild_code
 from zen.cpython.describe import PLAIN
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
@@ -21,8 +21,8 @@ from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.modules import read_module
 from zen.cpython.readers.types import mro_names, read_type
 from zen.cpython.readers.values import Ref
-from zen.errors import ZenError
 from zen.memory import open_space
+from zen.runtime.errors import ZenError
 
 # py3.13.0: a release whose layout is a variant of the shipped 3.13 profile (issue 17); skipped
 # where pyenv does not provide it

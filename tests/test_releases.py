@@ -8,12 +8,12 @@ from importlib import resources
 
 import pytest
 
-from zen.cpython.profile import load_profile
-from zen.cpython.releases import release_tuple, resolve_release, variant_between
+from zen.cpython.layout.profile import load_profile
+from zen.cpython.layout.releases import release_tuple, resolve_release, variant_between
 
 
 def shipped(minor: str) -> dict:
-    return json.loads(resources.files("zen.cpython").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
+    return json.loads(resources.files("zen.cpython.layout").joinpath("profiles", f"cpython-{minor}-x86_64.json").read_text())
 
 
 @pytest.mark.parametrize(

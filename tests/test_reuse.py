@@ -20,8 +20,8 @@ import pytest
 from conftest import TARGETS, case_of, start_target, zen
 from families import FAMILIES, VARIANTS, materialize  # noqa: E402
 
-from zen.errors import ZenError
 from zen.patch.format import read_patch
+from zen.runtime.errors import ZenError
 
 # model -> (image it is in, base in the library)
 FORKS = {

@@ -126,7 +126,7 @@ def test_a_name_with_a_lone_surrogate_is_written_escaped(tmp_path):
 
 
 def test_listing_hash_of_a_name_with_a_lone_surrogate():
-    from zen.cpython.listing import listing_sha256
+    from zen.cpython.code.listing import listing_sha256
 
     assert listing_sha256(["LOAD_GLOBAL x"]) == hashlib.sha256(b"LOAD_GLOBAL x").hexdigest()  # as before for UTF-8 text
     assert len(listing_sha256(["LOAD_GLOBAL \ud800"])) == 64
@@ -140,8 +140,8 @@ def test_reuse_loads_a_file_with_a_lone_surrogate_name(tmp_path):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from zen.errors import ZenError
     from zen.reuse.tensor_load import load_safetensors
+    from zen.runtime.errors import ZenError
 
     want = {"mark\udc80": torch.arange(5.0), "zen-unencodable-name-1": torch.ones(2, 3, dtype=torch.bfloat16),
             "w\ud800\udc00": torch.tensor([1, 2], dtype=torch.int64)}  # fmt: skip

@@ -2,7 +2,7 @@
 
 A forensic result must not depend on the load of the machine that computed it: the behaviour-only
 decompiler had a wall-clock budget per kernel, and a busy CI machine "did not reproduce" a kernel a
-quiet one reproduced. Searches are now bounded by work (zen.compiled.budget; recorded in the manifest).
+quiet one reproduced. Searches are now bounded by work (zen.compiled.kernels.budget; recorded in the manifest).
 Here the same library is decompiled, and the same image recovered, twice: once on a quiet machine and
 once with every core kept busy by spinning processes that this test starts and kills. Every output
 file must be byte-identical (the manifests' timing sections aside), and the work limit must decide

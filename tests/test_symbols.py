@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from zen.errors import KernelSymbolsError, ZenError
 from zen.memory.system.symbols import btfparse as B
 from zen.memory.system.symbols.btfparse import BtfError, parse_btf
 from zen.memory.system.symbols.build import build_isf, find_isf_for_banner, kernel_from_deb, read_isf_banner
@@ -29,6 +28,7 @@ from zen.memory.system.symbols.isf import IsfBuilder
 from zen.memory.system.symbols.kallsyms import SymbolFileError, load_symbol_file
 from zen.memory.system.symbols.kallsyms_table import exported_symbols, read_kallsyms_table
 from zen.memory.system.symbols.kernelfile import KernelFileError, decompress_bzimage, load_kernel_bytes
+from zen.runtime.errors import KernelSymbolsError, ZenError
 
 HOST_BTF = Path("/sys/kernel/btf/vmlinux")
 DEB_PACKAGE = "linux-image-6.1.0-50-amd64-unsigned"
@@ -451,7 +451,7 @@ def test_cli_errors_are_zen_errors(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from zen.cli_symbols import symbols
+    from zen.cli.symbols import symbols
 
     app = typer.Typer()
     app.command("symbols")(symbols)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import zen
 
-from zen.errors import ImageError
 from zen.memory.system.formats import LIME_MAGIC, MAX_SEGMENTS, open_physical, sniff
+from zen.runtime.errors import ImageError
 
 PAGE = 4096
 

@@ -3,7 +3,7 @@
     python tools/fusion_patterns.py LIB.so ... > src/zen/compiled/fusion_patterns.json
 
 A kernel whose name is hashed or renamed says nothing about what it fuses; probing then tries
-single operators and, after them, the fusions TVM is known to make (zen.compiled.plans). This
+single operators and, after them, the fusions TVM is known to make (zen.compiled.kernels.plans). This
 collects those fusions from real libraries (e.g. the ones bench/decompile.py builds): every
 kernel name is split into its ops (zen.compiled.ops.split_kernel_name), and each sequence of
 two or more ops is counted once per library that holds it, so that common fusions are tried
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from zen.compiled import ops  # noqa: E402
 from zen.compiled.errors import ExecutableError  # noqa: E402
-from zen.compiled.load import load_graph  # noqa: E402
+from zen.compiled.static.load import load_graph  # noqa: E402
 
 
 def main(paths: list[str]) -> int:

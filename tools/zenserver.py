@@ -4,7 +4,7 @@
         httpx.get(srv.url + "/health")
     # stopped (SIGTERM, then SIGKILL if it lingers)
 
-The child is started through zen.childproc (isolated mode, scratch working directory), as zen starts
+The child is started through zen.runtime.childproc (isolated mode, scratch working directory), as zen starts
 every child interpreter; `--port 0` makes the server choose a free port and print its URL, which is
 read from its first line of output. `kill9()` is what a crashed machine does to it.
 """
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from zen import childproc
+from zen.runtime import childproc
 
 
 class ZenServer:

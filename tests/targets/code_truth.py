@@ -1,6 +1,6 @@
 """Ground truth for model-specific code, computed in the live process from real objects.
 
-Implements the closure rules documented in zen.cpython.closure independently: with `dis` on live
+Implements the closure rules documented in zen.cpython.program.closure independently: with `dis` on live
 code objects, real `__globals__`/`__builtins__`/`__closure__`, `vars()` of modules and classes and
 `gc` to find every class. zen computes the same sets from memory alone; tests compare them.
 """

@@ -35,7 +35,7 @@ import numpy as np
 from zen import __version__
 from zen.analyze.sameness import Snapshot, hyperparameter_changes, open_snapshot, require_one_model
 from zen.analyze.tensors import CHUNK, TensorFile, to_float64
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from zen.analyze.subject import Subject
 from zen.analyze.tensors import TensorFile
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 FLOATS = ("F64", "F32", "F16", "BF16")
 INTS = ("I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64")

@@ -1,7 +1,7 @@
 """`zen analyze`: white-box analysis of a recovered model with ART, in a child process.
 
 The parent (this module; no torch, no ART) checks the case or package and the inputs, writes a
-request, runs `zen.analyze.worker` through `zen.childproc` (isolated interpreter, scratch working
+request, runs `zen.analyze.worker` through `zen.runtime.childproc` (isolated interpreter, scratch working
 directory: the rebuilt model's `load()` EXECUTES code recovered from the image, never in zen's own
 process), then writes DIR/analysis.json and the figures:
 
@@ -28,14 +28,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zen import __version__, childproc
+from zen import __version__
 from zen.analyze import plots
 from zen.analyze.inputs import plan_inputs
 from zen.analyze.subject import open_subject
 from zen.analyze.tensors import TensorFile
-from zen.errors import ZenError
 from zen.represent import textio
 from zen.represent.case import file_sha256
+from zen.runtime import childproc
+from zen.runtime.errors import ZenError
 
 ATTACK_NAMES = ("fgsm", "pgd")
 DEFAULT_EPS = (0.01, 0.03, 0.1)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zen.analyze.tensors import TensorFile
-from zen.errors import ZenError
 from zen.represent import case
 from zen.represent.mr import ModelMR
+from zen.runtime.errors import ZenError
 
 HINT_SAME = "zen drift compares snapshots of one model; `zen diff` or `zen attribute` compare different models"
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zen.analyze.tensors import TensorFile
-from zen.errors import ZenError
 from zen.represent import case
 from zen.represent.mr import ModelMR
+from zen.runtime.errors import ZenError
 
 PACKAGE_NAME = "zen_analyzed_model"  # the package a case is written to, in a private temporary directory
 

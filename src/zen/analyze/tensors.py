@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 MAX_HEADER = 100 << 20
 CHUNK = 1 << 22  # elements converted to float64 at once

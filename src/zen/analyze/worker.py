@@ -1,6 +1,6 @@
 """The analysis child: load the rebuilt model, run ART on it, write arrays and a result document.
 
-Started by `zen analyze` through `zen.childproc` (isolated interpreter, scratch working directory):
+Started by `zen analyze` through `zen.runtime.childproc` (isolated interpreter, scratch working directory):
 `load()` of a reuse package EXECUTES code recovered from an image, and this process is where it
 runs. Argument: the request JSON the parent wrote (package, inputs plan, attacks, parameters,
 where to write). It writes the result JSON named in the request: {"ok": ...} or {"error", "hint"}
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from zen.analyze.tensors import TensorFile, to_float64
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 
 def _array(path: str, key: str) -> np.ndarray:

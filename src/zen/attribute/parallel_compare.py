@@ -3,7 +3,7 @@
 Algorithm 1 compares the ten candidates sharing most code in full. On a transformers query that is
 ~0.1 s of pure Python each (greedy matching of ~4,000 code views, then the optimal assignment),
 the largest part of `zen attribute` (issue 34, target 1). They do not depend on each other, so a
-forked child (`zen.forking.Forked`) computes some while this process computes the others.
+forked child (`zen.runtime.forking.Forked`) computes some while this process computes the others.
 
 The child never touches the library. An SQLite connection must not be used across `fork`, and even
 a fresh one opened in the child would share the parent's lock bookkeeping (SQLite keeps it per
@@ -32,7 +32,7 @@ import numpy as np
 
 from zen.attribute.code_views import CodeView, MatchResult, Pair
 from zen.attribute.invariants import StoredView, load_bodies
-from zen.forking import Forked, enabled
+from zen.runtime.forking import Forked, enabled
 
 Compare = Callable[[str, list[CodeView]], tuple[MatchResult, float]]  # name, entry's views -> (match, CLS)
 MIN_PARALLEL = 3  # fewer comparisons than this: one process (the fork and the prefetch cost more than they save)

@@ -8,7 +8,7 @@
   element-wise distance.
 * IBSS (implied bytecode similarity): rapidfuzz's normalised Indel ratio of the two normalised
   instruction listings (the paper compares decompiled source; listings are exact, fast, and
-  version-normalised, see zen.cpython.listing).
+  version-normalised, see zen.cpython.code.listing).
 * Pair score = mean(Attr SS, IBSS); γ = the TOP-N member with the highest pair score.
 
 Identical code objects are paired first with score 1.0, as Algorithm 1's candidate filter (line 4)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from zen import __version__
-from zen.compiled.graph import Graph
+from zen.compiled.static.graph import Graph
 from zen.represent.case import MR_FILE, PR_FILE, UR_FILE, WEIGHTS, file_sha256
 from zen.represent.mr import ModelMR, ModuleRecord, RootRecord, TensorRecord
 from zen.represent.pr import PR_FORMAT, UR_FORMAT

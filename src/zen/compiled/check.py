@@ -19,7 +19,7 @@ import numpy as np
 
 
 def main() -> int:
-    from zen.compiled.probe import THREADS
+    from zen.compiled.kernels.probe import THREADS
 
     os.environ["TVM_NUM_THREADS"] = str(THREADS)
     import torch

@@ -16,7 +16,7 @@ import numpy as np
 
 from zen.compiled import ops
 from zen.compiled.errors import ExecutableError
-from zen.compiled.graph import Graph
+from zen.compiled.static.graph import Graph
 from zen.represent.safetensors_io import Entry, SafetensorsWriter
 
 ROLES = {

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from zen import __version__
-from zen.compiled.budget import TIMEOUT, SearchLimits
 from zen.compiled.codegen import write_package
 from zen.compiled.errors import ExecutableError
-from zen.compiled.load import load_graph
+from zen.compiled.kernels.budget import TIMEOUT, SearchLimits
 from zen.compiled.probing import probe, tvm_available, tvm_python
+from zen.compiled.static.load import load_graph
 
 FORMAT = 1
 

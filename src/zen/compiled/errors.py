@@ -6,7 +6,7 @@ TVM version or a file that is no model library at all must end in one clear line
 
 from __future__ import annotations
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 
 class ExecutableError(ZenError):

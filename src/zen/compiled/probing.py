@@ -1,10 +1,10 @@
 """Parent side of probing: build the request from the static graph, run the child, read its answer.
 
-The child (`zen.compiled.probe`, isolated: see zen.childproc) imports TVM and runs the library's kernels; zen's own
-process never does. Its interpreter defaults to the one running zen, and can be another Python
+The child (`zen.compiled.kernels.probe`, isolated: see zen.runtime.childproc) imports TVM and runs the library's
+kernels; zen's own process never does. Its interpreter defaults to the one running zen, and can be another Python
 environment that has TVM and torch (ZEN_TVM_PYTHON).
 
-What the child finds is bounded by work (zen.compiled.budget, sent in the request); the wall-clock
+What the child finds is bounded by work (zen.compiled.kernels.budget, sent in the request); the wall-clock
 `timeout` on each child is only a safety net against one that never ends, and running out of it stops
 zen with an error naming it (TimeLimitExceeded, exit 7), never with a different answer.
 """
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from zen import childproc
-from zen.compiled.budget import TIMEOUT, SearchLimits
 from zen.compiled.errors import ExecutableError
-from zen.compiled.graph import Graph
-from zen.errors import TimeLimitExceeded
+from zen.compiled.kernels.budget import TIMEOUT, SearchLimits
+from zen.compiled.static.graph import Graph
+from zen.runtime import childproc
+from zen.runtime.errors import TimeLimitExceeded
 
 
 def tvm_python() -> str:
@@ -143,7 +143,7 @@ def _load_folded(fold_dir: Path, node: int, output: int, spec: dict) -> np.ndarr
 
 def _run_child(req: dict, timeout: float) -> dict[int, dict]:
     try:
-        proc = childproc.run(childproc.module_argv("zen.compiled.probe", python=tvm_python()), input=json.dumps(req),
+        proc = childproc.run(childproc.module_argv("zen.compiled.kernels.probe", python=tvm_python()), input=json.dumps(req),
                              capture_output=True, text=True, timeout=timeout, env=child_env())  # fmt: skip
     except subprocess.TimeoutExpired:
         raise timed_out("probing the kernels", timeout) from None

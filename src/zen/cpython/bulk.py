@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from zen.cpython.interp import Interpreter
-from zen.errors import ZenError
 from zen.memory.scan import Located, gather_u64, u64_array
+from zen.runtime.errors import ZenError
 
 _SIZES = {"ptr": 8, "u64": 8, "i64": 8, "i32": 4, "u32": 4, "u16": 2, "i16": 2, "u8": 1, "i8": 1}
 

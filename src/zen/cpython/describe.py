@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from zen.cpython.interp import Interpreter
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 PLAIN = {
     "none",

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zen.cpython.symbols import ModuleSymbols, load_symbols, symbols_from_disk
-from zen.errors import InterpreterNotFound, MemoryReadError
+from zen.cpython.layout.symbols import ModuleSymbols, load_symbols, symbols_from_disk
 from zen.memory.space import AddressSpace
+from zen.runtime.errors import InterpreterNotFound, MemoryReadError
 
 COOKIE = int.from_bytes(b"xdebugpy", "little")
 _NAME_RE = re.compile(r"(?:^|/)(?:lib)?python(\d)\.?(\d+)?[^/]*$")

@@ -16,11 +16,11 @@ class ImageReader(Protocol):
     """The facade of an interpreter in an image (see zen.cpython.interp.Interpreter)."""
 
     space: AddressSpace
-    P: Any  # the CPython layout profile (zen.cpython.profile.Profile)
+    P: Any  # the CPython layout profile (zen.cpython.layout.profile.Profile)
     limits: Any  # zen.cpython.interp.Limits: bounds on what a reader accepts
     wk: Any  # well-known type addresses (zen.cpython.wellknown.WellKnown)
     _type_cache: dict
-    census_memo: dict  # per-interpreter memos (zen.cpython.modules_memo)
+    census_memo: dict  # per-interpreter memos (zen.cpython.encode.modules_memo)
 
     def ptr(self, addr: int) -> int: ...
 

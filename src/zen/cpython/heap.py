@@ -21,9 +21,9 @@ import numpy as np
 
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.types import TypeInfo, read_type
-from zen.errors import MemoryReadError, ObjectError, ZenError
 from zen.memory.allocations import chunk_interiors, without
 from zen.memory.scan import find_u64_in, find_u64_in_mapped, find_u64_in_ranges, gather_u64, writable_chunks
+from zen.runtime.errors import MemoryReadError, ObjectError, ZenError
 
 MAX_GC_WALK = 50_000_000
 MAX_META_ROUNDS = 8

@@ -12,10 +12,10 @@ import struct
 from dataclasses import dataclass
 
 from zen.cpython.discover import InterpreterInfo, discover
-from zen.cpython.profile import Profile, load_profile
+from zen.cpython.layout.profile import Profile, load_profile
 from zen.cpython.wellknown import WellKnown, resolve
-from zen.errors import InterpreterNotFound, MemoryReadError, ObjectError, TruncatedImage
 from zen.memory.space import AddressSpace
+from zen.runtime.errors import InterpreterNotFound, MemoryReadError, ObjectError, TruncatedImage
 
 _HDR = struct.Struct("<qQ")
 
@@ -37,7 +37,7 @@ class Limits:
 
 def _checked_against_image(space: AddressSpace, info: InterpreterInfo, prof: Profile) -> Profile:
     """3.13+: cross-check the profile with the image's `_Py_DebugOffsets`; the image wins."""
-    from zen.cpython import debug_offsets as dbg
+    from zen.cpython.layout import debug_offsets as dbg
 
     if info.runtime is None:
         return prof

@@ -11,15 +11,15 @@ its code. The walk follows at most `MAX_PARTS` names through module and class di
 from __future__ import annotations
 
 from zen.cpython.interp import Interpreter
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 MAX_PARTS = 8
 
 
 def name_resolves(ip: Interpreter, module: str, qualname: str, addr: int) -> bool:
     """True when `module`'s namespace in the image reaches the object at `addr` through `qualname`."""
+    from zen.cpython.encode.modules_memo import module_info
     from zen.cpython.heap import Heap
-    from zen.cpython.modules_memo import module_info
     from zen.cpython.readers.dicts import dict_get
     from zen.cpython.readers.functions import read_wrapped
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from zen.errors import ZenError
 from zen.memory.scan import gather_u64
+from zen.runtime.errors import ZenError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

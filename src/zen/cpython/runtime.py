@@ -9,14 +9,14 @@ function's owner.
 
 from __future__ import annotations
 
+from zen.cpython.code.instructions import Instruction, decode
 from zen.cpython.heap import Heap
-from zen.cpython.instructions import Instruction, decode
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.code import CodeInfo, read_code
 from zen.cpython.readers.dicts import dict_str_items
 from zen.cpython.readers.functions import FunctionInfo, read_function, read_property, read_wrapped
 from zen.cpython.readers.types import TypeInfo, read_type
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 
 class Runtime:
@@ -83,7 +83,7 @@ class Runtime:
                 fi = self.function(f)
                 if fi is not None and fi.code not in names:
                     names[fi.code] = fi.qualname
-            from zen.cpython.listing_legacy import qualnames_in
+            from zen.cpython.code.listing_legacy import qualnames_in
 
             for a in self.code_addrs:
                 try:

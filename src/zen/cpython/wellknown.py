@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zen.cpython.discover import InterpreterInfo
-from zen.cpython.profile import Profile
-from zen.errors import InterpreterNotFound, MemoryReadError
+from zen.cpython.layout.profile import Profile
 from zen.memory.scan import find_u64
 from zen.memory.space import AddressSpace
+from zen.runtime.errors import InterpreterNotFound, MemoryReadError
 
 # reader kind -> (exported symbol, tp_name)
 TYPES: dict[str, tuple[str, str]] = {

@@ -25,9 +25,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from zen import childproc
-from zen.errors import ZenError
 from zen.represent import textio
+from zen.runtime import childproc
+from zen.runtime.errors import ZenError
 
 BASE_NAME = "tiny-base"
 MARKER = ".zen-demo"  # marks a directory `zen demo` may write into again
@@ -35,7 +35,7 @@ MARKER = ".zen-demo"  # marks a directory `zen demo` may write into again
 
 def _serve_and_image(cmd: list[str], outdir: Path, image: Path, console: Console, what: str) -> dict:
     """Run a model process, image it (lean), stop it; returns its truth.json."""
-    from zen.acquire import acquire
+    from zen.acquire.process import acquire
 
     outdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd + [str(outdir.resolve())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -56,7 +56,7 @@ def _serve_and_image(cmd: list[str], outdir: Path, image: Path, console: Console
 
 def _library(workdir: Path, console: Console, keep: bool) -> Path:
     from zen.library.store import Library
-    from zen.recover import recover
+    from zen.recover.run import recover
 
     console.rule("[bold]1. the public base model, into a base-model library")
     image = workdir / "base.core"
@@ -77,7 +77,7 @@ def _library(workdir: Path, console: Console, keep: bool) -> Path:
 
 
 def _recover(workdir: Path, console: Console, keep: bool):
-    from zen.recover import recover
+    from zen.recover.run import recover
 
     console.rule("[bold]2. the deployed model process, recovered from its image alone")
     image = workdir / "deployed.core"

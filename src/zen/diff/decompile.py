@@ -2,7 +2,7 @@
 
 Decompilation never runs the code, but a decompiler can loop or crash on unusual bytecode (depyf has
 hung forever on a real function), so it runs in an isolated child process (`python -I`,
-`zen.diff.decompile`; see zen.childproc) fed marshalled code objects on stdin and answering JSON on
+`zen.diff.decompile`; see zen.runtime.childproc) fed marshalled code objects on stdin and answering JSON on
 stdout. depyf is optional (`pip install 'zen-forensics[decompile]'`); without it callers show
 normalised listings.
 
@@ -26,8 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from zen import childproc
-from zen.errors import TimeLimitExceeded
+from zen.runtime import childproc
+from zen.runtime.errors import TimeLimitExceeded
 
 # Python calls depyf may make for one function: torch.nn's largest (F.multi_head_attention_forward, 5.4 KB of
 # bytecode) takes 1.7M, about 1.5 s traced; 20M is about what the former 10-second deadline allowed a quiet machine

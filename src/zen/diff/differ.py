@@ -279,7 +279,7 @@ def _canonical_code(enc: Any, depth: int = 0) -> Any:
         import base64
         import binascii
 
-        from zen.cpython.canonical_marshal import MarshalFormatError, canonical
+        from zen.cpython.code.canonical_marshal import MarshalFormatError, canonical
 
         try:
             version = tuple(int(x) for x in python.split(".")[:2])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import read_dict
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 
 class NoModelFound(ZenError):

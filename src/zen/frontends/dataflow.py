@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from zen.cpython.instructions import Instruction, decode, pair_parts
+from zen.cpython.code.instructions import Instruction, decode, pair_parts
 from zen.cpython.interp import Interpreter
-from zen.cpython.profile import OpcodeTable
+from zen.cpython.layout.profile import OpcodeTable
 from zen.cpython.readers.code import read_code
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.functions import read_function

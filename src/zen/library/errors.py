@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 
 class LibraryError(ZenError):

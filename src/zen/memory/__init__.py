@@ -23,7 +23,7 @@ def require_image_file(image: str | os.PathLike) -> Path:
     ends: neither may be taken for evidence. A block device is refused with how to image it."""
     import stat
 
-    from zen.errors import ImageError
+    from zen.runtime.errors import ImageError
 
     path = Path(image)
     try:
@@ -59,7 +59,7 @@ def open_space(
     process of a core file; without one, `pid` is a live process on this machine. `gpu` names
     GPU cores of the same process (zen.memory.gpu): their device memory is attached to it.
     """
-    from zen.errors import ImageError
+    from zen.runtime.errors import ImageError
 
     if image is not None:
         from zen.memory.gpu import sniff_gpu_core
@@ -81,7 +81,7 @@ def open_space(
 
 
 def _open_host(image, pid, *, file_root, symbols) -> AddressSpace:
-    from zen.errors import ImageError, ZenError
+    from zen.runtime.errors import ImageError, ZenError
 
     if image is None and pid is None:
         raise ZenError("give an image file or --pid PID", "see `zen COMMAND --help`")

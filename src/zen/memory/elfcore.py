@@ -22,9 +22,9 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from zen.errors import ImageError
 from zen.memory.regions import Region, Source, perms_from_elf_flags
 from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk
+from zen.runtime.errors import ImageError
 
 # Offsets inside the x86_64 `struct elf_prstatus` (336 bytes).
 PRSTATUS_PID = 32

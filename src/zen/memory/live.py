@@ -14,9 +14,9 @@ import signal
 import time
 from collections.abc import Iterator
 
-from zen.errors import ProcessError
 from zen.memory.regions import Region, Source
 from zen.memory.space import AddressSpace, LiveChunk
+from zen.runtime.errors import ProcessError
 
 
 def parse_maps_line(line: str) -> Region | None:

@@ -20,8 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from zen.errors import MemoryReadError
 from zen.memory.regions import Region, Source
+from zen.runtime.errors import MemoryReadError
 
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")

@@ -1,4 +1,4 @@
-"""Turn zen's value encodings (zen.cpython.snapshot) back into live objects. Reuse only.
+"""Turn zen's value encodings (zen.cpython.encode.snapshot) back into live objects. Reuse only.
 
 This runs in the investigator's process and *imports and instantiates* code: framework classes
 by name, and the recovered model classes that a patch or a synthesised module made available.
@@ -13,7 +13,7 @@ import importlib
 import sys
 from typing import Any
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 
 class ReuseError(ZenError):

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zen import __version__
-from zen.cpython import canonical_marshal
-from zen.errors import ZenError
+from zen.cpython.code import canonical_marshal
 from zen.represent import textio
+from zen.runtime.errors import ZenError
 
 if TYPE_CHECKING:  # the loader of a reuse package imports this module: keep it light
     from zen.diff.differ import DiffResult

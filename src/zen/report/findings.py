@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from zen.errors import ZenError
 from zen.represent.schema import parse_json
+from zen.runtime.errors import ZenError
 
 MAX_PNG = 8 << 20
 MAX_ROWS = 200

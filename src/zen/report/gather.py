@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from zen import __version__
-from zen.errors import ZenError
 from zen.represent import case
 from zen.reuse.package import package_hashes
+from zen.runtime.errors import ZenError
 
 MAX_MODULE_ROWS = 300
 
@@ -53,14 +53,14 @@ def _integrity(case_dir: Path, manifest: dict) -> dict:
 
 
 def _verified(v) -> str:
-    """A sound file, and where its digests came from when this run did not compute them (zen.digest_cache)."""
+    """A sound file, and where its digests came from when this run did not compute them (zen.evidence.digest_cache)."""
     return f"verified (its digests {v.how})" if v.how else "verified"
 
 
 def _signature(case_dir: Path) -> dict:
     """Whether the manifest is signed and the signature holds (who signed is the key's fingerprint)."""
-    from zen.errors import ZenError
     from zen.represent.signature import check_signature
+    from zen.runtime.errors import ZenError
 
     try:
         return check_signature(case_dir)

@@ -25,10 +25,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from zen.digest_cache import file_sha256  # noqa: F401 - case.file_sha256 for the readers of cases
-from zen.errors import ZenError
+from zen.evidence.digest_cache import file_sha256  # noqa: F401 - case.file_sha256 for the readers of cases
 from zen.represent import textio
 from zen.represent.mr import ModelMR
+from zen.runtime.errors import ZenError
 
 CASE_FORMAT = 1
 MANIFEST, MR_FILE, WEIGHTS, INPUTS = "manifest.json", "mr.json", "weights.safetensors", "inputs.safetensors"

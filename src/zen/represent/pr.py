@@ -127,7 +127,7 @@ class ProgrammaticRepresentation:
     exclusion: list[str] = field(default_factory=list)  # what "not model code" meant here
     # module -> {global name referenced by its model code (LOAD_GLOBAL) -> encoded value (cpython.snapshot)}
     module_globals: dict[str, dict[str, Any]] = field(default_factory=dict)
-    listing_version: int = 1  # zen.cpython.listing.LISTING_VERSION of the listings (1: before it was recorded)
+    listing_version: int = 1  # zen.cpython.code.listing.LISTING_VERSION of the listings (1: before it was recorded)
     format: int = PR_FORMAT
 
     def to_json(self) -> dict[str, Any]:

@@ -102,7 +102,7 @@ class SafetensorsWriter:
         if self._executor is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            from zen.forking import background, background_level
+            from zen.runtime.forking import background, background_level
 
             # at the priority of the thread that writes (lower than the analysis when that runs beside)
             level = background_level()

@@ -25,8 +25,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from zen.errors import ZenError
 from zen.represent.jsontext import collector_paused, loads
+from zen.runtime.errors import ZenError
 
 MAX_DEPTH = 200  # nesting of JSON containers in a case file (real cases stay below 40)
 MAX_STRING = 1 << 20  # characters of one string (names, addresses, literals; real cases stay below 100,000)

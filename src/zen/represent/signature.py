@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 SIG_FILE = "manifest.sig"
 MAX_SIG = 64 << 10

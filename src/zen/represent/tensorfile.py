@@ -5,7 +5,7 @@ every header entry must be well formed (known dtype, shape, offsets inside the d
 every tensor's bytes must hash to the sha256 mr.json recorded when the tensor was read from the image. The file
 is read once, sequentially: the file digest and every tensor digest come from the same pass.
 
-A large file's digests are computed once per file state (`zen.digest_cache`, keyed by device, inode, size, mtime and
+A large file's digests are computed once per file state (`zen.evidence.digest_cache`, keyed by device, inode, size, mtime and
 ctime): `zen recover` records those it took from the buffers it wrote, and the first reader those it computed; a
 later reader of the unchanged file takes them from there (its header is still parsed and checked) instead of
 hashing GBs twice. `reuse=False` (`zen verify-case`, `zen sign`) always reads and hashes the file.
@@ -97,7 +97,7 @@ def read_header(path: Path, fh, size: int) -> tuple[dict, dict, int]:
 def read_tensor_file(path: Path, *, reuse: bool = True) -> TensorFile:
     """Parse and hash a safetensors file in one sequential pass (file digest + one digest per entry); with `reuse`,
     a large file's digests recorded for its present state are taken instead of hashing it."""
-    from zen import digest_cache
+    from zen.evidence import digest_cache
 
     path = Path(path)
     with open(path, "rb") as fh:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 MAX_JSON_FILE = 4 << 30  # bytes of one JSON case file (pr.json of the largest models is a few hundred MB)
 MAX_REQUIREMENTS = 1 << 20
@@ -45,7 +45,7 @@ class Verdict:
     name: str
     status: str = "ok"  # ok, missing, unrecorded, altered, malformed, inconsistent, unchecked
     reasons: list[str] = field(default_factory=list)
-    how: str | None = None  # where the digests came from when not computed in this run (zen.digest_cache)
+    how: str | None = None  # where the digests came from when not computed in this run (zen.evidence.digest_cache)
 
     def add(self, status: str, reason: str) -> None:
         if self.status in ("ok", "unchecked"):
@@ -55,7 +55,7 @@ class Verdict:
 
 def check_code(path: Path, pr_addresses: set[str] | None, python_matches: bool) -> Verdict:
     """code.marshal loaded in an isolated child: a mapping of address -> code object, keyed like pr.json."""
-    from zen import childproc
+    from zen.runtime import childproc
 
     v = Verdict(path.name)
     if not python_matches:

@@ -21,8 +21,8 @@ import shutil
 from pathlib import Path
 
 from zen import __version__
-from zen.errors import ZenError
 from zen.represent import case
+from zen.runtime.errors import ZenError
 
 TEMPLATE = '''"""{title}
 
@@ -119,12 +119,12 @@ def run_verify(pkg: Path, python: str, inputs: Path, expect: Path | None, save: 
                timeout: float = 600.0) -> dict:  # fmt: skip
     """Verify a Keras package in a child process of the TF environment's `python` (zen never imports TF).
 
-    The child runs isolated (zen.childproc): zen's modules and the caller's PYTHONPATH are put on its
+    The child runs isolated (zen.runtime.childproc): zen's modules and the caller's PYTHONPATH are put on its
     sys.path, the working directory is not; it prints one `ZEN-RESULT {json}` line."""
     import os
     import subprocess
 
-    from zen import childproc
+    from zen.runtime import childproc
 
     exe = shutil.which(python) or python
     if not Path(exe).is_file():

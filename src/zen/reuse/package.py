@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from zen import __version__
-from zen.errors import ZenError
 from zen.patch.decode import describe
 from zen.represent import case
+from zen.runtime.errors import ZenError
 
 TEMPLATE = '''"""{title}
 
@@ -138,7 +138,7 @@ def require_rebuildable(mr, where: Path) -> None:
     """Refuse (exit 5) a model whose state was not all read: the state the audit of deployment forms named
     (`mr.unread`), tensor subclasses, and tensors on the meta device (offloaded: their data is in files the
     deployment's hooks would read at load time). A package must rebuild exactly or not be written."""
-    from zen.errors import StateNotRead
+    from zen.runtime.errors import StateNotRead
 
     missing = [f"{u.get('where') or 'the root'} ({u.get('type')}): {u.get('why')}" for u in mr.unread]
     missing += [f"{t.key}: {t.note}" for t in mr.tensors if t.status in ("subclass", "offloaded")

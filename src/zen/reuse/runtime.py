@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zen.errors import ZenError
 from zen.represent import case
+from zen.runtime.errors import ZenError
 
 
 def load_tensors(path: Path) -> dict:

@@ -16,7 +16,7 @@ import os
 import struct
 from pathlib import Path
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 
 def load_safetensors(path: Path) -> dict:

@@ -33,12 +33,12 @@ from starlette.concurrency import run_in_threadpool
 
 from zen import __version__
 from zen.attribute.algorithm import attribute as do_attribute  # imported at start-up, not by the first query
-from zen.errors import ZenError
 from zen.library import tokens
 from zen.library.bundle import FILE_OF_PART, Bundle, BundleError, Limits
 from zen.library.store import Conflict, LibraryError, NotFound
 from zen.library.tokens import Principal
 from zen.represent.schema import CaseFileError
+from zen.runtime.errors import ZenError
 from zen.serve.stores import StorePool
 from zen.serve.uploads import BodyLimit, read_parts
 

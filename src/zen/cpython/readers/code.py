@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zen.cpython.bytecode import deoptimize
+from zen.cpython.code.bytecode import deoptimize
 from zen.cpython.readers.code_info import CodeInfo
-from zen.errors import MemoryReadError, ObjectError
+from zen.runtime.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zen.errors import MemoryReadError, ObjectError
+from zen.runtime.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zen.errors import MemoryReadError, ObjectError
+from zen.runtime.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

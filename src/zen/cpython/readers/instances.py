@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from zen.cpython.readers.dicts import DictKeys, read_dict, read_split_values
 from zen.cpython.readers.types import read_type
-from zen.errors import MemoryReadError, ObjectError, ZenError
+from zen.runtime.errors import MemoryReadError, ObjectError, ZenError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

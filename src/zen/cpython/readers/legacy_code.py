@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zen.cpython.readers.code_info import CodeInfo
-from zen.errors import MemoryReadError, ObjectError
+from zen.runtime.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

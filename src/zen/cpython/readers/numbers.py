@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from zen.errors import ObjectError
+from zen.runtime.errors import ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

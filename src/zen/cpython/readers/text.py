@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from zen.errors import MemoryReadError, ObjectError
+from zen.runtime.errors import MemoryReadError, ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

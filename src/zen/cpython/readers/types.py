@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from zen.errors import MemoryReadError, ObjectError, ZenError
+from zen.runtime.errors import MemoryReadError, ObjectError, ZenError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zen.errors import ObjectError
+from zen.runtime.errors import ObjectError
 
 if TYPE_CHECKING:
     from zen.cpython.facade import ImageReader

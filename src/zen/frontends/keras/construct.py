@@ -20,8 +20,8 @@ from typing import Any
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import read_dict
 from zen.cpython.readers.instances import read_instance
-from zen.errors import ZenError
 from zen.frontends.keras.layers import LayerNode, _items
+from zen.runtime.errors import ZenError
 
 PLAIN = frozenset({"none", "bool", "int", "float", "str"})
 MAX_DEPTH = 8

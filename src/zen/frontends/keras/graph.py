@@ -15,9 +15,9 @@ from typing import Any
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import read_dict
 from zen.cpython.readers.instances import read_instance
-from zen.errors import ZenError
 from zen.frontends.keras.construct import node_records
 from zen.frontends.keras.layers import LayerIndex, _items
+from zen.runtime.errors import ZenError
 
 METHOD = "keras functional nodes (_nodes_by_depth, arguments' _keras_history)"
 

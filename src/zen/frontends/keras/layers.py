@@ -18,7 +18,7 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.containers import read_list, read_tuple
 from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.types import TypeInfo
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 LAYER_BASE = "keras.src.layers.layer.Layer"
 VARIABLE_BASE = "keras.src.backend.common.variables.Variable"

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.functions import read_function
 from zen.cpython.readers.instances import read_instance
-from zen.errors import ZenError
 from zen.frontends.keras.construct import construction
 from zen.frontends.keras.layers import LayerIndex, LayerNode, _items
 from zen.frontends.keras.tensors import TFTensorMeta, TFTensorReader
 from zen.represent.mr import ModelMR, ModuleRecord, RootRecord, TensorRecord
+from zen.runtime.errors import ZenError
 
 PLAIN_KINDS = {"none", "bool", "int", "float", "complex", "str"}
 # Bookkeeping every Keras layer carries: not configuration.

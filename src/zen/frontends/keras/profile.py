@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from zen.cpython.profile import Struct, layout_texts
-from zen.errors import ProfileError
+from zen.cpython.layout.profile import Struct, layout_texts
 from zen.frontends.keras.layout import TensorLayout
+from zen.runtime.errors import ProfileError
 
 TF_PROFILE_FORMAT = 1
 

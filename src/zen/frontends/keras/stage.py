@@ -1,6 +1,6 @@
 """The Keras recovery stage of `zen recover`: versions and profile, layers, the chosen root, its MR and variables.
 
-`zen.recover` runs it when the image holds a Keras model (see `framework_of`) and writes the case from what it
+`zen.recover.run` runs it when the image holds a Keras model (see `framework_of`) and writes the case from what it
 returns, exactly as for a PyTorch model: the case contract is the front end's output, not its internals.
 """
 
@@ -12,7 +12,6 @@ from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
-from zen.errors import ObjectError, ZenError
 from zen.frontends.common import NoModelFound, references
 from zen.frontends.keras.dataflow import call_dataflow, merge
 from zen.frontends.keras.graph import functional_graphs
@@ -21,6 +20,7 @@ from zen.frontends.keras.mr import KerasSlot, VariableReader, build_mr, root_rec
 from zen.frontends.keras.profile import TFProfile, load_tf_profile
 from zen.frontends.keras.tensors import TFTensorReader
 from zen.represent.mr import ModelMR, RootRecord
+from zen.runtime.errors import ObjectError, ZenError
 
 TF_MODULES = ("tensorflow", "keras")
 EAGER_BASE = "tensorflow.python.framework.ops._EagerTensorBase"
@@ -29,7 +29,7 @@ TF_RESOURCE_VARIABLE = "tensorflow.python.ops.resource_variable_ops.BaseResource
 
 @dataclass
 class KerasModel:
-    """What the stage hands back to `zen.recover`."""
+    """What the stage hands back to `zen.recover.run`."""
 
     mr: ModelMR
     slots: list[KerasSlot]

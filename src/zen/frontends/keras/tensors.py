@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.instances import read_instance
-from zen.errors import MemoryReadError, ObjectError, ZenError
 from zen.frontends.keras.layout import DecodedTensor, LayoutError, decode_tensor, read_std_string
 from zen.frontends.keras.profile import TFProfile
+from zen.runtime.errors import MemoryReadError, ObjectError, ZenError
 
 BLOCK = 16 << 20
 
@@ -30,7 +30,7 @@ class TFDataMissing(ObjectError):
 
 @dataclass
 class TFTensorMeta:
-    """What `zen.recover` needs to stream a tensor (the same duck type as the torch front end's TensorMeta)."""
+    """What `zen.recover.run` needs to stream a tensor (the same duck type as the torch front end's TensorMeta)."""
 
     addr: int  # the Python object read (EagerTensor, ResourceVariable or Keras Variable)
     dtype: str

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from zen.cpython.interp import Interpreter
-from zen.errors import ZenError
 from zen.frontends.dataflow import Code, layer_edges, method_code
 from zen.frontends.pytorch.modules import ModuleIndex
+from zen.runtime.errors import ZenError
 
 METHOD = (
     "static, path-insensitive walk of each module's forward bytecode: edges from the producers of call "

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get, read_dict
 from zen.cpython.readers.instances import read_instance
-from zen.errors import ZenError
 from zen.frontends.pytorch.modules import MODULE_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import plain
 from zen.frontends.pytorch.subclasses import TENSOR_TYPES, ClassLookup, expand
+from zen.runtime.errors import ZenError
 
 PLAIN_TENSORS = frozenset({"torch.Tensor", "torch.nn.parameter.Parameter", "torch.nn.parameter.Buffer"})
 CPP_OBJECTS = frozenset({"torch.ScriptObject", "torch._C.ScriptObject", "torch.ScriptModule", "torch._C.ScriptModule"})

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from zen.cpython.interp import Interpreter
-from zen.errors import ZenError
 from zen.frontends.pytorch.tensors import TensorMeta, TensorReader
 from zen.represent.mr import ModelMR
 from zen.represent.safetensors_io import Entry, SafetensorsWriter
+from zen.runtime.errors import ZenError
 
 TOP = 5
 MAX_EMBED_CHECK = 1 << 20

@@ -17,8 +17,8 @@ from zen.cpython.readers.containers import read_set
 from zen.cpython.readers.dicts import read_dict
 from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.types import TypeInfo
-from zen.errors import ZenError
 from zen.frontends.common import NoModelFound, references  # noqa: F401 - their home before the Keras front end
+from zen.runtime.errors import ZenError
 
 MODULE_BASE = "torch.nn.modules.module.Module"
 TENSOR_BASE = "torch._C.TensorBase"

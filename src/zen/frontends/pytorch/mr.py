@@ -13,10 +13,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from zen.cpython.interp import Interpreter
-from zen.errors import ZenError
 from zen.frontends.pytorch.modules import ModuleIndex, ModuleNode
 from zen.frontends.pytorch.tensors import TensorMeta, TensorReader
 from zen.represent.mr import ModelMR, ModuleRecord, RootRecord, TensorRecord
+from zen.runtime.errors import ZenError
 
 PLAIN_KINDS = {"none", "bool", "int", "float", "complex", "str"}
 

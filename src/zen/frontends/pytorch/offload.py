@@ -21,10 +21,10 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.containers import read_list
 from zen.cpython.readers.dicts import read_dict
 from zen.cpython.readers.instances import read_instance
-from zen.errors import ZenError
 from zen.frontends.pytorch.modules import ModuleIndex
 from zen.frontends.pytorch.mr import TensorSlot, tensor_record
 from zen.frontends.pytorch.tensors import TensorReader
+from zen.runtime.errors import ZenError
 
 MAX_INDEX = 1_000_000  # entries of one offload index or in-memory map
 MAX_HOOKS = 64  # hooks of one SequentialHook

@@ -16,11 +16,11 @@ import mmap
 import os
 from pathlib import Path
 
-from zen.errors import ZenError
 from zen.frontends.pytorch.mr import TensorSlot, tensor_record
 from zen.frontends.pytorch.tensors import TensorMeta, TensorReader
 from zen.memory.regions import Region, Source
 from zen.memory.space import AddressSpace, MmapChunk
+from zen.runtime.errors import ZenError
 
 BASE = 1 << 62  # where the supplied files are mapped in their own space (apart from any process address)
 STRIDE = 1 << 44  # room for each file

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from zen.cpython.profile import Struct, layout_texts
-from zen.errors import ProfileError
+from zen.cpython.layout.profile import Struct, layout_texts
+from zen.runtime.errors import ProfileError
 
 TORCH_PROFILE_FORMAT = 1
 

@@ -1,6 +1,6 @@
 """The full state of every module, for rebuilding the model object graph (reuse).
 
-Each module's instance attributes are encoded with `zen.cpython.snapshot` (with the forms of
+Each module's instance attributes are encoded with `zen.cpython.encode.snapshot` (with the forms of
 `values.py` for partials, local functions, slices and torch singletons) except the four the
 rebuild restores structurally (`_parameters`, `_buffers`, `_modules`, `_non_persistent_buffers_set`).
 References to modules of the tree become `{"module_ref": path}`; tensors become `{"tensor": key}`:
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from zen.cpython.encode.snapshot import Encoder
+from zen.cpython.encode.values import ValueKinds
 from zen.cpython.interp import Interpreter
-from zen.cpython.snapshot import Encoder
-from zen.cpython.values import ValueKinds
-from zen.errors import ZenError
 from zen.frontends.pytorch.modules import ModuleIndex
 from zen.frontends.pytorch.mr import TensorSlot, tensor_record
 from zen.frontends.pytorch.tensors import TensorReader
 from zen.represent.mr import ModelMR
+from zen.runtime.errors import ZenError
 
 STRUCTURAL = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 

@@ -21,9 +21,9 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.types import TypeInfo
-from zen.errors import ZenError
 from zen.frontends.pytorch.mr import TensorSlot, tensor_record
 from zen.frontends.pytorch.tensors import TensorReader
+from zen.runtime.errors import ZenError
 
 TENSOR_TYPES = ("torch.Tensor", "torch._C.TensorBase")
 MAX_NEST = 4  # a subclass inside a subclass inside ... (torchao's older AQT: tensor_impl -> int_data)

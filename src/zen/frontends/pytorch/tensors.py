@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from zen.cpython.interp import Interpreter
-from zen.errors import MemoryReadError, ObjectError
 from zen.frontends.pytorch.profile import TorchProfile
+from zen.runtime.errors import MemoryReadError, ObjectError
 
 MAX_DIMS = 64
 BLOCK = 16 << 20

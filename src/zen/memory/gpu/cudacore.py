@@ -4,7 +4,7 @@ A GPU core (the driver's user-triggered or exception core dump, `*.nvcudmp`) is 
 CORE for machine EM_CUDA (190) with no program headers: everything is in sections named `.cudbg.*`
 (NVIDIA's public `cudacoredump.h`, from cuda-gdb). Device global memory is in `.cudbg.global.N`
 sections whose `sh_addr` is the device virtual address; the device, context and module tables
-describe what was dumped. zen's cuda-gdb route writes the same layout (`zen.acquire_gpu`), so both
+describe what was dumped. zen's cuda-gdb route writes the same layout (`zen.acquire.gpu`), so both
 kinds of evidence are read alike.
 
 The file is evidence, hence hostile: the section header table is read in one bulk numpy view and
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zen.errors import ImageError
+from zen.runtime.errors import ImageError
 
 MAX_SECTIONS = 1 << 24  # a full dump of a big GPU has ~10^6 sections (per-lane registers); refuse absurd counts
 MAX_ENTRIES = 1 << 16  # entries of one device/context/module/grid table

@@ -19,10 +19,10 @@ import weakref
 import zlib
 from pathlib import Path
 
-from zen.errors import ImageError
 from zen.memory.gpu.cudacore import CudaCore, is_cuda_core_header, parse
 from zen.memory.regions import Region, Source
 from zen.memory.space import AddressSpace, MmapChunk
+from zen.runtime.errors import ImageError
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_UNPACKED = 1 << 40  # 1 TiB: more than any GPU's memory; ZEN_GPU_MAX_UNPACKED lowers or raises it

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from zen.digest_cache import file_sha256
+from zen.evidence.digest_cache import file_sha256
 from zen.memory.gpu.cudacore import tables
 
 ZEN_SECTION = ".zen.acquisition"

@@ -14,8 +14,8 @@ from bisect import bisect_right
 from collections import OrderedDict
 from pathlib import Path
 
-from zen.errors import ImageError
 from zen.memory.system.physical import _LIME_HEADER, MAX_PHYS_ADDR, MAX_SEGMENTS, PAGE, PhysicalImage, PhysSegment
+from zen.runtime.errors import ImageError
 
 AVML_MAGIC = 0x4C4D5641
 # Snappy framing format: a data chunk holds at most 64 KiB; AVML's 8-byte trailer follows a stream.

@@ -29,9 +29,9 @@ import mmap
 import struct
 from pathlib import Path
 
-from zen.errors import ImageError
 from zen.memory.system.avml import AVML_MAGIC, read_avml
 from zen.memory.system.physical import _LIME_HEADER, MAX_PHYS_ADDR, MAX_SEGMENTS, PAGE, PhysicalImage, PhysSegment
+from zen.runtime.errors import ImageError
 
 LIME_MAGIC = 0x4C694D45
 ELF_MAGIC = b"\x7fELF"

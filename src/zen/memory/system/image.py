@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from zen.errors import ImageError, ZenError
 from zen.memory.system.formats import PhysicalImage, open_physical
 from zen.memory.system.kernel import Kernel
 from zen.memory.system.tasks import ProcessEntry, fill_details, list_processes
+from zen.runtime.errors import ImageError, ZenError
 
 
 class ProcessChoiceError(ZenError):

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zen.errors import ImageError, KernelSymbolsError
 from zen.memory.system.formats import PhysicalImage
+from zen.runtime.errors import ImageError, KernelSymbolsError
 
 # Where `linux_banner` (and /proc/version) text starts; the kernel adds "\n" and a NUL.
 BANNER_PREFIX = b"Linux version "

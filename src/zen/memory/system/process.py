@@ -16,12 +16,12 @@ from __future__ import annotations
 import mmap
 import os
 
-from zen.errors import ImageError
 from zen.memory.elfcore import CoreInfo
 from zen.memory.regions import Region, Source
 from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk, resident_bytes
 from zen.memory.system.kernel import Kernel
 from zen.memory.system.tasks import ProcessEntry, process_layer, process_vmas
+from zen.runtime.errors import ImageError
 
 PAGE = 4096
 # Pages the page tables may hand out per process before zen stops believing them: more than

@@ -113,7 +113,7 @@ def list_processes(kernel: Kernel, *, details: bool = True) -> list[ProcessEntry
     if out and walk_problems:
         out[0].problems.extend(walk_problems)  # shown with the listing (zen ps) and kept in the record
     if not out:
-        from zen.errors import ImageError
+        from zen.runtime.errors import ImageError
 
         raise ImageError(
             "the kernel's task list is empty or unreadable: the page tables or symbols do not fit this image",

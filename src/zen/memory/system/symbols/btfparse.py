@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from zen.errors import KernelSymbolsError
+from zen.runtime.errors import KernelSymbolsError
 
 BTF_MAGIC = 0xEB9F
 MAX_TYPES = 4_000_000  # a kernel has ~130k; far above any real blob, bounds a hostile one

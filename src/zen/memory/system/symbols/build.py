@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zen import __version__
-from zen.errors import KernelSymbolsError
 from zen.memory.system.symbols import isf as isfmod
 from zen.memory.system.symbols.btfparse import parse_btf
 from zen.memory.system.symbols.kallsyms import DEFAULT_LINK_TEXT, check_same_kernel, load_symbol_file
 from zen.memory.system.symbols.kallsyms_table import read_kallsyms_table
 from zen.memory.system.symbols.kernelfile import Vmlinux, load_kernel_bytes, read_limited
+from zen.runtime.errors import KernelSymbolsError
 
 BUILD_VERSION = 1  # bump when the ISF zen writes changes for the same inputs
 BUILDS_INDEX = "builds.idx"  # not *.json: the ISF lookup treats *.json files in the cache as ISFs

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from zen.errors import KernelSymbolsError
 from zen.memory.system.symbols.isf import Symbol
+from zen.runtime.errors import KernelSymbolsError
 
 MAX_LINES = 5_000_000
 MAX_FILE = 256 << 20

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zen.errors import ZenError
 from zen.memory.system.symbols.kernelfile import Vmlinux
+from zen.runtime.errors import ZenError
 
 DIGITS = b"0\x001\x002\x003\x004\x005\x006\x007\x008\x009\x00"
 MAX_SYMS = 2_000_000

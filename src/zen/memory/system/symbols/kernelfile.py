@@ -23,7 +23,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zen.errors import ZenError
+from zen.runtime.errors import ZenError
 
 MAX_KERNEL_FILE = 512 << 20  # a vmlinuz is ~10 MB, a stripped vmlinux ~60 MB, with DWARF ~1 GB
 MAX_VMLINUX = 1 << 30  # decompressed bound

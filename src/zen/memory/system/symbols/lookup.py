@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from zen.digest_cache import file_sha256  # noqa: F401 - lookup.file_sha256 for the symbol cache
-from zen.errors import KernelSymbolsError
+from zen.evidence.digest_cache import file_sha256  # noqa: F401 - lookup.file_sha256 for the symbol cache
+from zen.runtime.errors import KernelSymbolsError
 
 ISF_SUFFIXES = (".json", ".json.xz", ".json.gz", ".json.bz2")
 NOT_ISF = {"index.json"}  # zen's own bookkeeping next to the ISFs in the cache

@@ -1,0 +1,1 @@
+"""Per-kernel probing work (run in the probing child): readings, search, fitting, evaluation, budgets."""

@@ -1,0 +1,1 @@
+"""Static parse of a compiled executable: the ELF payload, TVM's containers, the VM bytecode and kernel graph."""

@@ -1,0 +1,1 @@
+"""Code objects: bytecode decoding, version-normalised listings, canonical marshal, rebuilding code objects."""

@@ -1,0 +1,1 @@
+"""Encoding image objects as JSON so a live process can rebuild them (model reuse)."""

@@ -1,0 +1,154 @@
+"""`zen recover`'s code stage: pr.json, ur.json, code.marshal and requirements.txt (ZEN §IV-A).
+
+The closure of the model's code is one walk, in this process. What follows it is split between
+this process and forked copies of it (`zen.runtime.forking`), each starting with everything read so far:
+
+    child 1 (from the start)  the system-wide code table (needs no closure)
+    child 2 (after the walk)  the classes' records and part of the code records (by estimated
+                              cost, so that both processes are done about together; with two
+                              cores only a tenth: the child shares its core with the others)
+    child 3 (after the walk)  code.marshal and the UR (at a lower priority: needed last)
+    this process              the other code records and the context, then the module globals
+                              (in the order of all records) and pr.json
+
+Every part is computed by the same functions as in one process, and where a child does not
+deliver, this process computes its part itself: the files are the same either way
+(`tests/test_marshal_canonical.py` recovers with `ZEN_FORK=0` and compares). The cyclic GC stays
+off for the whole stage: it allocates millions of small, acyclic, long-lived records that the
+collector would traverse again and again for nothing (`gc_paused`); the case bytes do not depend
+on it (`canonical_marshal`).
+"""
+
+from __future__ import annotations
+
+import struct
+from functools import partial
+from pathlib import Path
+
+from zen.cpython.code.codebuild import can_rebuild
+from zen.cpython.program.programmatic import (
+    build_pr,
+    build_ur,
+    class_records,
+    code_records,
+    gc_paused,
+    model_closure,
+    module_globals,
+)
+from zen.cpython.program.system_table import system_table
+from zen.cpython.runtime import Runtime
+from zen.represent import case, textio
+from zen.represent.jsontext import compact
+from zen.represent.pr import classes_from_bytes, classes_to_bytes, records_from_bytes, records_to_bytes
+from zen.runtime.errors import ZenError
+from zen.runtime.forking import NICE_ANALYSIS_PART, Forked, cores
+
+# cost estimate of one code record: a fixed part plus its bytecode (listing, constants)
+RECORD_FIXED_COST = 400
+# This process's share of the code records. The child also makes the class records (about a
+# quarter of the records' time on a transformers model), this process the execution context: with
+# a core each, 0.6 balances the two. With two cores the child shares its core with the other
+# children (system table, code.marshal, the image digest and the tensor files) and ran behind:
+# gpt2's stage took 1.41 s at 0.6, 1.33 s at 0.8, 1.30 s at 0.9, 1.32 s at 1.0 (medians of four).
+PARENT_SHARE, PARENT_SHARE_TWO_CORES = 0.6, 0.9
+
+
+def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
+    """The collector stays off for the whole stage, and the runtime (its caches: a few hundred
+    thousand decoded instructions and records) is dropped before it is back on. Its first pass then
+    has next to nothing to look at, instead of 0.05 s over objects about to be freed anyway."""
+    with gc_paused():
+        rt = Runtime(ip, heap, found)
+        system = Forked(partial(_system_table_bytes, rt))
+        try:
+            _write(out, ip, rt, index, mr, space, system)
+        finally:
+            system.cancel()
+            del rt, system  # freed here by reference counting, while the collector is off
+
+
+def _system_table_bytes(rt: Runtime) -> bytes:
+    return compact(system_table(rt))
+
+
+def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None:
+    from zen.cpython.program.context import execution_context
+
+    walk = index.walk(int(mr.root.address, 16))
+    seeds = sorted({node.type.addr for _, node in walk})
+    result = model_closure(rt, seeds)
+    readable = [c for c in sorted(result.codes) if rt.code(c) is not None]  # one PR record each
+    cut = _balanced_cut(rt, readable)
+    nodes = [(path, node.type.addr) for path, node in walk]
+    theirs = Forked(lambda: _frame(records_to_bytes(code_records(rt, result, readable[cut:])),
+                                   classes_to_bytes(class_records(rt, result))))  # fmt: skip
+    # needed last: below the records' child, which this process waits for first
+    rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 2)
+    try:
+        mine = code_records(rt, result, readable[:cut])
+        info = getattr(space, "info", None)
+        machine = "x86_64" if info is not None else None
+        model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
+        context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
+        records, classes = _unframe(theirs.result())
+        pr = build_pr(rt, result, context, system=False, records=mine + records_from_bytes(records),
+                      classes=classes_from_bytes(classes))  # fmt: skip
+        pr.module_globals = module_globals(rt, pr)
+        (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
+        textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
+        marshal, ur = _unframe(rest.result())
+        (out / case.UR_FILE).write_bytes(ur)
+        if marshal is not None:
+            (out / case.CODE_FILE).write_bytes(marshal)
+    finally:
+        theirs.cancel()
+        rest.cancel()
+
+
+def _balanced_cut(rt: Runtime, addrs: list[int]) -> int:
+    """Where to split the code records between this process and the child that also makes the
+    class records: this process takes `PARENT_SHARE` (`PARENT_SHARE_TWO_CORES`) of their
+    estimated cost."""
+    costs = [RECORD_FIXED_COST + len(rt.code(a).code) for a in addrs]  # type: ignore[union-attr]
+    share = PARENT_SHARE_TWO_CORES if cores() <= 2 else PARENT_SHARE
+    mine, acc = sum(costs) * share, 0
+    for i, c in enumerate(costs):
+        acc += c
+        if acc >= mine:
+            return i + 1
+    return len(addrs)
+
+
+def _marshal_and_ur(ip, rt: Runtime, result, readable: list[int], nodes) -> bytes:
+    """code.marshal (None where this Python cannot rebuild the image's code) and ur.json, framed."""
+    marshal = _code_marshal(ip, rt, readable) if can_rebuild(ip) else None
+    ur = build_ur(rt, nodes, [f"{c:#x}" for c in readable], result).dumps().encode("utf-8", "backslashreplace")
+    return _frame(marshal, ur)
+
+
+def _frame(first: bytes | None, second: bytes) -> bytes:
+    """Two byte strings (the first may be None) as one."""
+    return struct.pack("<q", -1 if first is None else len(first)) + (first or b"") + second
+
+
+def _unframe(data: bytes) -> tuple[bytes | None, bytes]:
+    (n,) = struct.unpack_from("<q", data)
+    if n < 0:
+        return None, data[8:]
+    return data[8 : 8 + n], data[8 + n :]
+
+
+def _code_marshal(ip, rt: Runtime, readable: list[int]) -> bytes:
+    """Every readable code object of the closure rebuilt (in address order, as the PR lists them),
+    in canonical marshal form (bytes independent of zen's own process)."""
+    from zen.cpython.code import canonical_marshal
+    from zen.cpython.code.codebuild import rebuild_code, rebuilt_memo
+
+    memo = rebuilt_memo(ip)  # shared with the PR's encoder of nested functions (when in-process)
+    codes = {}
+    for addr in readable:
+        try:  # from the code records the closure read already (rt.code), not read again
+            codes[f"{addr:#x}"] = rebuild_code(ip, addr, memo, read=rt.code)
+        except ZenError:
+            continue
+    return canonical_marshal.dumps(codes)
