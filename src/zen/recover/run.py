@@ -22,7 +22,6 @@ from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
-from zen.evidence.image_digest import ImageDigest
 from zen.frontends.common import NoModelFound, references
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
@@ -30,6 +29,7 @@ from zen.frontends.pytorch.profile import load_torch_profile
 from zen.frontends.pytorch.tensors import TensorReader
 from zen.memory import open_space, require_image_file
 from zen.memory.space import RESIDENT_SOFT_LIMIT
+from zen.recover import deployment, evidence_record
 from zen.recover.jobs import TensorFiles
 from zen.represent import case, textio
 from zen.runtime.errors import ObjectError, TruncatedImage, ZenError
@@ -127,7 +127,7 @@ def recover(
 def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu, rehash, offload=None) -> RecoverResult:
     # The image (and each GPU image) is hashed while it is analysed (`image_digest`: a forked child, else a thread),
     # started first; a digest computed before for the unchanged file is reused (`digest_cache`).
-    hasher = Digests(image, gpu, rehash, progress)
+    hasher = evidence_record.Digests(image, gpu, rehash, progress)
     try:
         space = open_space(image, pid, symbols=symbols, gpu=gpu)
     except BaseException:
@@ -159,10 +159,10 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         index = ModuleIndex(ip, heap, found)
         root_addrs = index.roots()
         if not root_addrs:
-            _no_model(space, sessions, "torch is loaded but no nn.Module instance is alive")
+            deployment.no_model(space, sessions, "torch is loaded but no nn.Module instance is alive")
         refs = references(ip, heap, set(root_addrs))
         roots = [root_record(index, reader, a, refs.get(a, [])) for a in root_addrs]
-        _served(ip, heap, index, roots)
+        deployment.served(ip, heap, index, roots)
         roots.sort(key=lambda r: (not r.served_by, not r.referenced_from, -r.parameter_elements, -r.modules, r.address))
         for i, r in enumerate(roots, 1):
             r.rank = i
@@ -174,14 +174,14 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
                     f"--model {model!r} matches no model root", "use a root's address, #RANK, or a name from `referenced_from`"
                 )
             chosen, how = sub, f"--model {model}"
-        chosen, how, deployment = _unwrap_form(ip, index, reader, chosen, how, refs)
+        chosen, how, deployed = deployment.unwrap_form(ip, index, reader, chosen, how, refs)
         mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types, bounds[1])
-        _offloaded(ip, reader, index, mr, slots, space, offload)
+        deployment.offloaded(ip, reader, index, mr, slots, space, offload)
         if sessions and not mr.tensors and model is None:  # a leftover module (an exporter's fx graph) is not the model
-            _no_model(space, sessions, f"the only nn.Module roots hold no tensors (the first: {chosen.cls})")
+            deployment.no_model(space, sessions, f"the only nn.Module roots hold no tensors (the first: {chosen.cls})")
         mr.problems += [f"an ONNX Runtime session ({s}) holds a model in C++ state zen does not read" for s in sessions]
-        mr.deployment = deployment
-        _audit_form(ip, reader, index, mr, slots, tensor_types)
+        mr.deployment = deployed
+        deployment.audit_form(ip, reader, index, mr, slots, tensor_types)
         from zen.frontends.pytorch.state import module_states
 
         extra = module_states(ip, index, reader, mr, slots, tensor_types)
@@ -248,65 +248,6 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         digests,
         bounds,
     )
-
-
-def _served(ip, heap, index, roots) -> None:
-    """Which roots running code uses (served), and which are merely alive: served ones rank first. A compile wrapper's
-    use counts for the module inside it."""
-    from zen.frontends.common import served
-
-    evidence = served(ip, heap, {int(r.address, 16) for r in roots})
-    for r in roots:
-        r.served_by = evidence.get(int(r.address, 16), [])
-
-
-def _no_model(space, sessions: list[str], why: str) -> None:
-    if sessions:
-        raise NoModelFound(f"an ONNX Runtime session holds the model in {space.description} ({sessions[0]}); "
-                           f"zen does not read ONNX Runtime's C++ state, and {why}",
-                           "recover the model from the ONNX file the session loaded, or from the exporting process")  # fmt: skip
-    raise NoModelFound(f"no PyTorch models found in {space.description}: {why}")
-
-
-def _unwrap_form(ip, index, reader, chosen, how, refs):
-    """A `torch.compile` wrapper is recovered as the eager module it wraps (keys as in eager), with the
-    compilation recorded in mr.json's `deployment`."""
-    from zen.frontends.pytorch.forms import unwrap_compiled
-
-    got = unwrap_compiled(ip, index, int(chosen.address, 16))
-    if got is None:
-        return chosen, how, {}
-    inner, info = got
-    rec = root_record(index, reader, inner, chosen.referenced_from)  # the wrapper's references and rank are the model's
-    rec.rank = chosen.rank
-    return rec, f"{how}, the eager module inside torch.compile's wrapper", info
-
-
-def _offloaded(ip, reader, index, mr, slots, space, files) -> None:
-    """Meta tensors of an accelerate-offloaded model: read from the hook's in-memory map, or named (the file), or
-    read from the files given with --offload (recorded in the evidence)."""
-    from zen.frontends.pytorch.offload import resolve
-
-    if not any(s.meta is not None and s.meta.device == "meta" for s in slots):
-        return
-    mr.problems += resolve(ip, reader, index, int(mr.root.address, 16), slots)
-    if files:
-        from zen.frontends.pytorch.offload_files import attach
-
-        space.offload_evidence, problems = attach(reader, slots, files)
-        mr.problems += problems
-    mr.tensors = [s.record for s in slots]
-
-
-def _audit_form(ip, reader, index, mr, slots, tensor_types) -> None:
-    """State of the model that the eager reader did not read (`forms.audit`) becomes problems: never complete."""
-    from zen.frontends.pytorch.forms import audit
-
-    unread, parts = audit(ip, reader, index, int(mr.root.address, 16), slots, tensor_types)
-    mr.unread = [u.to_json() for u in unread]
-    mr.problems += [u.problem() for u in unread]
-    slots += parts  # the inner tensors of subclasses, written to the weights file like state_dict tensors
-    mr.tensors += [s.record for s in parts]
 
 
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
@@ -393,7 +334,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
     try:
         status = "partial" if problems or any(s.record.status not in READ for s in slots) else "complete"
         problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
-        evidence = _evidence(space, image, pid, hasher)
+        evidence = evidence_record.evidence(space, image, pid, hasher)
         timings.update(hasher.timings())
     finally:
         space.close()
@@ -441,59 +382,3 @@ def _submodule_root(index, reader, choice, refs):
     if addr not in index.nodes:
         return None
     return root_record(index, reader, addr, refs.get(addr, []))
-
-
-class Digests:
-    """The sha256 of the host image and of each GPU image, computed beside the analysis (or reused)."""
-
-    def __init__(self, image: Path | None, gpu: list[Path], rehash: bool = False, display=None) -> None:
-        self.host = ImageDigest(Path(image), rehash=rehash) if image is not None and Path(image).is_file() else None
-        self.gpu = [ImageDigest(Path(g), rehash=rehash) for g in gpu]
-        self.display = display
-
-    def timings(self) -> dict[str, float]:
-        """How long computing the digests took (beside the analysis) and how long recovery waited for them."""
-        all_ = [h for h in [self.host, *self.gpu] if h is not None]
-        return {"digest": max((h.seconds for h in all_), default=0.0), "digest_wait": sum(h.waited for h in all_)}
-
-    def cancel(self) -> None:
-        for h in [self.host, *self.gpu]:
-            if h is not None:
-                h.cancel()
-
-    def result(self) -> tuple[str | None, str | None]:
-        return self.host.result(self.display) if self.host else (None, None)
-
-
-def _gpu_evidence(space, hasher: Digests) -> list[dict]:
-    out = []
-    for ev, h in zip(space.device_evidence, hasher.gpu):
-        digest, error = h.result(hasher.display)
-        out.append({**ev, "sha256": digest, "sha256_provenance": h.provenance, **({"sha256_error": error} if error else {})})
-    return out
-
-
-def _evidence(space, image, pid, hasher: Digests) -> dict:
-    gpu = _gpu_evidence(space, hasher) if getattr(space, "device_evidence", None) else []
-    if image is None:
-        ev = {"live_pid": pid, "note": "read from a live process (stopped while read); no image file to hash"}
-        return {**ev, "gpu": gpu} if gpu else ev
-    p = Path(image)
-    digest, error = hasher.result()
-    ev = {"image": str(p.resolve()), "size": p.stat().st_size, "sha256": digest,
-          "sha256_provenance": hasher.host.provenance if hasher.host else None}  # fmt: skip
-    if gpu:
-        ev["gpu"] = gpu
-    info = getattr(space, "info", None)
-    if info is not None:
-        ev.update(producer=info.producer, pid=info.pid, command=info.command, acquisition=info.acquisition)
-    system = getattr(space, "system", None)
-    if system is not None:
-        ev["system"] = system
-    if getattr(space, "offload_evidence", None):  # files given with --offload that tensors were read from
-        ev["offload"] = space.offload_evidence
-    if space.notes:  # how the evidence was completed (e.g. pages read from mapped files on disk)
-        ev["notes"] = list(space.notes)
-    if error:
-        ev["sha256_error"] = error
-    return ev
