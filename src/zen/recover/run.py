@@ -3,9 +3,9 @@
 Pipeline: open the evidence, find the interpreter, pick the front end by what the image holds
 (PyTorch, or Keras on TensorFlow: `frontends/keras/stage.py`), load its layout profile, find every
 model and pick the root, build the MR, stream every readable tensor into weights.safetensors,
-recover candidate inputs (PyTorch), the code stage (`recover_code`), mr.json and the manifest, the
+recover candidate inputs (PyTorch), the code stage (`code_stage.py`), mr.json and the manifest, the
 same case contract for both front ends. The image's sha256 (for the record) and the tensor files
-are made by forked children while the analysis runs (`recover_jobs`); the analysis itself stays in
+are made by forked children while the analysis runs (`jobs.py`); the analysis itself stays in
 this process, which has the highest priority: it is the longest chain of work.
 """
 
@@ -367,7 +367,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
 
 
 def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
-    """PR, UR, the rebuilt model code and requirements.txt (`recover_code`)."""
+    """PR, UR, the rebuilt model code and requirements.txt (`code_stage.py`)."""
     from zen.recover.code_stage import write_code
 
     write_code(out, ip, heap, found, index, mr, space)
