@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TARGETS, start_target, zen
+from conftest import TARGETS, start_target, zen, zen_command
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
@@ -37,6 +37,8 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "hostile-ring": None,
     "nan-weights": None,
     "jit-trace": None,
+    "jit-script": None,
+    "jit-load": None,
     "ort": "onnxruntime",
 }
 
@@ -180,7 +182,6 @@ def test_quantized_model_is_read_in_parts_and_rebuilt_exactly(form_images, workd
     "form, says",
     [
         ("dynamic", ["torch.ScriptObject", "LinearPackedParams._save_to_state_dict"]),
-        ("jit-trace", ["a TorchScript module"]),
     ],
 )
 def test_unread_state_makes_the_case_partial(form_images, workdir, form, says):
@@ -300,3 +301,50 @@ def test_onnx_runtime_session_is_named_not_a_leftover_module(form_images, workdi
     assert res.returncode == 6, res.stderr
     assert "ONNX Runtime session holds the model" in res.stderr and "model.onnx" in res.stderr
     assert manifest is None and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("form", ["jit-trace", "jit-script", "jit-load"])
+def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, form):
+    """TorchScript (issue 48): the served ScriptModule's C++ tree is read through its `_c`: complete, every state_dict
+    tensor bit-exact under PyTorch's own keys, the module tree with the eager class names (TorchScript's mangled
+    names demangled), one root (the wrappers of its submodules are not models of their own, a traced module's
+    inner script module neither); `zen reuse` refuses clearly (no TorchScript archive yet) and writes nothing."""
+    res, case, manifest, t = _recover(form_images, form, workdir)
+    assert res.returncode == 0, res.stderr
+    assert manifest["status"] == "complete" and manifest["model"]["class"] == "__main__.Net", manifest["problems"]
+    mr = json.loads((case / "mr.json").read_text())
+    assert mr["deployment"]["form"] == "torchscript" and mr["deployment"]["script_class"].endswith(".Net")
+    assert mr["root"]["address"] == f"{t.truth['served_id']:#x}" and mr["root"]["served_by"]
+    weights = load_file(case / "weights.safetensors")
+    assert sorted(weights) == sorted(t.truth["state"])
+    assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
+    assert {m["path"]: m["cls_module"] + "." + m["cls_qualname"] for m in mr["modules"]} == {
+        "": "__main__.Net", "fc1": "torch.nn.modules.linear.Linear", "act": "torch.nn.modules.activation.ReLU",
+        "fc2": "torch.nn.modules.linear.Linear", "head": "torch.nn.modules.linear.Linear"}  # fmt: skip
+    assert all(m["training"] is False for m in mr["modules"])  # the target serves in eval()
+    scripted_roots = [r for r in mr["roots"] if r["cls"] != "__main__.Net"]
+    assert scripted_roots == [], scripted_roots
+    pkg = workdir / f"refused_{form.replace('-', '_')}"
+    refused = zen("reuse", case, "-o", pkg, check=False)
+    assert refused.returncode == 5 and "TorchScript" in refused.stderr and not pkg.exists(), refused.stderr
+
+
+def test_torchscript_without_a_measured_layout_is_partial(form_images, workdir, tmp_path):
+    """A torch profile without the TorchScript layout (calibrated before it existed): never complete, a problem that
+    says what is missing and how to measure it, exit 5."""
+    from importlib import resources
+
+    prof = json.loads(resources.files("zen.frontends.pytorch").joinpath("profiles", "torch-2.13-x86_64.json").read_text())
+    for s in ("pybind", "jitmodule", "jitobject", "ivalue", "classtype", "classattr", "stdstring", "conststring"):
+        prof["structs"].pop(s)
+    (tmp_path / "torch-2.13-x86_64.json").write_text(json.dumps(prof))
+    if not torch.__version__.startswith("2.13"):
+        pytest.skip(f"the shipped profile edited here is torch 2.13's (this torch: {torch.__version__})")
+    img, _ = _get(form_images, "jit-load")
+    case = tmp_path / "case"
+    res = zen_command("recover", img, "-o", case, cwd=tmp_path, check=False,
+                      env={**os.environ, "ZEN_PROFILE_DIR": str(tmp_path)})  # fmt: skip
+    assert res.returncode == 5, res.stderr
+    manifest = json.loads((case / "manifest.json").read_text())
+    text = "\n".join(manifest["problems"])
+    assert manifest["status"] == "partial" and "no TorchScript layout" in text and "zen profile torch" in text, text

@@ -3,7 +3,8 @@
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic, jit-trace,
-jit-script, ort, several (a float reference beside the served torchao int8 model), hostile-ring (a subclass ring).
+jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
+the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
 on a fixed input. OUTDIR/truth.json records the form, the served object's
 id and class, and every state_dict entry as the model's own `state_dict()` returns it: plain tensors with
@@ -162,6 +163,14 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         return torch.jit.trace(model, x), None, x
     if form == "jit-script":
         return torch.jit.script(model), None, x
+    if form == "jit-load":  # TorchServe-like: the process holds only what torch.jit.load read from the archive
+        import gc
+
+        path = os.path.join(outdir, "model.pt")
+        torch.jit.save(torch.jit.script(model), path)
+        del model
+        gc.collect()
+        return torch.jit.load(path), None, x
     if form == "ort":
         import onnxruntime as ort
 

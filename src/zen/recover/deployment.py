@@ -67,3 +67,10 @@ def audit_form(ip, reader, index, mr, slots, tensor_types) -> None:
     mr.problems += [u.problem() for u in unread]
     slots += parts  # the inner tensors of subclasses, written to the weights file like state_dict tensors
     mr.tensors += [s.record for s in parts]
+
+
+def scripted(ip, index, reader, tprof, roots, refs):
+    """The TorchScript roots' C++ trees (`jit_models`), or None when no root is scripted."""
+    from zen.frontends.pytorch.jit_models import script_models
+
+    return script_models(ip, index, reader, tprof, [int(r.address, 16) for r in roots])

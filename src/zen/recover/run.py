@@ -23,6 +23,7 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.frontends.common import NoModelFound, references
+from zen.frontends.pytorch.jit_models import is_scripted, script_mr, script_roots
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
@@ -163,6 +164,9 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         refs = references(ip, heap, set(root_addrs))
         roots = [root_record(index, reader, a, refs.get(a, [])) for a in root_addrs]
         deployment.served(ip, heap, index, roots)
+        scripted = deployment.scripted(ip, index, reader, tprof, roots, refs)
+        if scripted is not None:
+            roots = script_roots(scripted, roots, refs)
         roots.sort(key=lambda r: (not r.served_by, not r.referenced_from, -r.parameter_elements, -r.modules, r.address))
         for i, r in enumerate(roots, 1):
             r.rank = i
@@ -174,17 +178,25 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
                     f"--model {model!r} matches no model root", "use a root's address, #RANK, or a name from `referenced_from`"
                 )
             chosen, how = sub, f"--model {model}"
-        chosen, how, deployed = deployment.unwrap_form(ip, index, reader, chosen, how, refs)
-        mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types, bounds[1])
-        deployment.offloaded(ip, reader, index, mr, slots, space, offload)
+        if scripted is not None and int(chosen.address, 16) in scripted.objects:  # TorchScript: the C++ tree
+            mr, slots, deployed = script_mr(ip, scripted, chosen, roots, bounds[1])
+        else:
+            chosen, how, deployed = deployment.unwrap_form(ip, index, reader, chosen, how, refs)
+            mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types, bounds[1])
+            deployment.offloaded(ip, reader, index, mr, slots, space, offload)
         if sessions and not mr.tensors and model is None:  # a leftover module (an exporter's fx graph) is not the model
             deployment.no_model(space, sessions, f"the only nn.Module roots hold no tensors (the first: {chosen.cls})")
         mr.problems += [f"an ONNX Runtime session ({s}) holds a model in C++ state zen does not read" for s in sessions]
         mr.deployment = deployed
-        deployment.audit_form(ip, reader, index, mr, slots, tensor_types)
-        from zen.frontends.pytorch.state import module_states
+        if scripted is not None and is_scripted(ip, index, int(chosen.address, 16)):
+            mr.problems += scripted.problems  # why a scripted root's C++ module was not read (its audit names it)
+        if deployed.get("form") == "torchscript":
+            extra: list = []  # a TorchScript module's state is its C++ tree, read above; no Python state to encode
+        else:
+            deployment.audit_form(ip, reader, index, mr, slots, tensor_types)
+            from zen.frontends.pytorch.state import module_states
 
-        extra = module_states(ip, index, reader, mr, slots, tensor_types)
+            extra = module_states(ip, index, reader, mr, slots, tensor_types)
         from zen.frontends.pytorch.forms import eager_state
 
         eager_state(mr)
@@ -207,7 +219,8 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         from zen.frontends.pytorch.dataflow import dataflow_edges
 
         try:
-            mr.graph.update(dataflow_edges(ip, index, mr))
+            if deployed.get("form") != "torchscript":  # TorchScript's forward is a C++ graph, not bytecode
+                mr.graph.update(dataflow_edges(ip, index, mr))
         except ZenError as exc:
             problems.append(f"data-flow edges not recovered: {exc}")
         _code_stage(out, ip, heap, found, index, mr, space, problems, timings)

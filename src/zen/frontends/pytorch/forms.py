@@ -95,7 +95,7 @@ def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, i
     addr = f"{node.addr:#x}"
     if SCRIPT_MODULE in look.mro_names(t):  # one problem: its `_c`, wrappers and hooks all stand for the C++ module
         return [Unread(path, t.full_name, addr, "a TorchScript module: its parameters, buffers and submodules are held "
-                       "by a C++ torch::jit::Module, which zen does not read yet")]  # fmt: skip
+                       "by a C++ torch::jit::Module, which was not read (the problems say why)")]  # fmt: skip
     for name, c in node.children:
         if c and c not in index.nodes:
             why = index.errors.get(c) or "not readable as an nn.Module"

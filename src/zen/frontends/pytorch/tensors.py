@@ -96,8 +96,18 @@ class TensorReader:
         return f"{name}:{index}" if index >= 0 else name
 
     def meta(self, addr: int) -> TensorMeta:
+        """The metadata of the Python tensor at `addr` (its TensorImpl, read by `impl_meta`)."""
+        meta = self.impl_meta(self.ip.ptr(addr + self.tp.variable.cdata), addr)
+        try:
+            meta.python_type = self.ip.type_name(addr)
+        except ObjectError:
+            pass
+        return meta
+
+    def impl_meta(self, impl: int, addr: int) -> TensorMeta:
+        """The metadata of a TensorImpl; `addr` names the tensor in errors and records (a Python tensor, or the
+        TensorImpl itself where no Python object holds it, as in TorchScript modules)."""
         ip, tp = self.ip, self.tp
-        impl = ip.ptr(addr + tp.variable.cdata)
         try:
             raw = ip.space.read(impl, max(self._span, self._impl_fields.size))
         except MemoryReadError:
@@ -140,10 +150,6 @@ class TensorReader:
                 raise ObjectError(addr, f"StorageImpl at {storage:#x} not in the image") from None
         meta = TensorMeta(addr, impl, dt.name, dt.itemsize, dt.safetensors, tuple(shape), tuple(stride), f.storage_offset,
                           f.numel, device, requires_grad, storage, data_ptr, nbytes)  # fmt: skip
-        try:
-            meta.python_type = ip.type_name(addr)
-        except ObjectError:
-            pass
         if meta.numel and (meta.on_cpu or data_ptr):  # a meta-device tensor has no bytes to bound
             lo, hi = meta.extent()
             if lo < 0 or hi * meta.itemsize > nbytes:

@@ -1,0 +1,120 @@
+"""TorchScript models in recovery: which roots are scripted, their C++ trees, and their MR.
+
+A process serving a `torch.jit.load`ed archive holds a Python `RecursiveScriptModule` for every submodule, whose
+`_parameters` and `_modules` are wrappers around the C++ module: without the C++ tree each wrapper looks like a root
+of its own, with no tensors. Here every scripted root is read through its `_c` (`jit.JitReader`), the wrappers of
+submodules inside another scripted root stop being roots, and each scripted root is counted by its C++ tree, so
+ranking sees what the model is. The chosen scripted root's MR is built by the eager `build_mr` over the C++ tree
+(`jit.JitIndex`, tensors named by TensorImpl), with TorchScript's own class names demangled to the eager ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zen.cpython.interp import Interpreter
+from zen.frontends.pytorch.forms import Unread
+from zen.frontends.pytorch.jit import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
+from zen.frontends.pytorch.modules import ModuleIndex
+from zen.frontends.pytorch.mr import ModelLimits, build_mr, root_record
+from zen.frontends.pytorch.profile import TorchProfile
+from zen.frontends.pytorch.subclasses import ClassLookup
+from zen.frontends.pytorch.tensors import TensorReader
+from zen.runtime.errors import ZenError
+
+
+@dataclass
+class ScriptModels:
+    """The scripted roots of an image: Python wrapper address -> C++ Object, and the C++ trees below them."""
+
+    reader: JitReader | None
+    index: JitIndex | None
+    tensors: ImplReader
+    objects: dict[int, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # scripted roots that could not be read, and why
+
+
+def is_scripted(ip: Interpreter, index: ModuleIndex, addr: int) -> bool:
+    node = index.nodes.get(addr)
+    return node is not None and SCRIPT_MODULE in ClassLookup.shared(ip).mro_names(node.type)
+
+
+def script_models(ip: Interpreter, index: ModuleIndex, tensors: TensorReader, tp: TorchProfile,
+                  roots: list[int]) -> ScriptModels | None:  # fmt: skip
+    """Read every scripted root's C++ tree; None when no root is scripted."""
+    scripted = [a for a in roots if is_scripted(ip, index, a)]
+    if not scripted:
+        return None
+    out = ScriptModels(None, None, ImplReader(tensors))
+    try:
+        out.reader = JitReader(ip, tp)
+    except JitLayoutMissing as exc:
+        out.problems.append(f"{exc.message} ({exc.hint})")
+        return out
+    for a in scripted:
+        try:
+            out.objects[a] = out.reader.object_of(a)
+        except ZenError as exc:
+            out.problems.append(f"TorchScript module at {a:#x}: its C++ module could not be read: {exc}")
+    out.index = JitIndex(out.reader, list(out.objects.values()))
+    return out
+
+
+def script_roots(sm: ScriptModels, roots: list, refs: dict[int, list[str]]) -> list:
+    """The root records with scripted roots counted by their C++ trees, and the wrappers of submodules of another
+    scripted root dropped (they are not models of their own: their C++ module sits inside another's tree)."""
+    if sm.index is None:
+        return roots
+    below: set[int] = set()
+    for obj in set(sm.objects.values()):
+        below |= {n.addr for _, n in sm.index.walk(obj)[1:]}
+    out = []
+    for r in roots:
+        a = int(r.address, 16)
+        obj = sm.objects.get(a)
+        if obj is None or obj not in sm.index.nodes:
+            out.append(r)
+            continue
+        if obj in below or a in sm.reader.inner_wrappers:
+            continue
+        rec = root_record(sm.index, sm.tensors, obj, refs.get(a, r.referenced_from))
+        rec.address, rec.served_by = r.address, r.served_by
+        out.append(rec)
+    return out
+
+
+def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: ModelLimits) -> tuple:
+    """(mr, slots, deployment) of a scripted root: the eager MR builder over the C++ tree, then what only the C++ tree
+    says (training flags, plain attributes, what was not read)."""
+    obj = sm.objects[int(chosen.address, 16)]
+    inner = root_record(sm.index, sm.tensors, obj, chosen.referenced_from)
+    inner.rank, inner.served_by = chosen.rank, chosen.served_by
+    mr, slots = build_mr(ip, sm.index, sm.tensors, inner, roots, set(), limits)
+    mr.root = chosen  # the Python wrapper: what the process serves and references
+    walk = dict(sm.index.walk(obj))
+    unread: list[Unread] = []
+    containers: dict[str, str] = {}
+    for rec in mr.modules:
+        node = walk.get(rec.path)
+        if not isinstance(node, JitNode):
+            continue
+        training = node.values.get("training")
+        rec.training = training if isinstance(training, bool) else None
+        rec.hyperparameters = {k: repr(v) for k, v in node.values.items() if not k.startswith("_") and k != "training"}
+        rec.unregistered_tensors = list(node.unregistered)
+        containers.update({_at(rec.path, k): v for k, v in node.containers.items()})
+        unread += [Unread(_at(rec.path, k), node.type.script_name, f"{node.addr:#x}", f"{why}: it may hold state zen "
+                          "did not read") for k, why in node.other.items()]  # fmt: skip
+    for addr, why in sm.index.errors.items():
+        if addr in {c for n in walk.values() for _, c in n.children}:
+            unread.append(Unread("", "torch::jit::Module", f"{addr:#x}", f"a TorchScript submodule not read: {why}"))
+    mr.unread = [u.to_json() for u in unread]
+    mr.problems += [u.problem() for u in unread]
+    root_node = walk[""]
+    deployed = {"form": "torchscript", "script_class": root_node.type.script_name, "object": f"{obj:#x}",
+                "wrapper": chosen.address, "containers_not_decoded": dict(sorted(containers.items())[:200])}  # fmt: skip
+    return mr, slots, deployed
+
+
+def _at(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
