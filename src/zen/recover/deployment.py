@@ -70,7 +70,7 @@ def audit_form(ip, reader, index, mr, slots, tensor_types) -> None:
 
 
 def scripted(ip, index, reader, tprof, roots, refs):
-    """The TorchScript roots' C++ trees (`jit_models`), or None when no root is scripted."""
-    from zen.frontends.pytorch.jit_models import script_models
+    """The TorchScript roots' C++ trees (`torchscript.models`), or None when no root is scripted."""
+    from zen.frontends.pytorch.torchscript.models import script_models
 
     return script_models(ip, index, reader, tprof, [int(r.address, 16) for r in roots])

@@ -23,11 +23,11 @@ from zen.cpython.interp import Interpreter
 from zen.cpython.readers.dicts import dict_get
 from zen.cpython.readers.modules import read_module
 from zen.frontends.common import NoModelFound, references
-from zen.frontends.pytorch.jit_models import is_scripted, script_mr, script_roots
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE, ModuleIndex
 from zen.frontends.pytorch.mr import build_mr, root_record, summarize
 from zen.frontends.pytorch.profile import load_torch_profile
 from zen.frontends.pytorch.tensors import TensorReader
+from zen.frontends.pytorch.torchscript.models import is_scripted, script_mr, script_roots
 from zen.memory import open_space, require_image_file
 from zen.memory.space import RESIDENT_SOFT_LIMIT
 from zen.recover import deployment, evidence_record

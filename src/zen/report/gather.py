@@ -114,8 +114,10 @@ def deployed_as(mr) -> str:
     parts = []
     dep = mr.deployment or {}
     if dep.get("form") == "torchscript":
-        parts.append(f"TorchScript ({dep.get('script_class')}: the C++ module tree and its tensors were read; "
-                     "no runnable copy is written for TorchScript yet)")
+        parts.append(
+            f"TorchScript ({dep.get('script_class')}: the C++ module tree and its tensors were read; "
+            "no runnable copy is written for TorchScript yet)"
+        )
     elif dep.get("form"):
         how = dep.get("how") or f"wrapped by {dep.get('wrapper', '?')}"
         parts.append(f"{dep['form']} (backend {dep.get('backend', '?')}; {how}); rebuilt as the eager model")

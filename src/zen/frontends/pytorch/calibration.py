@@ -180,9 +180,9 @@ class TorchCalibrator(CalibratorBase):
 
     def run(self) -> dict:
         self.tensor_impl()
-        from zen.frontends.pytorch.jit_calibration import measure_jit
+        from zen.frontends.pytorch.torchscript.calibration import measure_jit
 
-        measure_jit(self)  # TorchScript modules' C++ layout (jit_calibration.py)
+        measure_jit(self)  # TorchScript modules' C++ layout (torchscript/calibration.py)
         torch = self.torch
         return {
             "format": FORMAT,

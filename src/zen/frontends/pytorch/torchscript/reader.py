@@ -2,7 +2,7 @@
 
 A scripted, traced or `torch.jit.load`ed module keeps its parameters, buffers, submodules and attributes in a
 `c10::ivalue::Object`: one IValue per attribute (`slots_`), named and kinded (parameter, buffer, plain attribute) by
-its `ClassType`. The layout is measured per torch version (`jit_calibration.py`, `zen profile torch`); a profile
+its `ClassType`. The layout is measured per torch version (`calibration.py` here, `zen profile torch`); a profile
 without it makes TorchScript state honestly unread, never guessed.
 
 The tree is read into the same node shape `ModuleIndex` has (`JitIndex`), keyed by the C++ Object's address, with

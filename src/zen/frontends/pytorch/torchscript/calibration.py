@@ -8,7 +8,7 @@ pybind value pointer, the Module -> Object pointer, the Object's type and slot v
 and tag numbers, the ClassType's attribute vector (element size, kind and name fields), its qualified name, and the
 string IValue's text. Every offset is found by searching for a known value and checked on a second module.
 
-Standard library + torch only: runs in the calibration child beside `calibration.py`.
+Standard library + torch only: runs in the calibration child of `../calibration.py`.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 A process serving a `torch.jit.load`ed archive holds a Python `RecursiveScriptModule` for every submodule, whose
 `_parameters` and `_modules` are wrappers around the C++ module: without the C++ tree each wrapper looks like a root
-of its own, with no tensors. Here every scripted root is read through its `_c` (`jit.JitReader`), the wrappers of
+of its own, with no tensors. Here every scripted root is read through its `_c` (`reader.JitReader`), the wrappers of
 submodules inside another scripted root stop being roots, and each scripted root is counted by its C++ tree, so
 ranking sees what the model is. The chosen scripted root's MR is built by the eager `build_mr` over the C++ tree
-(`jit.JitIndex`, tensors named by TensorImpl), with TorchScript's own class names demangled to the eager ones.
+(`reader.JitIndex`, tensors named by TensorImpl), with TorchScript's own class names demangled to the eager ones.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 from zen.cpython.interp import Interpreter
 from zen.frontends.pytorch.forms import Unread
-from zen.frontends.pytorch.jit import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
 from zen.frontends.pytorch.modules import ModuleIndex
 from zen.frontends.pytorch.mr import ModelLimits, build_mr, root_record
 from zen.frontends.pytorch.profile import TorchProfile
 from zen.frontends.pytorch.subclasses import ClassLookup
 from zen.frontends.pytorch.tensors import TensorReader
+from zen.frontends.pytorch.torchscript.reader import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
 from zen.runtime.errors import ZenError
 
 
