@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import booby_trapped, zen_command
+from conftest import booby_trapped, start_target, zen, zen_command
 
 
 def test_demo_runs(tmp_path):
@@ -45,3 +45,21 @@ def test_demo_runs(tmp_path):
     views = json.loads(res.stdout)["functions"]
     assert views and {v["shown_as"] for v in views} == {"source"}, [(v["target"], v["shown_as"]) for v in views]
     assert sorted(p.name for p in markers.iterdir()) == []
+
+    # a traced (TorchScript) fork of the library's base (issue 48): read from its C++ module, its PR from the classes it was
+    # scripted from, attributed to the base
+    target = start_target("scripted_fork.py", tmp_path / "scripted")
+    try:
+        zen("acquire", "--pid", target.pid, "-o", tmp_path / "scripted.core", "--lean")
+    finally:
+        target.stop()
+    res = zen("recover", tmp_path / "scripted.core", "-o", tmp_path / "scripted-case")
+    (tmp_path / "scripted.core").unlink()
+    mr = json.loads((tmp_path / "scripted-case" / "mr.json").read_text())
+    assert mr["deployment"]["form"] == "torchscript", res.stderr
+    assert mr["root"]["cls"] == "zen.demo.deployed_model.TinyClassifier"
+    truth = json.loads((tmp_path / "scripted" / "truth.json").read_text())["state_sha256"]
+    got = {t["key"]: t["sha256"] for t in mr["tensors"]}
+    assert got == truth
+    res = zen("attribute", tmp_path / "scripted-case", "--library", tmp_path / "demo" / "library.sqlite", "--json")
+    assert json.loads(res.stdout)["attributed"] == "tiny-base", res.stdout[-2000:]

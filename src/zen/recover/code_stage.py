@@ -74,12 +74,17 @@ def _system_table_bytes(rt: Runtime) -> bytes:
 def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None:
     from zen.cpython.program.context import execution_context
 
-    walk = index.walk(int(mr.root.address, 16))
-    seeds = sorted({node.type.addr for _, node in walk})
+    if (mr.deployment or {}).get("form") == "torchscript":  # the Python classes it was scripted from, if alive
+        from zen.frontends.pytorch.torchscript.models import eager_classes
+
+        by_name = eager_classes(rt, mr)
+        nodes = [(m.path, by_name[m.cls]) for m in mr.modules if m.cls in by_name]
+    else:
+        nodes = [(path, node.type.addr) for path, node in index.walk(int(mr.root.address, 16))]
+    seeds = sorted({t for _, t in nodes})
     result = model_closure(rt, seeds)
     readable = [c for c in sorted(result.codes) if rt.code(c) is not None]  # one PR record each
     cut = _balanced_cut(rt, readable)
-    nodes = [(path, node.type.addr) for path, node in walk]
     theirs = Forked(lambda: _frame(records_to_bytes(code_records(rt, result, readable[cut:])),
                                    classes_to_bytes(class_records(rt, result))))  # fmt: skip
     # needed last: below the records' child, which this process waits for first

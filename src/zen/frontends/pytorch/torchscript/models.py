@@ -118,3 +118,25 @@ def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: Mo
 
 def _at(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
+
+
+def eager_classes(rt, mr) -> dict[str, int]:
+    """Class name -> the one Python class of that name in the image, for the classes of a TorchScript model's modules.
+
+    The code stage's seeds: a model scripted or traced in this process was compiled from these classes (TorchScript
+    names them after them), so their code is the model's programmatic representation. A `jit.load`ed model's classes
+    are present only where the process imported them; names with no class, or with several, are left out, and
+    `mr.deployment["code_from"]` says which were used. The TorchScript code itself is not read yet."""
+    wanted = {m.cls for m in mr.modules}
+    found: dict[str, list[int]] = {}
+    for a in rt.type_addrs:
+        t = rt.type(a)
+        if t is not None and t.full_name in wanted:
+            found.setdefault(t.full_name, []).append(a)
+    out = {n: addrs[0] for n, addrs in found.items() if len(addrs) == 1}
+    mr.deployment["code_from"] = {
+        "what": "the Python classes of the same names in the image (TorchScript's own code is not read yet)",
+        "found": sorted(out), "missing": sorted(wanted - set(found)),
+        "ambiguous": sorted(n for n, a in found.items() if len(a) > 1),
+    }  # fmt: skip
+    return out
