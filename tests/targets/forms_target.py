@@ -2,7 +2,8 @@
 
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
-torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic, jit-trace,
+torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic,
+dynamic-per-channel, jit-trace,
 jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
 the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
@@ -76,8 +77,14 @@ def describe(v, depth: int = 0) -> dict:
                 "inner": {n: describe(getattr(v, n), depth + 1) for n in names}}  # fmt: skip
     if isinstance(v, torch.Tensor):
         extra = {k: type(x).__name__ for k, x in vars(v).items()} if type(v) not in (torch.Tensor, nn.Parameter) else {}
-        return {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape), "sha256": digest(v),
-                "python_type": f"{type(v).__module__}.{type(v).__qualname__}", "attributes": extra}  # fmt: skip
+        out = {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape), "sha256": digest(v),
+               "python_type": f"{type(v).__module__}.{type(v).__qualname__}", "attributes": extra}  # fmt: skip
+        if v.is_quantized and v.qscheme() == torch.per_tensor_affine:
+            out.update(qscheme="per_tensor_affine", scale=[v.q_scale()], zero_point=[v.q_zero_point()])
+        elif v.is_quantized:
+            out.update(qscheme="per_channel_affine", scale=v.q_per_channel_scales().tolist(),
+                       zero_point=v.q_per_channel_zero_points().tolist(), axis=v.q_per_channel_axis())  # fmt: skip
+        return out
     if isinstance(v, (tuple, list)) and depth < 4:  # packed parameters: (weight, bias)
         return {"value_type": type(v).__name__, "items": [describe(x, depth + 1) for x in v]}
     return {"value_type": f"{type(v).__module__}.{type(v).__qualname__}"}
@@ -159,6 +166,10 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         return model, model, x
     if form == "dynamic":
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8), None, x
+    if form == "dynamic-per-channel":
+        from torch.ao.quantization import per_channel_dynamic_qconfig
+
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}), None, x
     if form == "jit-trace":
         return torch.jit.trace(model, x), None, x
     if form == "jit-script":

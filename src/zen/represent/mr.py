@@ -86,6 +86,9 @@ class TensorRecord:
     # an offloaded tensor (accelerate): where its data was found or is ({"from": "memory"|"file", ...}); see
     # frontends/pytorch/offload.py; status "offloaded" while the file was not given (--offload)
     offload: dict[str, Any] = field(default_factory=dict)
+    # a packed quantized weight unpacked by zen (frontends/pytorch/quantized): {"dtype": "qint8", "qscheme", "scale",
+    # "zero_point", "axis" (per-channel), "packed": {engine, blocking, object}}; the weights file holds its int8 values
+    quantization: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

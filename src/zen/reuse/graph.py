@@ -25,6 +25,7 @@ from typing import Any
 
 from zen.patch.decode import Decoder, Resolver, ReuseError, Unrecovered
 from zen.represent.mr import ModelMR, TensorRecord
+from zen.reuse.packed import packed_paths, repack
 
 HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
               "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_dict_pre_hooks",
@@ -172,6 +173,7 @@ def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool 
             return k in tensors.records or k in tensors.data
 
     dec = tensors.decoder = Decoder(resolver, Tensors(), objs)
+    packed = packed_paths(mr)  # quantized Linears whose packed C++ weight is made again below (reuse.packed)
     for m in mr.modules:
         obj = objs[m.path]
         d = obj.__dict__
@@ -179,6 +181,8 @@ def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool 
             continue
         where = f"model.{m.path}" if m.path else "model"
         for name, enc in m.state.items():
+            if name == "_packed_params" and m.path in packed:
+                continue
             d[name] = dec.decode(enc, f"{where}.{name}")
         for name in HOOK_DICTS:
             _clean_hooks(d, name, where, report)
@@ -191,6 +195,8 @@ def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool 
         report.modules += 1
         report.parameters += sum(1 for v in d["_parameters"].values() if v is not None)
         report.buffers += sum(1 for v in d["_buffers"].values() if v is not None)
+    keys = {k for f, k in tensors.records if f == "weights"}
+    repack(objs, packed, lambda k: tensors.tensor("weights", k), keys, {t.key: t for t in mr.tensors})
     report.extra_tensors = sum(1 for k in tensors.objects if k[0] == "extra")
     report.unrecovered = list(dec.unrecovered)
     model = objs[mr.modules[0].path]

@@ -183,6 +183,9 @@ class TorchCalibrator(CalibratorBase):
         from zen.frontends.pytorch.torchscript.calibration import measure_jit
 
         measure_jit(self)  # TorchScript modules' C++ layout (torchscript/calibration.py)
+        from zen.frontends.pytorch.quantized.calibration import measure_packed
+
+        measure_packed(self)  # fbgemm's packed Linear weights (quantized/calibration.py)
         torch = self.torch
         return {
             "format": FORMAT,

@@ -42,6 +42,9 @@ METADATA_HOOKS = frozenset({"torch.nn.utils.spectral_norm.SpectralNormStateDictH
 SAVES_PARTS = frozenset({"optimum.quanto.nn.qmodule.QModuleMixin", "bitsandbytes.nn.modules.Linear8bitLt",
                          "bitsandbytes.nn.modules.Linear4bit"})  # fmt: skip
 MAX_LISTED = 8  # attribute names listed in one problem
+# torch.ao quantized Linears: their state_dict is the packed (weight, bias) and plain attributes (quantized.packed)
+PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
+QUANTIZED_LINEAR = "torch.ao.nn.quantized.modules.linear.Linear"
 
 
 @dataclass
@@ -80,8 +83,12 @@ def audit(ip: Interpreter, reader, index: ModuleIndex, root: int, slots: list,
         elif got is not None:
             parts += got
             in_parts.add(s.key)
+    from zen.frontends.pytorch.quantized.packed import packed_slots
+
+    packed, read, failed = packed_slots(ip, reader, index, root)
+    parts += packed
     for path, node in index.walk(root):
-        out += _module_unread(ip, index, look, path, node, in_parts)
+        out += _module_unread(ip, index, look, path, node, in_parts, read, failed)
     return out, parts
 
 
@@ -89,7 +96,8 @@ def _at(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, in_parts: set[str]) -> list[Unread]:
+def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, in_parts: set[str], packed: set[str],
+                   failed: dict[str, str]) -> list[Unread]:  # fmt: skip
     out: list[Unread] = []
     t = node.type
     addr = f"{node.addr:#x}"
@@ -104,6 +112,8 @@ def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, i
     definer = look.definer(t, "_save_to_state_dict", (MODULE_BASE,))
     if definer in SAVES_PARTS and _at(path, "weight") in in_parts:
         definer = None  # its own state_dict holds its weight's parts and its buffers: all read
+    if (definer == PACKED_PARAMS and path in packed) or (definer == QUANTIZED_LINEAR and _at(path, "_packed_params") in packed):
+        definer = None  # the packed weight and bias, read (quantized.packed), and plain attributes (scale, zero_point)
     if definer is not None:
         out.append(Unread(path, t.full_name, addr, f"its class writes its own state_dict ({definer}._save_to_state_dict): "
                           "entries beyond its registered parameters and buffers were not read"))  # fmt: skip
@@ -115,7 +125,11 @@ def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, i
                               "code in the image that may add or change entries; zen runs no recovered code"))  # fmt: skip
     for name, v in node.attrs.items():
         tn = _type_name(ip, v)
-        if tn in CPP_OBJECTS:
+        if name == "_packed_params" and path in failed:
+            out.append(Unread(_at(path, name), tn, f"{v:#x}", failed[path]))
+        elif name == "_packed_params" and path in packed:
+            continue
+        elif tn in CPP_OBJECTS:
             out.append(Unread(_at(path, name), tn, f"{v:#x}", "a C++ object (TorchScript or packed quantized weights): "
                               "its tensors live in C++ structures zen does not read yet"))  # fmt: skip
     for name, tn in node.wrapped.items():

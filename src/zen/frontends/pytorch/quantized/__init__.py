@@ -1,0 +1,1 @@
+"""Packed quantized weights (fbgemm's PackedLinearWeight): their layout measured (`calibration`), read (`packed`)."""

@@ -1,0 +1,175 @@
+"""Measure where fbgemm's packed linear weights live (`zen profile torch`): dynamic and static quantized Linear.
+
+`torch.ao.nn.quantized` keeps a Linear's int8 weight only in a C++ `PackedLinearWeight` (fbgemm, PyTorch's x86
+engine): a `torch.ScriptObject` whose Object's one slot is a capsule pointing to it. It holds an `fbgemm::PackBMatrix`
+(the weight transposed and re-blocked for the int8 kernels: block rows and columns, row interleave), the bias, the
+per-tensor or per-channel scales and zero points and the quantization scheme. Here two Linears with known weights
+(one per-tensor, one per-channel, with distinct non-zero zero points) locate every field; the last self-check
+unpacks the packed buffer with the blocking read from memory and compares it with `linear_unpack`'s int8 weight.
+
+Standard library + torch only: runs in the calibration child of `../calibration.py`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from zen.cpython.calibration.base import CalibrationFailed, common, one
+
+K, N = 72, 40  # in and out features: unusual, distinct values to find in memory
+
+
+def _linears(torch):
+    from torch.ao.nn.quantized.dynamic import Linear
+
+    g = torch.Generator().manual_seed(7)
+    per_tensor = Linear(K, N, dtype=torch.qint8)
+    w = torch.quantize_per_tensor(torch.randn(N, K, generator=g) * 0.3, 0.0123, 3, torch.qint8)
+    per_tensor.set_weight_bias(w, torch.randn(N, generator=g))
+    per_channel = Linear(K, N, dtype=torch.qint8)
+    scales = torch.rand(N, generator=g, dtype=torch.float64) * 0.02 + 0.005
+    zps = torch.arange(N) % 5 - 2
+    wc = torch.quantize_per_channel(torch.randn(N, K, generator=g) * 0.3, scales, zps, 0, torch.qint8)
+    per_channel.set_weight_bias(wc, torch.randn(N, generator=g))
+    return per_tensor, per_channel
+
+
+def unpack_index(k: int, n: int, brow: int, bcol: int, nbcol: int, ri: int) -> list[int]:
+    """Index into the packed buffer of element (i, j) of the K x N matrix B (= the weight transposed), row-major
+    over (i, j): fbgemm's PackBMatrix::addr. (The reader computes the same with numpy.)"""
+    out = []
+    for i in range(k):
+        for j in range(n):
+            out.append((i // brow) * nbcol * brow * bcol + (j // bcol) * brow * bcol
+                       + (i % brow // ri) * bcol * ri + (j % bcol) * ri + i % ri)  # fmt: skip
+    return out
+
+
+def measure_packed(cal) -> None:
+    torch, m = cal.torch, cal.m
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        cal.provenance["packedlinear"] = "not measured: this torch has no fbgemm engine"
+        return
+    import warnings
+
+    warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+    pt, pc = _linears(torch)
+    objs = [lin._packed_params._packed_params for lin in (pt, pc)]
+    value, obj_off, slots_off = cal.off("pybind", "value"), cal.off("jitmodule", "object"), cal.off("jitobject", "slots")
+    size, tag_off = cal.constants["IVALUE_SIZE"], cal.off("ivalue", "tag")
+    payloads, tags = [], []
+    for o in objs:
+        ivo = m.word(m.word(id(o) + value) + obj_off)
+        begin, end = m.words(ivo + slots_off, 2)
+        cal.check(end - begin == size, "a packed-params object has one slot")
+        tags.append(struct.unpack("<I", m.raw(begin + tag_off, 4))[0])
+        payloads.append(m.word(begin))
+    cal.check(tags[0] == tags[1], "both packed-params slots hold the same IValue tag (a capsule)")
+    cal.constants["IVALUE_TAG_CAPSULE"] = tags[0]
+    cal.provenance["constants.IVALUE_TAG_CAPSULE"] = "measured: the slot of a LinearPackedParamsBase object"
+    unpacked = [torch.ops.quantized.linear_unpack(o) for o in objs]
+    # the bias (an optional<Tensor>: its TensorImpl) and the PackBMatrix pointer
+    cal.field("packedlinear", "bias", common("PackedLinearWeight.bias_", *[m.find_word(p, 64, b._cdata)
+                                              for p, (_, b) in zip(payloads, unpacked)]), "ptr")  # fmt: skip
+    w_cands = []
+    for p in payloads:
+        c = []
+        for off in range(8, 64, 8):
+            q = m.word(p + off)
+            if q and m.readable(q, 128) and m.find_int(q, 128, K) and m.find_int(q, 128, N):
+                c.append(off)
+        w_cands.append(c)
+    cal.field("packedlinear", "packb", common("PackedLinearWeight.w", *w_cands), "ptr")
+    # the optional's engaged flag: set with a bias, clear without one
+    from torch.ao.nn.quantized.dynamic import Linear
+
+    nobias = Linear(K, N, bias_=False, dtype=torch.qint8)
+    nb = m.word(m.word(m.word(id(nobias._packed_params._packed_params) + value) + obj_off) + slots_off)
+    nb_payload = m.word(nb)
+    bias = cal.off("packedlinear", "bias")
+    flag = [o for o in range(bias + 8, bias + 16) if m.raw(nb_payload + o, 1) == b"\0"
+            and all(m.raw(p + o, 1) == b"\1" for p in payloads)]  # fmt: skip
+    cal.field("packedlinear", "bias_engaged", one("optional<Tensor> engaged flag", flag[:1]), "u8")
+    _scales(cal, m, payloads, pt, pc)
+    _packb(cal, m, [m.word(p + cal.off("packedlinear", "packb")) for p in payloads], unpacked)
+
+
+def _vector_at(m, addr: int, span: int, want: bytes) -> list[int]:
+    """Offsets of std::vector {begin, end, capacity} within span bytes at addr whose contents are `want`."""
+    out = []
+    for off in range(0, span, 8):
+        b, e, c = m.words(addr + off, 3)
+        if b and b <= e <= c and e - b == len(want) and m.readable(b, len(want)) and m.raw(b, len(want)) == want:
+            out.append(off)
+    return out
+
+
+def _scales(cal, m, payloads, pt, pc) -> None:
+    import torch
+
+    wt, wc = pt.weight(), pc.weight()
+    scales = [struct.pack("<f", wt.q_scale()), struct.pack(f"<{N}f", *wc.q_per_channel_scales().tolist())]
+    zps = [struct.pack("<i", wt.q_zero_point()), struct.pack(f"<{N}i", *wc.q_per_channel_zero_points().tolist())]
+    cal.field("packedlinear", "scales", common("PackedLinearWeight.w_scale", *[_vector_at(m, p, 160, s)
+                                               for p, s in zip(payloads, scales)]), "ptr")  # fmt: skip
+    cal.field("packedlinear", "zero_points", common("PackedLinearWeight.w_zp", *[_vector_at(m, p, 160, z)
+                                                    for p, z in zip(payloads, zps)]), "ptr")  # fmt: skip
+    after = cal.off("packedlinear", "zero_points") + 24
+    schemes = [m.raw(p + after, 8) for p in payloads]
+    cal.check(wt.qscheme() == torch.per_tensor_affine and wc.qscheme() == torch.per_channel_affine, "schemes")
+    want = (0, 1)  # c10/core/QScheme.h: PER_TENSOR_AFFINE 0, PER_CHANNEL_AFFINE 1; located by the two Linears
+    at = [i for i in range(8) if (schemes[0][i], schemes[1][i]) == want]
+    cal.field("packedlinear", "qscheme", after + one("PackedLinearWeight.q_scheme", at[:1]), "u8")
+    cal.constants["QSCHEME_PER_TENSOR_AFFINE"], cal.constants["QSCHEME_PER_CHANNEL_AFFINE"] = want
+    for name in ("QSCHEME_PER_TENSOR_AFFINE", "QSCHEME_PER_CHANNEL_AFFINE"):
+        cal.provenance[f"constants.{name}"] = "c10/core/QScheme.h, the byte located on a per-tensor and a per-channel Linear"
+
+
+def _packb(cal, m, packbs: list[int], unpacked) -> None:
+    # the first (K, N, 1) triple is nrows_, ncols_, G_; a later one is last_brow_, last_bcol_, trans_ (Transpose)
+    triples = [{o for o in m.find_int(q, 128, K) if m.raw(q + o + 4, 8) == struct.pack("<ii", N, 1)} for q in packbs]
+    dims = min(set.intersection(*triples), default=None)
+    if dims is None:
+        raise CalibrationFailed("PackMatrix.nrows_: no (rows, cols, groups) triple in both packed matrices")
+    cal.field("packb", "nrows", dims, "i32")
+    cal.field("packb", "ncols", dims + 4, "i32", "measured: follows nrows_")
+    cal.field("packb", "groups", dims + 8, "i32", "measured: follows ncols_ (1 for a Linear)")
+    blocks = []
+    for q in packbs:
+        c = []
+        for off in range(8, dims - 12, 4):
+            brow, bcol, nbrow, nbcol = struct.unpack("<4i", m.raw(q + off, 16))
+            if brow > 0 and bcol > 0 and nbrow == -(-K // brow) and nbcol == -(-N // bcol):
+                c.append(off)
+        blocks.append(c)
+    b = common("PackMatrix.brow_", *blocks)
+    for i, name in enumerate(("brow", "bcol", "nbrow", "nbcol")):
+        cal.field("packb", name, b + 4 * i, "i32", "measured: brow_, bcol_, nbrow_, nbcol_ in order")
+    found = None
+    q = packbs[0]
+    brow, bcol, nbrow, nbcol = struct.unpack("<4i", m.raw(q + b, 16))
+    want = [unpacked[0][0].int_repr().t().contiguous().view(-1).tolist(),
+            unpacked[1][0].int_repr().t().contiguous().view(-1).tolist()]  # fmt: skip
+    total = nbrow * brow * nbcol * bcol
+    for buf in (o for o in range(0, b, 8) if m.readable(m.word(q + o), total)):
+        data = m.raw(m.word(q + buf), total)
+        for off in range(dims + 12, dims + 96, 4):
+            ri = struct.unpack("<i", m.raw(q + off, 4))[0]
+            if ri in (1, 2, 4, 8) and brow % ri == 0:
+                got = [struct.unpack_from("<b", data, x)[0] for x in unpack_index(K, N, brow, bcol, nbcol, ri)]
+                if got == want[0]:
+                    found = (buf, off)
+                    break
+        if found:
+            break
+    if found is None:
+        raise CalibrationFailed("PackBMatrix buffer and row interleave not found (nothing unpacks to the weight)")
+    buf, found = found
+    cal.field("packb", "buf", buf, "ptr", "measured: the pointer whose bytes unpack to the weight")
+    cal.field("packb", "row_interleave", found, "i32")
+    q2 = packbs[1]
+    brow, bcol, nbrow, nbcol = struct.unpack("<4i", m.raw(q2 + b, 16))
+    ri = struct.unpack("<i", m.raw(q2 + found, 4))[0]
+    data = m.raw(m.word(q2 + buf), nbrow * brow * nbcol * bcol)
+    got = [struct.unpack_from("<b", data, x)[0] for x in unpack_index(K, N, brow, bcol, nbcol, ri)]
+    cal.check(got == want[1], "the per-channel packed weight unpacks to linear_unpack's int8 weight")

@@ -1,0 +1,179 @@
+"""Packed quantized Linear weights read from memory: fbgemm's `PackedLinearWeight` behind `LinearPackedParams`.
+
+`torch.ao.nn.quantized` Linears (dynamic and static, x86/fbgemm engine) keep their int8 weight only inside a C++
+object, re-blocked for fbgemm's kernels: the weight transposed (K x N), cut into blocks of `brow` x `bcol`, each
+block stored with `row_interleave` rows interleaved (fbgemm `PackBMatrix::addr`). The blocking is read from the
+object itself (it follows the CPU the process ran on), checked against the matrix size, and inverted with numpy in
+row bands (bounded memory); scales, zero points and the scheme come from the same object, the bias from its
+TensorImpl. The unpacked weights are bytes zen computed, not bytes of the image: they are served from an attached
+space named `unpacked` and each record says so.
+
+The layout is measured by `zen profile torch` (`calibration.py` here); without it, or for another engine's object
+(qnnpack, onednn: the checks fail), the weight stays unread and the case partial.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from zen.cpython.interp import Interpreter
+from zen.frontends.pytorch.profile import TorchProfile
+from zen.runtime.errors import ObjectError, ZenError
+
+STRUCTS = ("pybind", "jitmodule", "jitobject", "ivalue", "packedlinear", "packb")
+PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
+MAX_DIM = 1 << 20  # rows or columns of one weight
+MAX_PACKED = 1 << 33  # bytes of one packed buffer
+BAND = 256  # rows of B unpacked at once
+QSCHEMES = {"QSCHEME_PER_TENSOR_AFFINE": "per_tensor_affine", "QSCHEME_PER_CHANNEL_AFFINE": "per_channel_affine"}
+
+
+@dataclass
+class PackedLinear:
+    """One unpacked weight: int8 (out x in), its quantization, the bias's TensorImpl (0: none), how it was packed."""
+
+    weight: np.ndarray
+    qscheme: str
+    scales: list[float]
+    zero_points: list[int]
+    bias_impl: int
+    packing: dict
+
+
+def has_packed_layout(tp: TorchProfile) -> bool:
+    return all(s in tp.structs for s in STRUCTS) and "IVALUE_TAG_CAPSULE" in tp.constants
+
+
+class PackedReader:
+    def __init__(self, ip: Interpreter, tp: TorchProfile) -> None:
+        self.ip, self.tp = ip, tp
+        self.qschemes = {tp.constants[k]: v for k, v in QSCHEMES.items() if k in tp.constants}
+
+    def read(self, addr: int) -> PackedLinear:
+        """The packed weight behind a Python `torch.ScriptObject` (a LinearPackedParamsBase)."""
+        ip, tp, c = self.ip, self.tp, self.tp.constants
+        obj = ip.ptr(ip.ptr(addr + tp.pybind.value) + tp.jitmodule.object)
+        begin, end = ip.space.u64(obj + tp.jitobject.slots), ip.space.u64(obj + tp.jitobject.slots + 8)
+        if end - begin != c["IVALUE_SIZE"]:
+            raise ObjectError(addr, f"a packed-params object with {(end - begin) // c['IVALUE_SIZE']} slots (expected one)")
+        tag = struct.unpack("<I", ip.space.read(begin + tp.ivalue.tag, 4))[0]
+        if tag != c["IVALUE_TAG_CAPSULE"]:
+            raise ObjectError(addr, f"a packed-params object whose slot holds IValue tag {tag}, not a capsule")
+        plw = ip.ptr(begin + tp.ivalue.payload)
+        P = tp.packedlinear
+        weight, packing = self._unpack(ip.ptr(plw + P.packb), addr)
+        n = weight.shape[0]
+        scheme = self.qschemes.get(ip.space.read(plw + P.qscheme, 1)[0])
+        scales = self._vector(plw + P.scales, "<f", n, addr)
+        zps = self._vector(plw + P.zero_points, "<i", n, addr)
+        want = 1 if scheme == "per_tensor_affine" else n
+        if scheme is None or len(scales) != want or len(zps) != want:
+            raise ObjectError(addr, f"packed weight with scheme {scheme} and {len(scales)} scales, {len(zps)} zero points "
+                              f"for {n} rows: not fbgemm's per-tensor or per-channel affine layout")  # fmt: skip
+        bias = ip.ptr(plw + P.bias) if ip.space.read(plw + P.bias_engaged, 1)[0] == 1 else 0
+        packing.update(engine="fbgemm", object=f"{plw:#x}")
+        return PackedLinear(weight, scheme, scales, zps, bias, packing)
+
+    def _vector(self, at: int, fmt: str, most: int, owner: int) -> list:
+        begin, end = self.ip.space.u64(at), self.ip.space.u64(at + 8)
+        size = struct.calcsize(fmt)
+        if end < begin or (end - begin) % size or (end - begin) // size > most:
+            raise ObjectError(owner, f"implausible vector of {end - begin} bytes in a packed weight")
+        count = (end - begin) // size
+        return list(struct.unpack(f"<{count}{fmt[1:]}", self.ip.space.read(begin, end - begin))) if count else []
+
+    def _unpack(self, packb: int, owner: int) -> tuple[np.ndarray, dict]:
+        B = self.tp.packb
+        names = ("nrows", "ncols", "groups", "brow", "bcol", "nbrow", "nbcol", "row_interleave")
+        v = {n: struct.unpack("<i", self.ip.space.read(packb + getattr(B, n), 4))[0] for n in names}
+        k, n, brow, bcol, ri = v["nrows"], v["ncols"], v["brow"], v["bcol"], v["row_interleave"]
+        ok = (0 < k <= MAX_DIM and 0 < n <= MAX_DIM and v["groups"] == 1 and brow > 0 and bcol > 0 and ri in (1, 2, 4, 8)
+              and brow % ri == 0 and v["nbrow"] == -(-k // brow) and v["nbcol"] == -(-n // bcol))  # fmt: skip
+        total = v["nbrow"] * brow * v["nbcol"] * bcol
+        if not ok or total > MAX_PACKED:
+            raise ObjectError(owner, f"packed matrix fields {v} are not a consistent fbgemm PackBMatrix")
+        data = np.frombuffer(self.ip.space.read(self.ip.ptr(packb + B.buf), total), dtype=np.int8)
+        out = np.empty((n, k), dtype=np.int8)  # the weight: out features x in features (B transposed)
+        j = np.arange(n, dtype=np.int64)
+        col = (j // bcol) * brow * bcol + (j % bcol) * ri
+        for lo in range(0, k, BAND):
+            i = np.arange(lo, min(lo + BAND, k), dtype=np.int64)
+            row = (i // brow) * v["nbcol"] * brow * bcol + (i % brow // ri) * bcol * ri + i % ri
+            out[:, lo : lo + len(i)] = data[row[:, None] + col[None, :]].T
+        return out, {"block_rows": brow, "block_cols": bcol, "row_interleave": ri}
+
+
+BASE = (1 << 62) + (1 << 60)  # where unpacked weights are placed in their own space (apart from any process address)
+
+
+def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[str], dict[str, str]]:
+    """(slots of every packed weight and bias under `root`, the paths of the LinearPackedParams read, {path: why}
+    for those not read). Keys follow PyTorch's state_dict: `PATH._packed_params.weight` and `.bias` under the
+    `PATH._packed_params` entry its `_save_to_state_dict` writes (a (weight, bias) tuple)."""
+    from zen.frontends.pytorch.mr import TensorSlot, tensor_record
+    from zen.frontends.pytorch.subclasses import ClassLookup
+
+    look = ClassLookup.shared(ip)
+    targets = [(p, n) for p, n in index.walk(root) if PACKED_PARAMS in look.mro_names(n.type) and "_packed_params" in n.attrs]
+    if not targets:
+        return [], set(), {}
+    if not has_packed_layout(reader.tp):
+        why = (f"the torch {reader.tp.version} layout profile has no packed-weight layout; recalibrate it with "
+               "`zen profile torch --python PYTHON_WITH_THAT_TORCH`")  # fmt: skip
+        return [], set(), {p: why for p, _ in targets}
+    pr = PackedReader(ip, reader.tp)
+    got: list[tuple[str, PackedLinear]] = []
+    failed: dict[str, str] = {}
+    for path, node in targets:
+        try:
+            got.append((path, pr.read(node.attrs["_packed_params"])))
+        except ZenError as exc:
+            failed[path] = f"its packed weight could not be read: {exc}"
+    chunks, regions, metas = [], [], []
+    from zen.frontends.pytorch.tensors import TensorMeta
+    from zen.memory.regions import Region
+    from zen.memory.space import AddressSpace, BytesChunk
+
+    at = BASE
+    for path, pl in got:
+        w = pl.weight
+        chunks.append(BytesChunk(at, w.tobytes()))
+        regions.append(Region(at, at + max(w.nbytes, 1), "r--p", f"unpacked {path}"))
+        owner = int(pl.packing["object"], 16)
+        metas.append(TensorMeta(owner, owner, "int8", 1, "I8", tuple(w.shape), (w.shape[1], 1), 0, w.size, "unpacked",
+                                False, 0, at, w.nbytes, "torch.qint8 (fbgemm PackedLinearWeight)"))  # fmt: skip
+        at += (w.nbytes + 4095) // 4096 * 4096 + 4096
+    if got:
+        ip.space.attach_device("unpacked", AddressSpace(regions, chunks, description="weights zen unpacked"))
+    slots = []
+    for (path, pl), meta in zip(got, metas):
+        key = f"{path}._packed_params"
+        rec = tensor_record(f"{key}.weight", "packed", meta.addr, meta, reader=reader)
+        rec.device, rec.dtype = "cpu", "int8"
+        rec.quantization = {"dtype": "qint8", "qscheme": pl.qscheme, "scale": pl.scales, "zero_point": pl.zero_points,
+                            **({"axis": 0} if pl.qscheme == "per_channel_affine" else {}), "packed": pl.packing}  # fmt: skip
+        rec.note = (f"unpacked by zen from fbgemm's packed buffer (blocks {pl.packing['block_rows']}x"
+                    f"{pl.packing['block_cols']}, row interleave {pl.packing['row_interleave']})")  # fmt: skip
+        slots.append(TensorSlot(rec.key, meta.addr, "packed", meta, rec))
+        if pl.bias_impl:
+            try:
+                bmeta = reader.impl_meta(pl.bias_impl, pl.bias_impl)
+                bmeta.python_type = _python_type(ip, reader.tp, pl.bias_impl)
+                brec = tensor_record(f"{key}.bias", "packed", pl.bias_impl, bmeta, reader=reader)
+                slots.append(TensorSlot(brec.key, pl.bias_impl, "packed", bmeta, brec))
+            except ZenError as exc:
+                failed[path] = f"its packed bias could not be read: {exc}"
+    return slots, {p for p, _ in got} - set(failed), failed
+
+
+def _python_type(ip: Interpreter, tp: TorchProfile, impl: int) -> str:
+    """The class of the Python tensor a TensorImpl belongs to (its PyObject slot), when it has one: a packed bias
+    is an `nn.Parameter` in the deployed module and is rebuilt as one."""
+    try:
+        obj = ip.ptr(impl + tp.tensorimpl.pyobj)
+        return ip.type_name(obj) if obj else "torch.Tensor"
+    except ZenError:
+        return "torch.Tensor"
