@@ -3,8 +3,9 @@
     python bench/forms.py [--only FORM ...] [-o bench/results/forms.md]
 
 For each form of `tests/targets/forms_target.py` (eager as the control; torch.compile as a wrapper and in place;
-torchao int8 and int4; optimum-quanto int8; bitsandbytes 8-bit and 4-bit; dynamic quantization; TorchScript
-traced and scripted; ONNX Runtime): start the real process, image it with `zen acquire --lean`, run `zen recover`
+torchao int8 and int4; optimum-quanto int8; bitsandbytes 8-bit and 4-bit; dynamic quantization per tensor and per
+channel, of the MLP and of a transformers BERT; static quantization of a CNN; TorchScript traced, scripted and
+`jit.load`ed; ONNX Runtime): start the real process, image it with `zen acquire --lean`, run `zen recover`
 as a user would, and compare with what the process's own `state_dict()` holds: every tensor (a subclass's inner
 tensors and packed parameters counted one by one) bit-exact or not. Where `zen reuse` writes a package, it is
 loaded in a fresh process and run on the deployed request; its outputs are compared with the deployed response.
@@ -28,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "tests" / "targets"
 FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit",
-         "offload-cpu", "offload-disk", "several", "dynamic", "jit-trace", "jit-script", "ort"]  # fmt: skip
+         "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-bert", "static-cnn",
+         "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
 QUANTIZED = ("torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit")
 RUNS = 3  # recoveries per form; the median is reported (each is ~1 s on these small images)
 
@@ -139,9 +141,11 @@ NOTES = """How to read the rows:
   model's own state_dict, which runs that serialization, equals the deployed one entry by entry.
 - offload-disk without the files is partial (the data is not in the image; each problem names the file accelerate
   would read); the next row gives the files with `--offload` and the case is complete.
-- jit-script's tensors are in the case because the scripted module shares its tensors with the eager module it was
-  scripted from, which zen finds through the ScriptModule's attributes; the TorchScript module itself is not read
-  (issue 48), so the case is partial and no package is written. dynamic and jit-trace: the same, with nothing else.
+- TorchScript (jit-trace, jit-script, jit-load): the C++ module tree is read through each ScriptModule's `_c`
+  (issue 48); complete and bit-exact, but `zen reuse` writes no TorchScript archive yet, so it refuses (exit 5).
+- dynamic*: fbgemm's packed weights are unpacked (issue 48) and packed again by the rebuilt model.
+- static-cnn: its Linear is read like dynamic's; its Conv2d's packed weight (fbgemm PackedConvWeight) is not read
+  yet, so the case is partial and names it.
 - several: a float reference beside the served torchao model; the served one is chosen (see README, "Several models").
 - ort: no case; zen names the ONNX Runtime session and the model file it loaded (exit 6).
 - Every image holds the interpreter, torch and each form's library: recovery time is mostly the heap and code work

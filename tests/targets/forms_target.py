@@ -3,7 +3,7 @@
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic,
-dynamic-per-channel, jit-trace,
+dynamic-per-channel, dynamic-bert (transformers BERT), static-cnn (static quantization), jit-trace,
 jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
 the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
@@ -166,6 +166,23 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         return model, model, x
     if form == "dynamic":
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8), None, x
+    if form == "dynamic-bert":  # a transformers BERT (built from a small config, no download), dynamic int8
+        from transformers import BertConfig, BertModel
+
+        bert = BertModel(BertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, max_position_embeddings=64)).eval()  # fmt: skip
+        ids = torch.randint(0, 512, (2, 16))
+        return torch.ao.quantization.quantize_dynamic(bert, {nn.Linear}, dtype=torch.qint8), None, ids
+    if form == "static-cnn":  # eager-mode static quantization (x86/fbgemm): packed Conv2d and Linear
+        from torch.ao.quantization import convert, get_default_qconfig, prepare
+
+        cnn = nn.Sequential(torch.ao.quantization.QuantStub(), nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(8 * 6 * 6, 10), torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
+        cnn.qconfig = get_default_qconfig("x86")
+        prepare(cnn, inplace=True)
+        img = torch.randn(4, 3, 8, 8)
+        cnn(img)  # calibration
+        return convert(cnn), None, img
     if form == "dynamic-per-channel":
         from torch.ao.quantization import per_channel_dynamic_qconfig
 
@@ -200,6 +217,7 @@ def main(outdir: str, form: str, backend: str = "inductor") -> None:
             y = torch.from_numpy(served.run(None, {served.get_inputs()[0].name: x.numpy()})[0])
         else:
             y = served(x)
+            y = y if isinstance(y, torch.Tensor) else y[0]  # transformers: the first output
     sd_owner = truth_model if truth_model is not None else (served if isinstance(served, nn.Module) else None)
     state = {k: describe(v) for k, v in sd_owner.state_dict().items()} if sd_owner is not None and not TRUTH else TRUTH
     if form == "compile":
