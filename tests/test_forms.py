@@ -353,3 +353,70 @@ def test_packed_and_scripted_state_without_a_measured_layout_is_partial(form_ima
         assert manifest["status"] == "partial" and says in text and "zen profile torch" in text, text
         refused = zen_command("reuse", case, "-o", tmp_path / f"pkg_{form.replace('-', '_')}", cwd=tmp_path, check=False)
         assert refused.returncode == 5 and "did not read" in refused.stderr, refused.stderr
+
+
+def _segment(fh, addr: int, n: int) -> int:
+    """File offset of virtual address `addr` in an ELF core (its PT_LOAD segment must hold n bytes there)."""
+    from elftools.elf.elffile import ELFFile
+
+    for seg in ELFFile(fh).iter_segments():
+        h = seg.header
+        if h.p_type == "PT_LOAD" and h.p_vaddr <= addr and addr + n <= h.p_vaddr + h.p_filesz:
+            return h.p_offset + addr - h.p_vaddr
+    raise AssertionError(f"{addr:#x} is not in the image's data")
+
+
+def _peek(img: Path, addr: int) -> int:
+    import struct
+
+    with open(img, "rb") as fh:
+        fh.seek(_segment(fh, addr, 8))
+        return struct.unpack("<Q", fh.read(8))[0]
+
+
+def _poke(img: Path, out: Path, addr: int, data: bytes) -> Path:
+    """A copy of an ELF core with `data` written at virtual address `addr` (a hand-built hostile image)."""
+    import shutil
+
+    shutil.copyfile(img, out)
+    with open(out, "r+b") as fh:
+        fh.seek(_segment(fh, addr, len(data)))
+        fh.write(data)
+    return out
+
+
+def test_hostile_cpp_objects_are_bounded_and_named(form_images, workdir, tmp_path):
+    """Hand-built hostile images (issue 48): a TorchScript Object claiming ten million slots, a ClassType attribute
+    name claiming a gigabyte, a packed weight claiming a million rows. Each is a bounded read that fails into a
+    partial case naming what was not read (exit 5): never a crash, a hang or a huge allocation."""
+    import struct
+    from importlib import resources
+
+    if not torch.__version__.startswith("2.13"):
+        pytest.skip("offsets from the shipped torch 2.13 profile")
+    profile = json.loads(resources.files("zen.frontends.pytorch").joinpath("profiles", "torch-2.13-x86_64.json").read_text())
+    off = {f"{s}.{f}": v[0] for s, d in profile["structs"].items() for f, v in d["fields"].items()}
+    good = {}
+    for form in ("jit-load", "dynamic"):
+        res, case, _, _ = _recover(form_images, form, workdir)
+        assert res.returncode == 0, res.stderr
+        good[form] = json.loads((case / "mr.json").read_text())
+    img_jit, img_dyn = _get(form_images, "jit-load")[0], _get(form_images, "dynamic")[0]
+    obj = int(good["jit-load"]["deployment"]["object"], 16)
+    slots = obj + off["jitobject.slots"]
+    attrs = _peek(img_jit, _peek(img_jit, obj + off["jitobject.type"]) + off["classtype.attributes"])
+    plw = int(next(t for t in good["dynamic"]["tensors"] if t.get("quantization"))["quantization"]["packed"]["object"], 16)
+    packb = _peek(img_dyn, plw + off["packedlinear.packb"])
+    hostile = {  # name -> (image, address, bytes, what the problem must say)
+        "slots": (img_jit, slots + 8, struct.pack("<Q", _peek(img_jit, slots) + 16 * 10**7), "slots for"),
+        "name": (img_jit, attrs + off["classattr.name"] + off["stdstring.size"], struct.pack("<Q", 1 << 30), "limit"),
+        "packed": (img_dyn, packb + off["packb.nrows"], struct.pack("<i", 1 << 20), "not a consistent fbgemm"),
+    }
+    for name, (img, addr, data, says) in hostile.items():
+        bad = _poke(img, tmp_path / f"{name}.core", addr, data)
+        case = tmp_path / f"case-{name}"
+        res = zen("recover", bad, "-o", case, check=False, timeout=300)
+        bad.unlink()
+        assert res.returncode == 5 and "Traceback" not in res.stderr, (name, res.stderr[-2000:])
+        manifest = json.loads((case / "manifest.json").read_text())
+        assert manifest["status"] == "partial" and says in "\n".join(manifest["problems"]), (name, manifest["problems"])

@@ -26,7 +26,7 @@ from zen.runtime.errors import ObjectError, ZenError
 STRUCTS = ("pybind", "jitmodule", "jitobject", "ivalue", "packedlinear", "packb")
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
 MAX_DIM = 1 << 20  # rows or columns of one weight
-MAX_PACKED = 1 << 33  # bytes of one packed buffer
+MAX_PACKED = 1 << 30  # bytes of one packed buffer (a 32k x 32k int8 weight; read whole, so bounded)
 BAND = 256  # rows of B unpacked at once
 QSCHEMES = {"QSCHEME_PER_TENSOR_AFFINE": "per_tensor_affine", "QSCHEME_PER_CHANNEL_AFFINE": "per_channel_affine"}
 

@@ -57,6 +57,11 @@ def script_models(ip: Interpreter, index: ModuleIndex, tensors: TensorReader, tp
         except ZenError as exc:
             out.problems.append(f"TorchScript module at {a:#x}: its C++ module could not be read: {exc}")
     out.index = JitIndex(out.reader, list(out.objects.values()))
+    for a, obj in list(out.objects.items()):  # a root whose own Object is unreadable stays unread (the audit names it)
+        if obj not in out.index.nodes:
+            out.problems.append(f"TorchScript module at {a:#x}: its C++ module could not be read: "
+                                f"{out.index.errors.get(obj, 'not reached')}")  # fmt: skip
+            del out.objects[a]
     return out
 
 
