@@ -45,7 +45,8 @@ def profile_torch(
     python: str = typer.Option(sys.executable, "--python", help="Interpreter with the torch to calibrate (default: zen's)."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write here instead of the user profile directory."),
 ) -> None:
-    """Measure PyTorch tensor layouts (TensorImpl, StorageImpl, dtypes) and save a torch layout profile."""
+    """Measure PyTorch layouts (TensorImpl, StorageImpl, dtypes; TorchScript modules; fbgemm packed weights) and save a
+    torch layout profile."""
     require_parent(output, "the profile")
     from zen.cpython.layout.profile import user_profile_dir
     from zen.frontends.pytorch.profile import parse_torch_profile, torch_profile_filename

@@ -1,4 +1,5 @@
-"""Measure PyTorch's tensor layouts (THPVariable, TensorImpl, StorageImpl, AutogradMeta) with ctypes.
+"""Measure PyTorch's tensor layouts (THPVariable, TensorImpl, StorageImpl, AutogradMeta) with ctypes; TorchScript
+modules and packed quantized weights in `torchscript/calibration.py` and `quantized/calibration.py`.
 
 Same idea as the CPython calibrator: make tensors whose metadata we know (distinct sizes, strides,
 offsets, dtypes, devices), read the C++ objects' bytes at the addresses torch itself reports
@@ -85,6 +86,19 @@ class TorchCalibrator(CalibratorBase):
         self.dtypes(raw_a)
         self.devices()
         self.autograd()
+
+    def optional(self, what: str, module: str, name: str) -> None:
+        """Measure a part only some images need (TorchScript, packed weights): when it fails on this torch, the
+        profile is still written without it (and says why), and zen names such state unread instead of guessing."""
+        import importlib
+
+        before = (dict(self.structs), dict(self.constants), len(self.checks), dict(self.provenance))
+        try:
+            getattr(importlib.import_module(module), name)(self)
+        except (CalibrationFailed, AttributeError, RuntimeError, ImportError) as exc:
+            self.structs, self.constants, self.provenance = before[0], before[1], before[3]
+            del self.checks[before[2] :]
+            self.provenance[f"not measured: {what}"] = str(exc)[:300]
 
     def dtypes(self, raw_a: bytes) -> None:
         torch, m = self.torch, self.m
@@ -180,12 +194,9 @@ class TorchCalibrator(CalibratorBase):
 
     def run(self) -> dict:
         self.tensor_impl()
-        from zen.frontends.pytorch.torchscript.calibration import measure_jit
-
-        measure_jit(self)  # TorchScript modules' C++ layout (torchscript/calibration.py)
-        from zen.frontends.pytorch.quantized.calibration import measure_packed
-
-        measure_packed(self)  # fbgemm's packed Linear weights (quantized/calibration.py)
+        self.optional("TorchScript modules", "zen.frontends.pytorch.torchscript.calibration", "measure_jit")
+        if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
+            self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
         torch = self.torch
         return {
             "format": FORMAT,
