@@ -143,7 +143,10 @@ NOTES = """How to read the rows:
   would read); the next row gives the files with `--offload` and the case is complete.
 - TorchScript (jit-trace, jit-script, jit-load): the C++ module tree is read through each ScriptModule's `_c`
   (issue 48); complete and bit-exact, but `zen reuse` writes no TorchScript archive yet, so it refuses (exit 5).
-- dynamic*: fbgemm's packed weights are unpacked (issue 48) and packed again by the rebuilt model.
+- dynamic*: fbgemm's packed weights are unpacked (issue 48) and packed again by the rebuilt model. exact/total
+  counts by content the `scale` and `zero_point` entries too, which PyTorch's `_save_to_state_dict` makes at
+  save time from each Linear's plain attributes (zen records them as hyper-parameters): every weight and bias is
+  exact, and the rebuilt model's own state_dict equals the deployed one entry by entry.
 - static-cnn: its Linear is read like dynamic's; its Conv2d's packed weight (fbgemm PackedConvWeight) is not read
   yet, so the case is partial and names it.
 - several: a float reference beside the served torchao model; the served one is chosen (see README, "Several models").

@@ -74,14 +74,14 @@ def start_target(
     return Target(proc, outdir)
 
 
-def zen(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the zen CLI in a subprocess, as a user would."""
+def zen(*args: str, check: bool = True, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the zen CLI in a subprocess, as a user would (`env`: variables added to this process's environment)."""
     res = subprocess.run(
         [sys.executable, "-m", "zen", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, **(env or {}), "COLUMNS": "200"},
     )
     if check and res.returncode != 0:
         raise AssertionError(f"zen {' '.join(map(str, args))} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")

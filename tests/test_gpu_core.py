@@ -177,3 +177,29 @@ def test_fuzzed_section_tables_never_escape(tmp_path, data):
             assert s.offset + s.size <= len(raw)
             g.read(s.address, min(s.size, 64))
         json.dumps(g.core.to_json())
+
+
+def test_gzip_bomb_is_bounded_by_the_file_size(tmp_path):
+    """Issue 49.3: a gzip GPU core inflating far beyond its own size (a bomb of zeros) stopped writing 4 GB to the
+    temporary disk only at "free space minus 1 GiB". Now it may inflate to `gpu_inflate` times its size (at least
+    256 MiB): one line says so and how to allow a genuine dump (`zen recover --gpu` opens GPU cores the same way);
+    the same file is accepted with a larger `--limit gpu_inflate`. No temporary file is left behind."""
+    p = tmp_path / "small.nvcudmp"
+    _small_core(p, devices=[{"devName": "Sim A", "smType": "sm_80", "numSMs": 4, "smMajor": 8}])
+    bomb = tmp_path / "bomb.nvcudmp.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as gz:  # a real core, then 300 MiB of zeros after its end
+        gz.write(p.read_bytes())
+        zeros = b"\0" * (16 << 20)
+        for _ in range(300 // 16 + 1):
+            gz.write(zeros)
+    ratio = (300 << 20) / bomb.stat().st_size
+    assert ratio > 128, ratio
+    tmp = tmp_path / "t"
+    tmp.mkdir()
+    env = {"ZEN_TMPDIR": str(tmp)}
+    res = zen("info", bomb, check=False, env=env)
+    assert res.returncode == 2 and "inflates to more than 128x" in res.stderr and "gpu_inflate=" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and list(tmp.iterdir()) == []
+    ok = zen("info", bomb, "--limit", f"gpu_inflate={int(ratio) + 100}", "--json", check=False, env=env)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["compression"]["unpacked_size"] > 300 << 20, ok.stderr[-500:]
+    assert list(tmp.iterdir()) == []

@@ -20,6 +20,7 @@ from zen.runtime.errors import ZenError
 out, err = consoles()
 EXIT_PARTIAL = 5  # results were produced, but the evidence is incomplete (see the problems listed)
 SHOWN_SEGMENTS = 40
+INFO_LIMIT_HELP = "NAME=VALUE: a bound on GPU cores (gpu_inflate=RATIO: how many times its size a gzip core may inflate)."
 
 IMAGE_HELP = "Memory image: a process core (zen acquire, gcore, kernel core) or a whole-machine image (LiME, AVML, raw, ELF)."
 PID_HELP = "With IMAGE: a process of a whole-machine image (default: the one Python process with torch). Alone: a live process."
@@ -37,10 +38,10 @@ def is_gpu_core(image: Path) -> bool:
     return sniff_gpu_core(require_image_file(image)) is not None
 
 
-def gpu_info(image: Path, as_json: bool) -> None:
+def gpu_info(image: Path, as_json: bool, limits=None) -> None:
     from zen.memory.gpu import GpuCoreSpace
 
-    with GpuCoreSpace(image) as g:
+    with GpuCoreSpace(image, limits) as g:
         data = g.core.to_json()
         data["path"], data["size"] = str(Path(image).resolve()), Path(image).stat().st_size
         if g.unpacked is not None:
@@ -85,12 +86,13 @@ def _render(d: dict) -> None:
         out.print(f"... and {g['segments'] - SHOWN_SEGMENTS} more (--json lists all)")
 
 
-def _open(image: Path | None, pid: int | None, symbols: list[Path] | None = None, gpu: list[Path] | None = None):
+def _open(image: Path | None, pid: int | None, symbols: list[Path] | None = None, gpu: list[Path] | None = None,
+          gpu_limits=None):  # fmt: skip
     from zen.memory import open_space
 
     if image is None and pid is None:
         raise ZenError("give an image file or --pid PID", "see `zen COMMAND --help`")
-    return open_space(image, pid, symbols=symbols, gpu=gpu)
+    return open_space(image, pid, symbols=symbols, gpu=gpu, gpu_limits=gpu_limits)
 
 
 def _print_problems(space) -> None:
@@ -113,15 +115,18 @@ def info(
     top: int = typer.Option(25, help="How many types to list in the census."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     census: bool = typer.Option(True, "--census/--no-census", help="Count objects by type (a scan of the whole heap)."),
+    limit: list[str] | None = typer.Option(None, "--limit", help=INFO_LIMIT_HELP),
 ) -> None:
     """Versions, memory regions, interpreter address, object counts by type, threads; for a GPU core, its devices,
     contexts and global memory segments."""
     from zen.recover.info import image_info
+    from zen.recover.limits import gpu_limits
 
+    bounds = gpu_limits(limit)
     if image is not None and is_gpu_core(image):
-        gpu_info(image, as_json)
+        gpu_info(image, as_json, bounds)
         return
-    space = _open(image, pid, symbols, gpu)
+    space = _open(image, pid, symbols, gpu, bounds)
     with space:
         res = _frozen(image, pid, lambda: image_info(space, top=top, census=census))
         if space.devices:

@@ -51,13 +51,15 @@ def open_space(
     file_root: str | None = None,
     symbols: list[str | os.PathLike] | None = None,
     gpu: list[str | os.PathLike] | None = None,
+    gpu_limits=None,
 ) -> AddressSpace:
     """Open a process: a core file, one process of a whole-machine image, or a live process.
 
     With an image, `pid` chooses a process of a whole-machine image (LiME, AVML, raw, ELF
     physical dump; default: the one Python process with torch loaded) and must match the
     process of a core file; without one, `pid` is a live process on this machine. `gpu` names
-    GPU cores of the same process (zen.memory.gpu): their device memory is attached to it.
+    GPU cores of the same process (zen.memory.gpu): their device memory is attached to it, within
+    `gpu_limits` (a `GpuLimits`: how far a gzip core may inflate).
     """
     from zen.runtime.errors import ImageError
 
@@ -73,7 +75,7 @@ def open_space(
         from zen.memory.gpu import attach_gpu_images
 
         try:
-            attach_gpu_images(space, gpu)
+            attach_gpu_images(space, gpu, gpu_limits)
         except BaseException:
             space.close()
             raise

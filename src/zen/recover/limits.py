@@ -16,23 +16,33 @@ import dataclasses
 
 from zen.cpython.interp import Limits
 from zen.frontends.pytorch.mr import ModelLimits
+from zen.memory.gpu.space import GpuLimits
 from zen.runtime.errors import ZenError
 
 
 def defaults() -> dict[str, int]:
     """Every limit with its default value (README's table is generated from the same classes)."""
-    return {f.name: f.default for cls in (Limits, ModelLimits) for f in dataclasses.fields(cls)}  # type: ignore[misc]
+    return {f.name: f.default for cls in (Limits, ModelLimits, GpuLimits) for f in dataclasses.fields(cls)}  # type: ignore[misc]
 
 
-def parse(items: list[str] | None) -> tuple[Limits, ModelLimits]:
-    """`["max_str=1e9", ...]` -> the two limit objects with those fields replaced."""
+def parse(items: list[str] | None) -> tuple[Limits, ModelLimits, GpuLimits]:
+    """`["max_str=1e9", ...]` -> the three limit objects with those fields replaced."""
     values = overrides(items, defaults())
-    names = {f.name for f in dataclasses.fields(Limits)}
-    return (Limits(**{k: v for k, v in values.items() if k in names}),
-            ModelLimits(**{k: v for k, v in values.items() if k not in names}))  # fmt: skip
+
+    def of(cls):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    return of(Limits), of(ModelLimits), of(GpuLimits)
 
 
-def in_effect(bounds: tuple[Limits, ModelLimits]) -> dict[str, int]:
+def gpu_limits(items: list[str] | None) -> GpuLimits:
+    """`zen info`'s `--limit`: only the GPU core bounds apply to it."""
+    known = {f.name: f.default for f in dataclasses.fields(GpuLimits)}
+    return GpuLimits(**overrides(items, known))  # type: ignore[arg-type]
+
+
+def in_effect(bounds: tuple) -> dict[str, int]:
     """Every limit's value for a run, as the manifest records it (`limits`): part of what a case follows from."""
     return {k: v for b in bounds for k, v in dataclasses.asdict(b).items()}
 

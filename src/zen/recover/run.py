@@ -130,7 +130,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
     # started first; a digest computed before for the unchanged file is reused (`digest_cache`).
     hasher = evidence_record.Digests(image, gpu, rehash, progress)
     try:
-        space = open_space(image, pid, symbols=symbols, gpu=gpu)
+        space = open_space(image, pid, symbols=symbols, gpu=gpu, gpu_limits=bounds[2])
     except BaseException:
         hasher.cancel()
         raise

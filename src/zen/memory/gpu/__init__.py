@@ -5,6 +5,6 @@ the devices' memory to the host process's space (`AddressSpace.device_space("cud
 """
 
 from zen.memory.gpu.join import attach_gpu_images
-from zen.memory.gpu.space import GpuCoreSpace, sniff_gpu_core
+from zen.memory.gpu.space import GpuCoreSpace, GpuLimits, sniff_gpu_core
 
-__all__ = ["GpuCoreSpace", "attach_gpu_images", "sniff_gpu_core"]
+__all__ = ["GpuCoreSpace", "GpuLimits", "attach_gpu_images", "sniff_gpu_core"]

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from zen.memory.gpu.space import GpuCoreSpace
+from zen.memory.gpu.space import GpuCoreSpace, GpuLimits
 from zen.memory.regions import Region
 from zen.memory.space import AddressSpace, Chunk
 
@@ -53,12 +53,12 @@ class DeviceSpace(AddressSpace):
         return "nearest segments: " + ", ".join(f"{c.start:#x}-{c.end:#x}" for c in sorted(dist[:n], key=lambda c: c.start))
 
 
-def open_gpu_images(paths: Sequence[str | os.PathLike]) -> list[GpuCoreSpace]:
+def open_gpu_images(paths: Sequence[str | os.PathLike], limits: GpuLimits | None = None) -> list[GpuCoreSpace]:
     """Open each GPU core (closing the ones opened before if one fails)."""
     opened: list[GpuCoreSpace] = []
     try:
         for p in paths:
-            opened.append(GpuCoreSpace(Path(p)))
+            opened.append(GpuCoreSpace(Path(p), limits))
     except BaseException:
         for g in opened:
             g.close()
@@ -66,9 +66,10 @@ def open_gpu_images(paths: Sequence[str | os.PathLike]) -> list[GpuCoreSpace]:
     return opened
 
 
-def attach_gpu_images(host: AddressSpace, paths: Sequence[str | os.PathLike]) -> list[GpuCoreSpace]:
+def attach_gpu_images(host: AddressSpace, paths: Sequence[str | os.PathLike],
+                      limits: GpuLimits | None = None) -> list[GpuCoreSpace]:  # fmt: skip
     """Open the GPU cores and attach their memory to `host` as "cuda:N" device spaces."""
-    cores = open_gpu_images(paths)
+    cores = open_gpu_images(paths, limits)
     by_device: dict[str, list[GpuCoreSpace]] = {}
     for g in cores:
         names = [f"cuda:{d.index}" for d in g.core.devices] or ["cuda"]

@@ -4,7 +4,9 @@ Each `.cudbg.global.N` segment becomes one chunk at its device address, so every
 layer reads GPU memory exactly as it reads host memory (`view`, `read`, `file_span` for the tensor
 writer's readahead). A gzip-compressed core (the driver's GZIP_COMPRESS flag, or a
 `.gz` copy) is unpacked once into a private temporary file, bounded in size and by the free space
-of the disk it goes to, and hashed while it is unpacked.
+of the disk it goes to, and hashed while it is unpacked. Its size is also bounded by the file's own: a gzip core
+may inflate to `gpu_inflate` times its size (above a floor), so a few megabytes of gzip bomb cannot fill the disk
+evidence is kept on (issue 49.3); a genuine dump of mostly empty memory is allowed with `--limit gpu_inflate=N`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import shutil
 import tempfile
 import weakref
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from zen.memory.gpu.cudacore import CudaCore, is_cuda_core_header, parse
@@ -27,6 +30,17 @@ from zen.runtime.errors import ImageError
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_UNPACKED = 1 << 40  # 1 TiB: more than any GPU's memory; ZEN_GPU_MAX_UNPACKED lowers or raises it
 FREE_MARGIN = 1 << 30  # leave this much free on the disk the unpacked core goes to
+INFLATE_FLOOR = 256 << 20  # any gzip core may inflate to this much, whatever its ratio
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """Bounds on GPU cores, settable with `--limit` (zen.recover.limits). The real H200 core of the shared fixture
+    inflates 37x; a gzip bomb of zeros about 1,000x."""
+
+    gpu_inflate: int = 128  # a gzip core may inflate to this many times its own size (and at least INFLATE_FLOOR)
+
+
 BLOCK = 16 << 20
 
 
@@ -51,8 +65,11 @@ def sniff_gpu_core(path: str | os.PathLike) -> str | None:
 class Unpacked:
     """A gzip file unpacked into a private temporary file (removed when this object goes)."""
 
-    def __init__(self, src: Path) -> None:
-        limit = int(os.environ.get("ZEN_GPU_MAX_UNPACKED", MAX_UNPACKED))
+    def __init__(self, src: Path, limits: GpuLimits | None = None) -> None:
+        ratio = (limits or GpuLimits()).gpu_inflate
+        packed = os.path.getsize(src)
+        by_ratio = max(INFLATE_FLOOR, ratio * packed)
+        limit = min(int(os.environ.get("ZEN_GPU_MAX_UNPACKED", MAX_UNPACKED)), by_ratio)
         where = os.environ.get("ZEN_TMPDIR") or tempfile.gettempdir()
         fd, name = tempfile.mkstemp(prefix="zen-gpucore-", suffix=".nvcudmp", dir=where)
         self.path = Path(name)
@@ -65,6 +82,10 @@ class Unpacked:
                     if not block:
                         break
                     n += len(block)
+                    if n > limit and limit == by_ratio:
+                        raise ImageError(f"GPU core {src} inflates to more than {ratio}x its {packed:,} bytes (stopped "
+                                         f"at {limit:,} bytes): a gzip bomb, or a dump of mostly empty memory",
+                                         f"if the dump is genuine, allow more: `--limit gpu_inflate={ratio * 8}`")  # fmt: skip
                     if n > limit:
                         raise ImageError(f"GPU core {src} unpacks to more than {limit:,} bytes",
                                          "set ZEN_GPU_MAX_UNPACKED (bytes) if the dump is really that large")  # fmt: skip
@@ -96,7 +117,7 @@ def _unlink(name: str) -> None:
 class GpuCoreSpace(AddressSpace):
     """Device global memory of one GPU core file (plain or gzip)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, limits: GpuLimits | None = None) -> None:
         self.path = Path(path)
         self.unpacked: Unpacked | None = None
         kind = sniff_gpu_core(self.path)
@@ -104,7 +125,7 @@ class GpuCoreSpace(AddressSpace):
             raise ImageError(f"{self.path} is not a CUDA GPU core (ELF, machine EM_CUDA), plain or gzip",
                              "give the file the CUDA driver or `zen acquire` wrote (*.nvcudmp)")  # fmt: skip
         if kind == "gzip":
-            self.unpacked = Unpacked(self.path)
+            self.unpacked = Unpacked(self.path, limits)
         data_path = self.unpacked.path if self.unpacked else self.path
         self._fh = open(data_path, "rb")
         size = os.fstat(self._fh.fileno()).st_size
