@@ -149,3 +149,38 @@ def test_drift_refuses_other_models_and_cases_without_weights(snapshots, tmp_pat
     refused("drift", cases[0], others["activations"], says="has no recovered weights (the model has no parameters or buffers)")
     refused("drift", cases[0], says="at least two cases")
     refused("analyze", others["activations"], "-o", tmp_path / "a", says="has no weights: the model has no parameters")
+
+
+def test_large_tensors_are_compared_in_bounded_blocks(tmp_path):
+    """Issue 49.4: drift mapped whole tensors, and every page it touched counted in its memory: two snapshots claiming
+    a 10^9-element tensor took 15.8 GB. Blocks are now read with pread, one per file at a time: comparing two 256 MB
+    tensors stays within ~150 MB of the process's baseline (mapped, it would hold both: 512 MB), with the same sums
+    as a whole-array computation."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    n = 64 << 20  # 64 M float32 elements: 256 MB per snapshot
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(n, dtype=np.float32)
+    b = a.copy()
+    b[::1000] += 1.0
+    save_file({"w": a}, str(tmp_path / "a.safetensors"))
+    save_file({"w": b}, str(tmp_path / "b.safetensors"))
+    want = (float(np.dot(a.astype(np.float64), a.astype(np.float64))), int(np.count_nonzero(a != b)))
+    del a, b
+    code = (  # VmHWM: this process's peak resident memory (ru_maxrss would carry the parent's over fork and exec)
+        "import sys, json; from zen.analyze.drift import compare; from zen.analyze.tensors import TensorFile\n"
+        "hwm = lambda: next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
+        "base = hwm()\n"
+        "s = compare(TensorFile(sys.argv[1]), TensorFile(sys.argv[2]), 'w')\n"
+        "print(json.dumps([s.aa, s.changed, (hwm() - base) * 1024]))"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    aa, changed, grew = json.loads(run.stdout)
+    assert changed == want[1] and abs(aa - want[0]) <= 1e-9 * want[0]
+    assert grew < 150 << 20, f"drift's memory grew by {grew / 2**20:.0f} MB comparing two 256 MB tensors"

@@ -64,13 +64,16 @@ class Sums:
 
 def compare(fa: TensorFile, fb: TensorFile, key: str) -> Sums:
     """Sums of one tensor in two snapshots, a chunk at a time (GB-sized tensors stay on disk)."""
-    dtype = fa.tensors[key].dtype
-    ra, rb = fa.raw(key), fb.raw(key)
-    ba, bb = fa.bits(key), fb.bits(key)
-    s = Sums(numel=int(ra.size))
-    for i in range(0, ra.size, CHUNK):
-        a = to_float64(dtype, np.asarray(ra[i : i + CHUNK]))
-        b = to_float64(dtype, np.asarray(rb[i : i + CHUNK]))
+    ia, ib = fa.tensors[key], fb.tensors[key]
+    if (ia.dtype, ia.shape) != (ib.dtype, ib.shape):
+        raise ZenError(f"{key}: {ia.dtype} {list(ia.shape)} in {fa.path} but {ib.dtype} {list(ib.shape)} in {fb.path}",
+                       "drift compares snapshots of one model; recover both from images of the same process")  # fmt: skip
+    dtype = ia.dtype
+    s = Sums(numel=ia.numel)
+    unsigned = None
+    for ra, rb in zip(fa.chunks(key, CHUNK), fb.chunks(key, CHUNK)):
+        unsigned = unsigned or np.dtype(f"<u{ra.dtype.itemsize}")
+        a, b = to_float64(dtype, ra), to_float64(dtype, rb)
         s.nonfinite += int(a.size - np.count_nonzero(np.isfinite(a) & np.isfinite(b)))
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: counted above, reported, never a raw warning
             d = b - a
@@ -78,7 +81,7 @@ def compare(fa: TensorFile, fb: TensorFile, key: str) -> Sums:
         s.bb += float(np.dot(b, b))
         s.ab += float(np.dot(a, b))
         s.dd += float(np.dot(d, d))
-        s.changed += int(np.count_nonzero(np.asarray(ba[i : i + CHUNK]) != np.asarray(bb[i : i + CHUNK])))
+        s.changed += int(np.count_nonzero(ra.view(unsigned) != rb.view(unsigned)))
     return s
 
 
