@@ -351,3 +351,27 @@ def test_hostile_uploads_are_refused_and_the_server_keeps_serving(team, family_i
     assert _post(srv, toks["add"], gzipped, name="gzipped", gz=tuple(good)).status_code == 201
     with PostgresLibrary(url, invariants=packed) as lib:
         assert problems(lib) == [] and "hostile" not in {r["name"] for r in lib.list()}
+
+
+def test_every_name_that_can_be_added_can_be_shown_and_removed(team, family_images, workdir):
+    """Issue 49.5: one rule for entry names. Names a client could add but no client could address (`.`, `..`, a
+    newline, a tab, surrounding spaces, 513 characters) are refused by the client before uploading and by the server
+    (400, the rule's words) when sent by hand; every name the rule allows (slashes, percent signs, `?`, `#`, dots,
+    spaces inside, non-ASCII) round-trips: added, shown and removed through `zen serve`."""
+    srv, url, toks = team
+    case = _convnet(family_images, workdir)
+    parts = _parts(case)
+    for bad in (".", "..", "a\nb", "tab\there", " lead", "x" * 513, "esc\x1b[31m"):
+        with RemoteLibrary(srv.url, token=toks["add"]) as adder, pytest.raises(LibraryError, match="invalid model name"):
+            adder.add_case(case, bad)
+        res = _post(srv, toks["add"], parts, name=bad)
+        assert res.status_code == 400 and "invalid model name" in res.text, (bad, res.status_code, res.text[:300])
+    good = ["a/b", "50% off", "q?x#y", "dot.name", "..x", "ünïcödé ✓", "with spaces inside", "a" * 512]
+    with RemoteLibrary(srv.url, token=toks["add"]) as adder:
+        for name in good:
+            adder.add_case(case, name)
+    with RemoteLibrary(srv.url, token=toks["curate"]) as curator:
+        for name in good:
+            assert curator.show(name)["name"] == name
+            curator.remove(name)
+        assert not {e["name"] for e in curator.list()} & set(good)

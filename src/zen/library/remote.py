@@ -179,7 +179,9 @@ class RemoteLibrary:
     def add_case(self, case_dir: Path, name: str, *, replace: bool = False, notes: str = "", who: str | None = None) -> int:
         """Upload a case's fingerprint bundle (the server records its token's name as who added it)."""
         from zen.library.bundle import Bundle
+        from zen.library.names import check_name
 
+        check_name(name)  # before the upload: the server enforces the same rule
         files = Bundle.from_case(case_dir).files
         res = self._call("POST", "/models", data={"name": name, "notes": notes, "replace": str(replace).lower()},
                          files=self._files(files))  # fmt: skip

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from zen.library.errors import Conflict, LibraryError, NotFound  # noqa: F401 - the library's errors, as before
+from zen.library.names import check_name
 from zen.library.schema import SCHEMA_VERSION, render
 from zen.represent.jsontext import loads
 from zen.represent.mr import ModelMR
@@ -87,19 +88,6 @@ def _json_bytes(obj: dict) -> bytes:
 
 def _unpack(blob: bytes) -> dict:
     return loads(zlib.decompress(blob))  # orjson where it reads the same values as json (a stored PR: 0.13 -> 0.07 s)
-
-
-def check_name(name: Any) -> str:
-    """A model name as the library stores it: a non-empty string without surrounding spaces, and
-    without NUL or lone surrogates (PostgreSQL text cannot hold them, and names travel in URLs)."""
-    if type(name) is not str or not name or name.strip() != name or "\x00" in name or len(name) > 512:
-        raise LibraryError(f"invalid model name {name!r}",
-                           "use a non-empty name (at most 512 characters) without surrounding spaces")  # fmt: skip
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise LibraryError(f"invalid model name {name!r}", "use a name of valid Unicode text") from None
-    return name
 
 
 def _text(s: str | None) -> str | None:

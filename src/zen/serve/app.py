@@ -35,6 +35,7 @@ from zen import __version__
 from zen.attribute.algorithm import attribute as do_attribute  # imported at start-up, not by the first query
 from zen.library import tokens
 from zen.library.bundle import FILE_OF_PART, Bundle, BundleError, Limits
+from zen.library.names import check_name
 from zen.library.store import Conflict, LibraryError, NotFound
 from zen.library.tokens import Principal
 from zen.represent.schema import CaseFileError
@@ -158,6 +159,10 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
         curator(p, replace)
         if "name" not in values:
             raise HTTPException(422, "the form has no `name`")
+        try:
+            check_name(values["name"])  # before the fingerprint is built: one rule for names (library/names.py)
+        except LibraryError as exc:
+            raise HTTPException(400, f"{exc.message}; {exc.hint}") from None
 
         def work() -> dict:
             fp = _checked(lambda: Bundle(files).fingerprint(opts.limits), "the fingerprint")
