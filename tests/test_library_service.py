@@ -366,6 +366,9 @@ def test_every_name_that_can_be_added_can_be_shown_and_removed(team, family_imag
             adder.add_case(case, bad)
         res = _post(srv, toks["add"], parts, name=bad)
         assert res.status_code == 400 and "invalid model name" in res.text, (bad, res.status_code, res.text[:300])
+    for bad in (".", ".."):  # `zen library show . --library URL` listed everything, or exited 70
+        res = zen("library", "show", bad, "--library", srv.url, check=False, env={"ZEN_LIBRARY_TOKEN": toks["read"]})
+        assert res.returncode == 2 and "invalid model name" in res.stderr and "Traceback" not in res.stderr, res.stderr
     good = ["a/b", "50% off", "q?x#y", "dot.name", "..x", "ünïcödé ✓", "with spaces inside", "a" * 512]
     with RemoteLibrary(srv.url, token=toks["add"]) as adder:
         for name in good:

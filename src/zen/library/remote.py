@@ -137,13 +137,13 @@ class RemoteLibrary:
         return self._call("GET", "/models", params={k: v for k, v in filters.items() if v is not None})
 
     def show(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/models/{quote(name, safe='')}")
+        return self._call("GET", _model_path("/models", name))
 
     def _fingerprint(self, name: str) -> dict:
         if name not in self._fetched:
             from zen.library.exchange import checked_models
 
-            item = self._call("GET", f"/fingerprints/{quote(name, safe='')}")
+            item = self._call("GET", _model_path("/fingerprints", name))
             checked_models({"format": 1, "kind": "zen-library-export", "models": [item]}, f"{self.url} ({name})")
             self._fetched = {name: item}  # the last one only: diff and reuse read one entry and its code
         return self._fetched[name]
@@ -191,7 +191,7 @@ class RemoteLibrary:
         raise LibraryError("a zen serve library takes fingerprints from cases", "use `zen library add CASE --name NAME`")
 
     def remove(self, name: str, *, who: str | None = None) -> None:
-        self._call("DELETE", f"/models/{quote(name, safe='')}")
+        self._call("DELETE", _model_path("/models", name))
 
     def export_data(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         return self._call("GET", "/export", params=[("name", n) for n in names] if names is not None else None)
@@ -218,3 +218,11 @@ class RemoteLibrary:
         raise LibraryError("attribution against a zen serve library runs on the server", "use `zen attribute CASE --library URL`")
 
     sharing = mr_invariants = views_blob = code_bodies = _local_only
+
+
+def _model_path(route: str, name: str) -> str:
+    """The URL path of one entry. A name outside the library's rule (`.`, `..`, control characters) could not have
+    been added, and in a URL it would address something else (httpx removes dot segments: `/models/.` lists)."""
+    from zen.library.names import check_name
+
+    return f"{route}/{quote(check_name(name), safe='')}"
