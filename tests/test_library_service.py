@@ -140,6 +140,23 @@ def test_public_read_reads_only(tmp_path, family_images, workdir, monkeypatch):
         assert json.loads(res.stdout)["name"] == "convnet"
         assert "/attribute" in httpx.get(srv.url + "/openapi.json").json()["paths"]
         assert httpx.get(srv.url + "/docs").status_code == 200
+        # issue 49.5: public reading is listing and showing, nothing more
+        assert httpx.get(srv.url + "/export").status_code == 401  # every fingerprint with its code: its own switch
+        assert httpx.post(srv.url + "/attribute", files={"mr": ("mr.json", b"{}")}).status_code == 401  # CPU for anyone
+        assert {r["added_by"] for r in httpx.get(srv.url + "/models").json()} == {"(hidden)"}  # no user@host
+        assert httpx.get(srv.url + "/models/convnet").json()["added_by"] == "(hidden)"
+        assert httpx.get(srv.url + "/models", params={"added_by": "root"}).status_code == 403
+        secret = "zen_secret-in-the-query"
+        assert httpx.get(srv.url + "/models", params={"token": secret}).status_code == 200
+        log = srv.log.read_text()
+        assert secret not in log and "/models?[query not logged]" in log, log[-1500:]
+    with ZenServer(path, "--public-read", "--public-export", "--public-attribute") as srv:
+        exported = httpx.get(srv.url + "/export")
+        assert exported.status_code == 200 and [m["name"] for m in exported.json()["models"]] == ["convnet"]
+        assert exported.json()["models"][0].get("added_by", "(hidden)") == "(hidden)"
+    res = zen("serve", "--library", path, "--public-export", check=False, timeout=60)
+    assert res.returncode == 2 and "give --public-read as well" in res.stderr
+    with ZenServer(path, "--public-read") as srv:
         port = srv.url.rsplit(":", 1)[1]
         for args, needle in ((["--library", path, "--port", port], "cannot listen on 127.0.0.1"),
                              (["--library", srv.url], "not another server"),
@@ -378,3 +395,36 @@ def test_every_name_that_can_be_added_can_be_shown_and_removed(team, family_imag
             assert curator.show(name)["name"] == name
             curator.remove(name)
         assert not {e["name"] for e in curator.list()} & set(good)
+
+
+def test_oversize_declarations_are_answered_and_disconnects_are_one_line(team):
+    """Issue 49.5: a request declaring a body over --max-upload-mb that then sends nothing was never answered (the
+    server read up to 256 MB first); a client that disconnected mid-upload left a traceback in the server's log.
+    Now: a 413 within seconds, and one log line naming the disconnect; the server goes on serving."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    srv, url, toks = team
+    where = urlsplit(srv.url)
+
+    def raw(head: bytes, body: bytes = b"", wait: bool = True) -> bytes:
+        with socket.create_connection((where.hostname, where.port), timeout=20) as s:
+            s.sendall(head + body)
+            if not wait:
+                return b""
+            return s.recv(4096)
+
+    t0 = time.monotonic()
+    got = raw(b"POST /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + toks["add"].encode()
+              + b"\r\nContent-Type: multipart/form-data; boundary=zz\r\nContent-Length: 300000000\r\n\r\n")  # fmt: skip
+    assert got.startswith(b"HTTP/1.1 413") and time.monotonic() - t0 < 10, got[:200]
+    body = b'--zz\r\nContent-Disposition: form-data; name="mr"; filename="mr.json"\r\n\r\n' + b"{" * 1000
+    raw(b"POST /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + toks["add"].encode()
+        + b"\r\nContent-Type: multipart/form-data; boundary=zz\r\nContent-Length: 5000000\r\n\r\n", body, wait=False)  # fmt: skip
+    deadline = time.monotonic() + 20
+    while "disconnected during POST /models" not in srv.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = srv.log.read_text()
+    assert "disconnected during POST /models" in log and "Traceback" not in log, log[-2000:]
+    assert httpx.get(srv.url + "/models", headers=_auth(toks["read"])).status_code == 200

@@ -40,6 +40,12 @@ def _library(spec: str | None, ctx: typer.Context | None = None) -> str | None:
     return spec
 
 
+PUBLIC_READ = (
+    "Let requests without a token list, search and show entries (never write; /export and /attribute need "
+    "their own switch). Anonymous readers do not see who added an entry."
+)
+
+
 @serve_app.callback(invoke_without_command=True)
 def serve(
     ctx: typer.Context,
@@ -48,7 +54,9 @@ def serve(
     port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port; the URL is printed)."),
     ssl_certfile: Path | None = typer.Option(None, "--ssl-certfile", help="TLS certificate (PEM); serves https."),
     ssl_keyfile: Path | None = typer.Option(None, "--ssl-keyfile", help="TLS private key (PEM) of the certificate."),
-    public_read: bool = typer.Option(False, "--public-read", help="Let requests without a token read (never write)."),
+    public_read: bool = typer.Option(False, "--public-read", help=PUBLIC_READ),
+    public_export: bool = typer.Option(False, "--public-export", help="With --public-read: also GET /export to anyone."),
+    public_attribute: bool = typer.Option(False, "--public-attribute", help="With --public-read: POST /attribute too."),
     max_upload_mb: int = typer.Option(256, "--max-upload-mb", help="Largest request body accepted, in MiB."),
     threads: int = typer.Option(8, "--threads", help="Requests worked on at once (each holds a library connection)."),
 ) -> None:
@@ -61,6 +69,8 @@ def serve(
             raise ZenError(f"{f} is not a file", "give the PEM files of the server's TLS certificate and key")
     if (ssl_certfile is None) != (ssl_keyfile is None):
         raise ZenError("--ssl-certfile and --ssl-keyfile go together", "give both, or neither for plain http")
+    if (public_export or public_attribute) and not public_read:
+        raise ZenError("--public-export and --public-attribute widen --public-read", "give --public-read as well")
     if max_upload_mb < 1 or threads < 1:
         raise ZenError("--max-upload-mb and --threads must be at least 1")
     import uvicorn
@@ -77,7 +87,8 @@ def serve(
     shown = f"[{host}]" if ":" in host else host
     url = f"{scheme}://{shown}:{sock.getsockname()[1]}"
     # a compressed part inflates to at most what an uncompressed upload may be
-    opts = ServeOptions(public_read=public_read, max_body=max_upload_mb << 20, threads=threads,
+    opts = ServeOptions(public_read=public_read, public_export=public_export, public_attribute=public_attribute,
+                        max_body=max_upload_mb << 20, threads=threads,
                         limits=Limits(file_bytes=min(Limits.file_bytes, max_upload_mb << 20)))  # fmt: skip
     app = create_app(str(where) if kind == "sqlite" else (spec or default_library_spec()), opts)
     out.print(f"zen serve: {escape(str(where))} ({kind}, {n} models) at {url} (OpenAPI at {url}/docs)", soft_wrap=True)
@@ -88,6 +99,8 @@ def serve(
 
     logging = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     logging["handlers"]["access"]["stream"] = "ext://sys.stderr"  # stdout says where the server is; the log goes to stderr
+    logging.setdefault("filters", {})["no_query"] = {"()": "zen.serve.logs.NoQuery"}  # a token must never reach a log
+    logging["handlers"]["access"]["filters"] = ["no_query"]
     config = uvicorn.Config(app, ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
                             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None, log_level="info", log_config=logging,
                             timeout_graceful_shutdown=10)  # fmt: skip

@@ -30,6 +30,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from zen import __version__
 from zen.attribute.algorithm import attribute as do_attribute  # imported at start-up, not by the first query
@@ -41,7 +42,7 @@ from zen.library.tokens import Principal
 from zen.represent.schema import CaseFileError
 from zen.runtime.errors import ZenError
 from zen.serve.stores import StorePool
-from zen.serve.uploads import BodyLimit, read_parts
+from zen.serve.uploads import BodyLimit, Disconnected, read_parts
 
 DESCRIPTION = (
     "A zen Base Model Library shared over HTTP: list, search and show base-model fingerprints, attribute a recovered "
@@ -56,6 +57,8 @@ MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, Recurs
 @dataclass
 class ServeOptions:
     public_read: bool = False
+    public_export: bool = False  # with public_read: GET /export (every fingerprint and its code) without a token
+    public_attribute: bool = False  # with public_read: POST /attribute (CPU time) without a token
     max_body: int = 256 << 20  # bytes of one request
     limits: Limits = field(default_factory=Limits)
     threads: int = 8  # requests worked on at once (each holds one library connection)
@@ -99,10 +102,12 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
     app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)
     app.add_middleware(BodyLimit, max_bytes=opts.max_body)  # added last: runs first
 
-    def requires(scope: str) -> Callable[..., Principal]:
+    def requires(scope: str, public: bool | None = None) -> Callable[..., Principal]:
+        open_ = opts.public_read if public is None else opts.public_read and public
+
         def principal(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
             if creds is None:
-                if opts.public_read and scope == "read":
+                if open_ and scope == "read":
                     return Principal("anonymous", frozenset({"read"}))
                 raise HTTPException(401, "this library needs a token", headers={"WWW-Authenticate": "Bearer"})
             with pool.lease() as lib:
@@ -120,6 +125,12 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
             raise HTTPException(403, f"token {p.name!r} may not replace entries (that needs the curate scope)")
 
     read, add, curate = Depends(requires("read")), Depends(requires("add")), Depends(requires("curate"))
+    export_read = Depends(requires("read", opts.public_export))
+    attribute_read = Depends(requires("read", opts.public_attribute))
+
+    def seen_by(p: Principal, row: dict) -> dict:
+        """An anonymous reader does not see who added an entry (operating-system user and host names)."""
+        return {**row, "added_by": "(hidden)"} if p.name == "anonymous" and "added_by" in row else row
 
     @app.get("/health", tags=["service"], summary="Liveness (no token needed)")
     async def health() -> dict:
@@ -135,19 +146,21 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
     def models(name: str | None = None, framework: str | None = None, architecture: str | None = None,
                added_by: str | None = None, since: str | None = None, until: str | None = None,
                p: Principal = read) -> list[dict]:  # fmt: skip
+        if added_by is not None and p.name == "anonymous":
+            raise HTTPException(403, "searching by who added an entry needs a token")
         with pool.lease() as lib:
-            return lib.search(name=name, framework=framework, architecture=architecture, added_by=added_by, since=since,
-                              until=until)  # fmt: skip
+            return [seen_by(p, r) for r in lib.search(name=name, framework=framework, architecture=architecture,
+                                                      added_by=added_by, since=since, until=until)]  # fmt: skip
 
     @app.get("/models/{name:path}", tags=["library"], summary="One entry: metadata, layer types, model code modules")
     def show(name: str, p: Principal = read) -> dict:
         with pool.lease() as lib:
-            return lib.show(name)
+            return seen_by(p, lib.show(name))
 
     @app.get("/fingerprints/{name:path}", tags=["library"], summary="One entry's whole fingerprint (as in an export)")
     def fingerprint(name: str, p: Principal = read) -> dict:
         with pool.lease() as lib:
-            return lib.export_data([name])["models"][0]
+            return seen_by(p, lib.export_data([name])["models"][0])
 
     add_form = {"name": "entry name", "notes": "free text", "replace": "true: replace an entry (curate)"}
 
@@ -181,7 +194,7 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
 
     @app.post("/attribute", tags=["attribution"], summary="Attribute a recovered model's fingerprint (zen attribute --json)",
               openapi_extra=_multipart(("mr", "pr"), ("mr", "pr"), {}))  # fmt: skip
-    async def attribute(request: Request, optimal: bool = True, p: Principal = read) -> dict:
+    async def attribute(request: Request, optimal: bool = True, p: Principal = attribute_read) -> dict:
         files, _ = await read_parts(request, file_bytes=opts.limits.file_bytes)
 
         def work() -> dict:
@@ -194,14 +207,18 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
         return await run_in_threadpool(work)
 
     @app.get("/export", tags=["exchange"], summary="Export entries (all, or those named) as a zen library export")
-    def export(name: list[str] | None = Query(None), p: Principal = read) -> dict:
+    def export(name: list[str] | None = Query(None), p: Principal = export_read) -> dict:
         with pool.lease() as lib:
-            return lib.export_data(name)
+            data = lib.export_data(name)
+        return {**data, "models": [seen_by(p, m) for m in data.get("models", [])]}
 
     @app.post("/import", tags=["exchange"], summary="Import a zen library export (add; replace needs curate)")
     async def import_(request: Request, replace: bool = False, p: Principal = add) -> dict:
         curator(p, replace)
-        body = await request.body()  # bounded by BodyLimit
+        try:
+            body = await request.body()  # bounded by BodyLimit
+        except ClientDisconnect:
+            raise Disconnected() from None
 
         def work() -> dict:
             from zen.library.exchange import import_data
@@ -236,6 +253,14 @@ def _errors(app: FastAPI) -> None:
         status = (404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else
                   422 if isinstance(exc, CaseFileError) else 400)  # fmt: skip
         return JSONResponse({"detail": one_line(exc.message), "hint": exc.hint}, status)
+
+    @app.exception_handler(Disconnected)
+    async def disconnected(request: Request, exc: Disconnected) -> JSONResponse:
+        import logging
+
+        client = request.client.host if request.client else "?"
+        logging.getLogger("uvicorn.error").info(f"{client}: disconnected during {request.method} {request.url.path}")
+        return JSONResponse({"detail": "the client disconnected during its upload"}, 400)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

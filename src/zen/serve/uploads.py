@@ -4,8 +4,10 @@ Three bounds, each a 413 with one line saying which:
 
 * `BodyLimit` (ASGI middleware) caps every request body: a declared Content-Length over the cap
   is refused before anything is read; a body without one is counted as it arrives. The excess is
-  read and dropped (up to `DRAIN_BYTES`) before answering, so an ordinary client that is still
-  sending gets the 413 instead of a reset connection; a larger one has its connection closed.
+  read and dropped (up to `DRAIN_BYTES`, and for a declared one at most `DRAIN_DECLARED` bytes or
+  `DRAIN_SECONDS`) before answering, so an ordinary client that is still sending gets the 413 instead
+  of a reset connection; a larger or stalling one has its connection closed (a client that declared
+  300 MB and sent nothing was never answered: issue 49.5).
 * `read_parts` parses multipart with few parts and small form fields, and only after the request's
   token was checked (the endpoints read their bodies themselves, after authentication).
 * A part sent gzip-compressed (name ending .gz, as zen's client sends to remote servers) is
@@ -15,14 +17,23 @@ Three bounds, each a 413 with one line saying which:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import zlib
 from typing import Any
 
 from fastapi import HTTPException, Request
+from starlette.requests import ClientDisconnect
 
 from zen.library.bundle import FILE_OF_PART
 
 DRAIN_BYTES = 256 << 20
+DRAIN_DECLARED = 16 << 20  # bytes read and dropped before refusing a declared oversize body
+DRAIN_SECONDS = 2.0  # waiting on the network, not work: a client that stalls gets its 413 anyway
+
+
+class Disconnected(Exception):
+    """The client went away during its upload: one line in the log (app._errors), never a traceback."""
 
 
 def too_large(what: str, limit: int) -> HTTPException:
@@ -41,7 +52,8 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await _drain(receive, DRAIN_BYTES)
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(_drain(receive, DRAIN_DECLARED), DRAIN_SECONDS)
             await _refuse(send, f"the request body is larger than this server accepts ({self.max_bytes:,} bytes)")
             return
         seen = 0
@@ -85,7 +97,10 @@ async def read_parts(request: Request, *, file_bytes: int,
     """({case file name: bytes}, {form field: text}) of a multipart upload of case files."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise HTTPException(415, "send the fingerprint as multipart/form-data, one part per case file")
-    form = await request.form(max_files=len(FILE_OF_PART), max_fields=max(1, len(fields)), max_part_size=64 << 10)
+    try:
+        form = await request.form(max_files=len(FILE_OF_PART), max_fields=max(1, len(fields)), max_part_size=64 << 10)
+    except ClientDisconnect:
+        raise Disconnected() from None
     files: dict[str, bytes] = {}
     values: dict[str, str] = {}
     try:
