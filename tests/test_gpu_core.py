@@ -203,3 +203,25 @@ def test_gzip_bomb_is_bounded_by_the_file_size(tmp_path):
     ok = zen("info", bomb, "--limit", f"gpu_inflate={int(ratio) + 100}", "--json", check=False, env=env)
     assert ok.returncode == 0 and json.loads(ok.stdout)["compression"]["unpacked_size"] > 300 << 20, ok.stderr[-500:]
     assert list(tmp.iterdir()) == []
+
+
+def test_many_sections_cost_what_the_file_holds_and_a_few_lines(tmp_path):
+    """Issue 49.2: 100,000 sections made `zen info --json` take 21-80 s and 1.6 GB, and 100,000 sections at one
+    address printed 100,000 problem lines. Now the checks are numpy passes, each kind of problem is a few lines and
+    a count, and `--json` lists the first 1,000 ranges (all are counted). 70,000 sections also need ELF extended
+    numbering (more than 65,279): zen's writer uses it and the reader follows it, names included."""
+    spread, same = tmp_path / "spread.nvcudmp", tmp_path / "same.nvcudmp"
+    n = 70_000
+    dev = [{"devName": "Sim A", "smType": "sm_80", "numSMs": 4, "smMajor": 8}]
+    write_gpu_core(spread, [Range(0x7F00_0000_0000 + i * 4096, 64, bytes([i % 251]) * 64) for i in range(n)], devices=dev)
+    write_gpu_core(same, [Range(0x7F00_0000_0000, 64, b"\x02" * 64) for _ in range(n)], devices=dev)
+    with GpuCoreSpace(spread) as g:
+        assert g.core.sections > 0xFF00 and len(g.core.segments) == n and not g.core.problems
+        assert g.core.segments[-1].name.startswith(".cudbg.global") and g.read(0x7F00_0000_0000 + 69_999 * 4096, 4) == (
+            bytes([69_999 % 251]) * 4)  # fmt: skip
+    res = zen("info", spread, "--json")
+    got = json.loads(res.stdout)["global_memory"]
+    assert got["segments"] == n and len(got["ranges"]) == 1000 and got["ranges_listed"] == 1000
+    res = zen("info", same, check=False)
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("problem:")]
+    assert res.returncode == 5 and len(lines) == 11 and f"{n - 1 - 10:,} more global-memory sections" in lines[-1], lines[-3:]

@@ -30,6 +30,8 @@ from zen.runtime.errors import ImageError
 MAX_SECTIONS = 1 << 24  # a full dump of a big GPU has ~10^6 sections (per-lane registers); refuse absurd counts
 MAX_ENTRIES = 1 << 16  # entries of one device/context/module/grid table
 MAX_NAME = 256
+MAX_LISTED = 10  # problem lines of one kind; the rest are counted in one line
+MAX_RANGES_JSON = 1000  # segments listed one by one in `to_json` (all are counted; `zen info --json`)
 
 _SHDR = np.dtype([("name", "<u4"), ("type", "<u4"), ("flags", "<u8"), ("addr", "<u8"), ("offset", "<u8"),
                   ("size", "<u8"), ("link", "<u4"), ("info", "<u4"), ("addralign", "<u8"), ("entsize", "<u8")])  # fmt: skip
@@ -122,7 +124,8 @@ class CudaCore:
         return {"kind": "cuda-gpu-core", "path": str(self.path), "size": self.file_size, "sections": self.sections,
                 "devices": [d.to_json() for d in self.devices], "meta": self.meta_json(),
                 "global_memory": {"segments": len(self.segments), "bytes": self.global_bytes,
-                                  "ranges": [s.to_json() for s in self.segments]},
+                                  "ranges": [s.to_json() for s in self.segments[:MAX_RANGES_JSON]],
+                                  **({"ranges_listed": MAX_RANGES_JSON} if len(self.segments) > MAX_RANGES_JSON else {})},
                 "problems": list(self.problems), **({"zen_acquisition": self.zen_note} if self.zen_note else {})}  # fmt: skip
 
     def meta_json(self) -> dict:
@@ -162,10 +165,13 @@ def parse(path: Path, data: mmap.mmap | bytes, file_size: int) -> CudaCore:
         raise ImageError(f"truncated GPU core {path}: its section header table (offset {shoff:,}) is not in the "
                          f"{file_size:,}-byte file (at least {shoff + max(shnum, 1) * 64 - file_size:,} bytes missing)",
                          "the dump was cut short: collect it again, or use a complete copy")  # fmt: skip
-    if shnum == 0:  # extended numbering: the real count is in section 0's sh_size
+    if shnum == 0 or shstrndx == 0xFFFF:  # extended numbering: count in section 0's sh_size, index in its sh_link
         if shoff + 64 > file_size:
             raise ImageError(f"truncated GPU core {path}: section header table runs past the end of the file")
-        shnum = struct.unpack_from("<Q", data, shoff + 32)[0]
+        if shnum == 0:
+            shnum = struct.unpack_from("<Q", data, shoff + 32)[0]
+        if shstrndx == 0xFFFF:
+            shstrndx = struct.unpack_from("<I", data, shoff + 40)[0]
     if shnum > MAX_SECTIONS:
         raise ImageError(f"corrupt GPU core {path}: {shnum:,} sections (more than {MAX_SECTIONS:,})")
     if shoff + shnum * 64 > file_size:
@@ -192,7 +198,8 @@ def parse(path: Path, data: mmap.mmap | bytes, file_size: int) -> CudaCore:
 
 
 def _zen_note(data, sh: np.ndarray, inside: np.ndarray, names: _Names) -> dict | None:
-    for i in np.flatnonzero((sh["type"] == 1) & inside & (sh["size"] <= 16 << 20)):  # SHT_PROGBITS
+    # zen writes its note among the first sections; a core with 10^6 others is not searched name by name
+    for i in np.flatnonzero((sh["type"] == 1) & inside & (sh["size"] <= 16 << 20))[:MAX_NOTE_SCAN]:  # SHT_PROGBITS
         if names.get(int(i)) == ".zen.acquisition":
             off, size = int(sh[i]["offset"]), int(sh[i]["size"])
             if size > MAX_NOTE:
@@ -210,6 +217,7 @@ def _zen_note(data, sh: np.ndarray, inside: np.ndarray, names: _Names) -> dict |
 
 
 MAX_NOTE = 1 << 20  # bytes of zen's acquisition note (real notes: a few KB)
+MAX_NOTE_SCAN = 4096  # PROGBITS sections looked at for the note
 MAX_NOTE_DEPTH = 32  # nesting of the note (real notes: 4); later readers print it recursively
 
 
@@ -248,25 +256,30 @@ class _Names:
 
 
 def _segments(sh: np.ndarray, inside: np.ndarray, names: _Names, types: dict, problems: list[str]) -> list[Segment]:
+    """The global-memory segments, sorted by address; a segment that runs past the file, wraps past 2^64 or overlaps
+    one before it is left out. Vectorized, and each kind of problem is reported for the first few sections and then
+    counted: a core declaring 10^6 sections costs numpy passes and a few lines, not 10^6 Python steps and lines
+    (issue 49.2)."""
     mem = np.flatnonzero((sh["type"] == types["global"]) | (sh["type"] == types["managed"]))
-    out: list[Segment] = []
-    for i in mem[np.argsort(sh["addr"][mem], kind="stable")]:
-        s = sh[i]
-        name, addr, size = names.get(int(i)), int(s["addr"]), int(s["size"])
-        if not inside[i]:
-            problems.append(f"{name} ({addr:#x}, {size:,} bytes) runs past the end of the file: left out")
-            continue
-        if size == 0:
-            continue
-        if addr + size > 1 << 64:
-            problems.append(f"{name}: range {addr:#x} + {size:,} wraps past 2^64: left out")
-            continue
-        if out and addr < out[-1].end:
-            problems.append(f"{name} ({addr:#x}-{addr + size:#x}) overlaps {out[-1].name} "
-                            f"({out[-1].address:#x}-{out[-1].end:#x}): left out")  # fmt: skip
-            continue
-        out.append(Segment(int(i), name, addr, size, int(s["offset"]), int(s["type"]) == types["managed"]))
-    return out
+    mem = mem[np.argsort(sh["addr"][mem], kind="stable")]
+    addr, size = sh["addr"][mem], sh["size"][mem]
+    outside = ~inside[mem]
+    wraps = ~outside & (size > np.uint64(2**64 - 1) - addr)
+    usable = ~outside & ~wraps & (size > 0)
+    ends = np.where(usable, addr + np.where(usable, size, 0), 0).astype(np.uint64)
+    before = np.concatenate(([np.uint64(0)], np.maximum.accumulate(ends)[:-1])) if len(ends) else ends
+    overlaps = usable & (addr < before)
+    for mask, why in ((outside, "runs past the end of the file"), (wraps, "wraps past 2^64"),
+                      (overlaps, "overlaps a segment before it")):  # fmt: skip
+        bad = mem[mask]
+        for i in bad[:MAX_LISTED]:
+            s = sh[i]
+            problems.append(f"{names.get(int(i))} ({int(s['addr']):#x}, {int(s['size']):,} bytes) {why}: left out")
+        if len(bad) > MAX_LISTED:
+            problems.append(f"{len(bad) - MAX_LISTED:,} more global-memory sections {why}: left out")
+    keep = mem[usable & ~overlaps]
+    return [Segment(int(i), names.get(int(i)), int(sh[i]["addr"]), int(sh[i]["size"]), int(sh[i]["offset"]),
+                    int(sh[i]["type"]) == types["managed"]) for i in keep]  # fmt: skip
 
 
 def _strtab(data, sh: np.ndarray, inside: np.ndarray, names: _Names) -> bytes:
@@ -326,16 +339,21 @@ def _devices(data, sh: np.ndarray, inside: np.ndarray, names: _Names, types: dic
     devices = [GpuDevice(k, f, _string(strtab, f.get("devName")), _string(strtab, f.get("devType")),
                          _string(strtab, f.get("smType"))) for k, f in enumerate(rows)]  # fmt: skip
     ctx_sections: dict[int, GpuDevice] = {}
-    for i in np.flatnonzero(sh["type"] == types["ctxtbl"]):
+    strays = 0
+    for i in np.flatnonzero(sh["type"] == types["ctxtbl"])[:MAX_ENTRIES]:
         dev = int(sh[i]["info"])
         if int(sh[i]["link"]) != devtbl or dev >= len(devices):
-            problems.append(f"{names.get(int(i))} names device {dev}, not in the device table: ignored")
+            strays += 1
+            if strays <= MAX_LISTED:
+                problems.append(f"{names.get(int(i))} names device {dev}, not in the device table: ignored")
             continue
         rows = _rows(data, sh[i], bool(inside[i]), "context", problems, names.get(int(i)))
         devices[dev].contexts = [GpuContext(k, f) for k, f in enumerate(rows)]
         ctx_sections[int(i)] = devices[dev]
+    if strays > MAX_LISTED:
+        problems.append(f"{strays - MAX_LISTED:,} more context tables name devices not in the device table: ignored")
     mod_sections: dict[int, GpuContext] = {}
-    for i in np.flatnonzero(sh["type"] == types["modtbl"]):
+    for i in np.flatnonzero(sh["type"] == types["modtbl"])[:MAX_ENTRIES]:
         dev, ctx = ctx_sections.get(int(sh[i]["link"])), int(sh[i]["info"])
         if dev is None or ctx >= len(dev.contexts):
             continue

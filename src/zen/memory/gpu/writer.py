@@ -49,6 +49,9 @@ class _Out:
             self.write(b"\0" * (n - self.pos % n))
 
 
+SHN_LORESERVE, SHN_XINDEX = 0xFF00, 0xFFFF  # ELF: section counts and indexes from here on are in section 0
+
+
 def write_gpu_core(path: str | os.PathLike, ranges: Iterable[Range], *, devices: list[dict] | None = None,
                    note: dict | None = None) -> str:  # fmt: skip
     """Write a GPU core; returns its sha256. `devices`: device-table entries by field name
@@ -115,11 +118,15 @@ def write_gpu_core(path: str | os.PathLike, ranges: Iterable[Range], *, devices:
         out.write(bytes(names))
         out.align()
         shoff = out.pos
+        shnum, e_shstrndx = len(sections), shstrndx
+        if shnum >= SHN_LORESERVE:  # ELF extended numbering: the count in section 0's size, the index in its link
+            sections[0] = (0, 0, 0, 0, shnum, shstrndx if shstrndx >= SHN_LORESERVE else 0, 0, 0)
+            shnum, e_shstrndx = 0, SHN_XINDEX if shstrndx >= SHN_LORESERVE else shstrndx
         for nm, t, addr, off, size, link, info, ent in sections:
             out.write(_SHDR.pack(nm, t, 0, addr, off, size, link, info, 8 if t else 0, ent))
         ident = b"\x7fELF" + bytes([2, 1, 1, tables()["elf"]["osabi"], 7]) + b"\0" * 7
         header = _EHDR.pack(ident, tables()["elf"]["type_core"], tables()["elf"]["machine"], 1, 0, 0, shoff, 0, 64, 0, 0,
-                            64, len(sections), shstrndx)  # fmt: skip
+                            64, shnum, e_shstrndx)  # fmt: skip
         fh.seek(0)
         fh.write(header)
     return file_sha256(Path(path))  # the header is written last (it holds the section table's offset)
