@@ -1,6 +1,6 @@
 """Whole-CLI fuzzing (issue 38): mutated evidence through the `zen` command, each run in its own process.
 
-    python bench/fuzz_cli.py [--kinds process,special,case,system,tvm] [--runs N] [--jobs J] [--seed S]
+    python bench/fuzz_cli.py [--kinds process,special,case,system,tvm,gpu,service,lying] [--runs N] [--jobs J] [--seed S]
                              [--system-dir DIR] [--tvm-dir DIR] [--out FILE]
 
 The in-process harness (bench/fuzz.py) calls readers directly; this one runs `zen` as an investigator does, so every
@@ -17,6 +17,7 @@ layer (argument parsing, forked children, Volatility, the console) is in the pat
                of kernel structures (task list, maple tree nodes) mutated; `zen ps` / `zen recover --pid`;
   * tvm      - (`--tvm-dir`, the libraries tests/targets/tvm_models.py builds) a TVM model library with mutated
                bytes; `zen decompile`.
+  * gpu, service, lying - hand-built hostile inputs (issue 49): see bench/fuzz_hostile.py.
 A run is bad when it exits 70 (a bug), prints a traceback, or hangs (still running after --timeout). A signed case
 that any command accepts after a change (exit 0) is counted as a lie believed. Results, with every bad seed, go to
 bench/results/fuzz_cli.md; bench/results/fuzz.md keeps the in-process figures.
@@ -330,6 +331,10 @@ def mutate_bytes(src: Path, dst: Path, rng: random.Random, spans: list[tuple[int
 
 
 def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
+    if kind in ("gpu", "service", "lying"):  # hand-built hostile inputs (issue 49): bench/fuzz_hostile.py
+        from fuzz_hostile import run_hostile
+
+        return run_hostile(kind, a, work, stats, zen, judge, make_process_image)
     jobs = []
     if kind == "process":
         img = make_process_image(work)
