@@ -113,7 +113,7 @@ def main() -> int:
         case = a_case(work)
         rows["sqlite"] = stress(str(work / "stress.sqlite"), case, a)
         print("sqlite", rows["sqlite"], flush=True)
-        with PgCluster(work / "pg") as pg:
+        with PgCluster() as pg:  # its own directory, readable by the server user it runs as
             rows["postgresql"] = stress(pg.create_db("stress"), case, a)
             print("postgresql", rows["postgresql"], flush=True)
     keys = [k for k in rows["sqlite"] if k != "examples"]
