@@ -96,3 +96,35 @@ def test_acquire_errors(tmp_path):
         acquire(os.getpid(), tmp_path / "x.core")
     with pytest.raises(ZenError, match="does not exist"):
         acquire(os.getppid(), tmp_path / "missing-dir" / "x.core")
+
+
+def test_interrupted_acquire_leaves_nothing_and_says_so(tmp_path):
+    """Issue 51: Ctrl-C during `zen acquire` exited 130 with nothing printed and left a partial image at the output
+    path, which a later reader took for evidence. Now the image is written as OUTPUT.partial and renamed when whole:
+    interrupted, nothing is left at either name, and one line says what was interrupted and what was left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = subprocess.Popen([sys.executable, "-c", "x = bytearray(3 << 30)\nfor i in range(0, len(x), 4096): x[i] = 1\n"
+                               "print('READY', flush=True)\ninput()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert target.stdout.readline().strip() == "READY"
+        out = tmp_path / "big.core"
+        zen_proc = subprocess.Popen([sys.executable, "-m", "zen", "acquire", "--pid", str(target.pid), "-o", str(out)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        deadline = time.monotonic() + 60
+        partial = tmp_path / "big.core.partial"
+        while not partial.exists() and time.monotonic() < deadline and zen_proc.poll() is None:
+            time.sleep(0.02)
+        assert partial.exists(), "the image was not being written under its temporary name"
+        time.sleep(0.3)
+        zen_proc.send_signal(signal.SIGINT)
+        _, err = zen_proc.communicate(timeout=120)
+        assert zen_proc.returncode == 130 and "interrupted: zen acquire" in err and "Traceback" not in err, err[-1000:]
+        assert not out.exists() and not partial.exists()
+    finally:
+        target.kill()

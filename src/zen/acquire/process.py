@@ -136,8 +136,16 @@ def acquire(
             raise ProcessError(
                 f"cannot open memory of PID {pid}: {exc.strerror}", "run zen as root or as the process owner"
             ) from None
+        # written under a temporary name beside the target, renamed when whole: an interrupted or failed run leaves
+        # no evidence-shaped file behind for a later reader to take for an image (issue 51)
+        partial = out.with_name(out.name + ".partial")
         try:
-            res = _write(pid, out, regions, mem_fd, lean, progress, t0, note or {})
+            res = _write(pid, partial, regions, mem_fd, lean, progress, t0, note or {})
+            os.replace(partial, out)
+            res.path = out
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         finally:
             os.close(mem_fd)
     res.sha256 = _digest(out)  # after the process runs again: it need not wait for the hashing

@@ -42,6 +42,14 @@ app.add_typer(library.library_app, name="library")
 app.add_typer(serve.serve_app, name="serve")
 
 
+# what an interrupted command leaves (the commands that write evidence or a case clean up after themselves)
+LEFT = {
+    "acquire": "the image it was writing was removed (images are written as FILE.partial and renamed when whole)",
+    "recover": "the case files it was writing were removed",
+    "": "what it was writing may be incomplete",
+}
+
+
 def main() -> None:
     """Console entry point: run the app, then leave without freeing its objects one by one (`zen.runtime.leave`)."""
     run_and_leave(_main)
@@ -55,6 +63,11 @@ def _main() -> None:
             stream.reconfigure(errors="backslashreplace")
     try:
         app()
+    except SystemExit as exc:
+        if exc.code == 130:  # typer turns Ctrl-C into a silent exit 130: say so, and what was left
+            command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+            err.print(f"interrupted: zen {escape(command)} stopped before it finished; {LEFT.get(command, LEFT[''])}")
+        raise
     except ZenError as exc:
         err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
         if exc.hint:
