@@ -63,3 +63,12 @@ def test_demo_runs(tmp_path):
     assert got == truth
     res = zen("attribute", tmp_path / "scripted-case", "--library", tmp_path / "demo" / "library.sqlite", "--json")
     assert json.loads(res.stdout)["attributed"] == "tiny-base", res.stdout[-2000:]
+
+    # on an 80-column terminal or a pipe the candidates' table is printed as one block per candidate, never "0.…"
+    import subprocess
+    import sys
+
+    narrow = subprocess.run([sys.executable, "-m", "zen", "attribute", tmp_path / "demo" / "case", "--library",
+                             tmp_path / "demo" / "library.sqlite"], capture_output=True, text=True,
+                            env={**os.environ, "COLUMNS": "80"}, timeout=300)  # fmt: skip
+    assert narrow.returncode == 0 and "…" not in narrow.stdout and "\n  UR " in narrow.stdout, narrow.stdout[:800]

@@ -277,18 +277,16 @@ def attribute(
         if problems:
             raise typer.Exit(EXIT_PARTIAL)
         return
-    t = Table(
-        "base model", "UR", "MR", "PR", "Arch", "TS", "OP", "graph", "COs", "CLS", "identical", "changed", "added", "method"
-    )
+    from zen.cli.tables import print_rows
 
     def n(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.2f}"  # None: the PR side of a compiled model
 
-    for j in res["candidates"][:15]:
-        t.add_row(escape(j["name"]), n(j["ur"]), n(j["mr"]), n(j["pr"]), n(j["arch"]), n(j["ts"]),
-                  n(j["op"]), n(j["graph"]), n(j["cos"]), n(j["cls"]), str(j.get("exact", "-")),
-                  str(j.get("matched", "-")), str(j.get("added", "-")), j["method"])  # fmt: skip
-    out.print(t)
+    rows = [[escape(j["name"]), n(j["ur"]), n(j["mr"]), n(j["pr"]), n(j["arch"]), n(j["ts"]), n(j["op"]), n(j["graph"]),
+             n(j["cos"]), n(j["cls"]), str(j.get("exact", "-")), str(j.get("matched", "-")), str(j.get("added", "-")),
+             escape(j["method"])] for j in res["candidates"][:15]]  # fmt: skip
+    print_rows(out, ["base model", "UR", "MR", "PR", "Arch", "TS", "OP", "graph", "COs", "CLS", "identical", "changed",
+                     "added", "method"], rows)  # fmt: skip
     if res["attributed"]:
         out.print(f"[bold]attributed to {escape(res['attributed'])}[/bold]")
     else:
