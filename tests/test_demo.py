@@ -72,3 +72,9 @@ def test_demo_runs(tmp_path):
                              tmp_path / "demo" / "library.sqlite"], capture_output=True, text=True,
                             env={**os.environ, "COLUMNS": "80"}, timeout=300)  # fmt: skip
     assert narrow.returncode == 0 and "…" not in narrow.stdout and "\n  UR " in narrow.stdout, narrow.stdout[:800]
+
+    # a later `zen verify` with nothing to compare keeps the demo's comparison with the served request (issue 51)
+    pkg = tmp_path / "demo" / "rebuilt_model"
+    zen("verify", pkg, "--inputs", tmp_path / "demo" / "deployed-process" / "request.safetensors")
+    v = json.loads((pkg / "verify.json").read_text())
+    assert v["expect_sha256"] and [bool(r["expect_sha256"]) for r in v["runs"]] == [True, False], v.get("runs")

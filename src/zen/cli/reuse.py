@@ -241,9 +241,31 @@ def _record(package: Path, inputs: Path, expect: Path | None, rows: list, report
             "expect_sha256": file_sha256(expect) if expect else None, "results": rows, "load_report": report,
             "package_sha256": package_hashes(Path(package)), "executed_recovered_code": True}  # fmt: skip
     try:
-        textio.write_json(Path(package) / "verify.json", data, indent=1)
+        textio.write_json(Path(package) / "verify.json", _with_history(Path(package) / "verify.json", data), indent=1)
     except OSError as exc:
         err.print(f"[yellow]could not write verify.json: {escape(str(exc))}[/yellow]")
+
+
+MAX_RUNS = 20  # verifications kept in verify.json
+
+
+def _with_history(path: Path, run: dict) -> dict:
+    """verify.json keeps every verification (`runs`, the last MAX_RUNS) and shows at its top level the strongest:
+    the latest that compared outputs with expected ones (the demo's check against the served request) over a later
+    run with nothing to compare, which used to overwrite it (issue 51). A file zen cannot read is started afresh."""
+    from zen.represent.schema import CaseFileError, parse_json
+
+    runs: list = []
+    try:
+        old = parse_json(path, str(path)) if path.is_file() else None
+    except (CaseFileError, ZenError):
+        old = None
+    if isinstance(old, dict) and old.get("package_sha256") == run["package_sha256"]:  # the same package's runs
+        kept = old.get("runs")
+        runs = [r for r in kept if isinstance(r, dict)] if isinstance(kept, list) else [{k: v for k, v in old.items()}]
+    runs = [*runs, run][-MAX_RUNS:]
+    strongest = next((r for r in reversed(runs) if r.get("expect_sha256")), run)
+    return {**strongest, "runs": runs}
 
 
 def verify(
