@@ -78,3 +78,11 @@ def test_demo_runs(tmp_path):
     zen("verify", pkg, "--inputs", tmp_path / "demo" / "deployed-process" / "request.safetensors")
     v = json.loads((pkg / "verify.json").read_text())
     assert v["expect_sha256"] and [bool(r["expect_sha256"]) for r in v["runs"]] == [True, False], v.get("runs")
+
+    # one rule for the library (issue 51): zen diff and zen report find the library beside the case too, and say so
+    nowhere = {**os.environ, "ZEN_LIBRARY": str(tmp_path / "no-library.sqlite")}
+    res = zen_command("diff", tmp_path / "demo" / "case", "--base", "tiny-base", "--json", "--listing", cwd=evidence,
+                      env=nowhere)  # fmt: skip
+    assert json.loads(res.stdout)["base"] == "tiny-base" and "the library beside the case" in res.stderr, res.stderr
+    res = zen_command("report", tmp_path / "demo" / "case", "-o", tmp_path / "r.md", "--listing", cwd=evidence, env=nowhere)
+    assert "tiny-base" in (tmp_path / "r.md").read_text() and "the library beside the case" in res.stderr

@@ -42,17 +42,25 @@ def check_case(case_dir: Path) -> list[str]:
     return problems
 
 
-def _library_beside(case_dir: Path) -> str | None:
-    """With no --library and no default library, the one beside the case (where `zen demo` puts it), said aloud."""
-    from zen.library.backends import default_library_spec, describe
+def library_for(case_dir: Path, library: str | None) -> str | None:
+    """The one rule for which library a command about a case uses (attribute, diff, reuse --base, report; issue 51):
+    `--library`, else `$ZEN_LIBRARY` when it names one that exists (a file, or a server or database URL), else the
+    `library.sqlite` beside the case (where `zen demo` puts it: said aloud), else the user default (None: the caller's
+    default). The choice of a library is never silent when it is not the one given."""
+    import os
 
-    spec = default_library_spec()
-    if describe(spec) != "sqlite" or Path(spec).exists():
-        return None
+    from zen.library.backends import default_library_path, describe
+
+    if library is not None:
+        return library
+    env = os.environ.get("ZEN_LIBRARY")
+    if env and (describe(env) != "sqlite" or Path(env).exists()):
+        return env
     beside = Path(case_dir).absolute().parent / "library.sqlite"
-    if beside.is_file():
-        err.print(f"[dim]note: no library at {escape(spec)}; using {escape(str(beside))}, "
-                  "the one beside the case (--library chooses)[/dim]")  # fmt: skip
+    if beside.is_file() and beside.resolve() != default_library_path().resolve():
+        why = f"$ZEN_LIBRARY ({env}) does not exist" if env else "no --library given"
+        err.print(f"[dim]note: {escape(why)}; using {escape(str(beside))}, the library beside the case "
+                  "(--library chooses)[/dim]", soft_wrap=True)  # fmt: skip
         return str(beside)
     return None
 
@@ -254,7 +262,7 @@ def attribute(
 ) -> None:
     """Attribute a recovered model to a base model in the library (ZEN Algorithm 1). Against a zen serve, only the
     case's mr.json and pr.json are sent; the server ranks its whole library."""
-    library = library if library is not None else _library_beside(case_dir)
+    library = library_for(case_dir, library)
     try:
         lib = _open(library, create=False, any_thread=True)
     except ZenError:

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from zen.cli.library import EXIT_PARTIAL, LIB_OPT, _open, check_case
+from zen.cli.library import EXIT_PARTIAL, LIB_OPT, _open, check_case, library_for
 from zen.represent import textio
 from zen.runtime.console import consoles
 from zen.runtime.errors import ZenError
@@ -67,7 +67,7 @@ def diff(
 
     limits = {"decompile_calls": DECOMPILE_CALLS, **overrides(limit, {"decompile_calls": DECOMPILE_CALLS})}
     problems = check_case(case_dir)
-    entry, base_blob = _base(library, base)
+    entry, base_blob = _base(library_for(case_dir, library), base)
     data, d, rec_code = diff_case(Path(case_dir), entry)
     if data is None:
         py = (case.load_manifest(case_dir).get("python") or {}).get("version", "?")
@@ -156,7 +156,7 @@ def reuse(
     if case.load_mr(case_dir).framework == "keras":
         _reuse_keras(case_dir, output, base)
         return
-    entry = _base(library, base)[0] if base else None
+    entry = _base(library_for(case_dir, library), base)[0] if base else None
     data, d = make_patch(case_dir, entry)
     pkg = write_package(case_dir, output, data, d.summary() if d else None, dequantize)
     how = f"base {base} + patch" if base else "self-contained (modules synthesised from recovered code)"
@@ -365,8 +365,8 @@ def report(
     suffix = output.suffix.lower()
     if suffix not in (".html", ".htm", ".md"):
         raise ZenError(f"unknown report format {output.suffix!r}", "name the output .html or .md")
-    lib = library if attribute else None
-    if attribute and library is None:  # the default library, if there is one
+    lib = library_for(case_dir, library) if attribute else None
+    if attribute and lib is None:  # the user default, if there is one
         from pathlib import Path as _Path
 
         from zen.library.backends import default_library_spec, describe
