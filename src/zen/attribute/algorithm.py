@@ -394,10 +394,10 @@ def explain(att: Attribution, pr: ProgrammaticRepresentation) -> str:
     parts = [
         f"The recovered model is attributed to {best.name} (UR {best.ur:.2f} = 0.25·MR {best.mr.mrss:.2f} + "
         f"0.75·PR {best.pr:.2f}).",
-        f"Of its {len(pr.codes)} model-specific code objects, {m.exact} are identical to {best.name}'s"
-        + (f", {len(changed)} match changed functions of it" if changed else "")
+        f"Of its {len(pr.codes)} model-specific code objects, {m.exact} {_are(m.exact)} identical to {best.name}'s"
+        + (f", {len(changed)} match{'es' if len(changed) == 1 else ''} changed functions of it" if changed else "")
         + (f" (e.g. {', '.join(f'{p.recovered.qualname} {p.score:.2f}' for p in changed[:3])})" if changed else "")
-        + (f", and {len(m.added)} are new ({', '.join(c.qualname for c in added[:4])}"
+        + (f", and {len(m.added)} {_are(len(m.added))} new ({', '.join(c.qualname for c in added[:4])}"
            + (", ..." if len(m.added) > 4 else "") + ")" if m.added else "")
         + ".",
         f"Its architecture matches with graph similarity {best.mr.graph:.2f}, layer types {best.mr.arch:.2f}, "
@@ -411,3 +411,7 @@ def explain(att: Attribution, pr: ProgrammaticRepresentation) -> str:
     else:
         parts.append("No other library model shares code with it.")
     return " ".join(parts)
+
+
+def _are(n: int) -> str:
+    return "is" if n == 1 else "are"

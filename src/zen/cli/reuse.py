@@ -387,7 +387,8 @@ def report(
     textio.write_json(output.with_suffix(".json"), data, indent=1)
     a = data.get("attribution")
     verdict = f"attributed to {a['attributed']}" if a and a.get("attributed") else "no attribution"
-    out.print(f"wrote {escape(str(output))} ({len(text):,} bytes; {verdict}) and {escape(str(output.with_suffix('.json')))}")
+    size = output.stat().st_size  # bytes as written (the text's length counts characters)
+    out.print(f"wrote {escape(str(output))} ({size:,} bytes; {verdict}) and {escape(str(output.with_suffix('.json')))}")
     integ = data["evidence"].get("integrity") or {}
     for p in integ.get("problems", []):
         err.print(f"[yellow]problem with the case (shown in the report): {escape(p)}[/yellow]", soft_wrap=True)

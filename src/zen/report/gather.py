@@ -25,6 +25,8 @@ def _evidence(case_dir: Path, manifest: dict) -> dict:
     acq = ev.get("acquisition") or {}
     return {
         "image": ev.get("image"), "size": ev.get("size"), "sha256": ev.get("sha256"), "producer": ev.get("producer"),
+        # the recorded path may be gone (the demo deletes its images): the report says so, the sha256 still names it
+        "image_gone": bool(ev.get("image")) and isinstance(ev.get("image"), str) and not Path(ev["image"]).exists(),
         "acquired_at": acq.get("acquired_at"), "pid": ev.get("pid") or acq.get("pid"),
         "acquisition_mode": acq.get("mode") or ("whole-machine image" if ev.get("system") else None),
         "command": ev.get("command"), "python": manifest.get("python"), "torch": manifest.get("torch"),

@@ -66,7 +66,8 @@ def _evidence(d: dict) -> str:
     py, torch = e.get("python") or {}, e.get("torch") or {}
     compiled = e.get("source") == "compiled"
     source = "compiled executable" if compiled else "memory image"
-    rows = [(source, f"<code>{_t(e['image'])}</code>"), ("size", f"{e['size']:,} bytes" if e.get("size") else ""),
+    gone = " (not at this path now: moved or deleted; the sha256 below identifies the image)" if e.get("image_gone") else ""
+    rows = [(source, f"<code>{_t(e['image'])}</code>{_t(gone)}"), ("size", f"{e['size']:,} bytes" if e.get("size") else ""),
             ("sha256", f"<code>{_t(e['sha256'])}</code>"), ("acquired", _t(e.get("acquired_at"))),
             ("acquisition", _t(f"{e.get('producer')} ({e.get('acquisition_mode') or 'foreign core'})")),
             ("process", _t(f"PID {e.get('pid')}: {e.get('command') or ''}")),

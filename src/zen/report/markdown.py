@@ -69,7 +69,8 @@ def render(d: dict) -> str:
             "",
         ]
     source = "compiled executable" if e.get("source") == "compiled" else "memory image"
-    lines += _table(["", ""], [[source, _code(e["image"])], ["size", f"{e.get('size') or 0:,} bytes"],
+    gone = " (not at this path now: moved or deleted; the sha256 below identifies the image)" if e.get("image_gone") else ""
+    lines += _table(["", ""], [[source, _code(e["image"]) + gone], ["size", f"{e.get('size') or 0:,} bytes"],
                                ["sha256", _code(e["sha256"])], ["acquired", e.get("acquired_at")],
                                ["acquisition", f"{e.get('producer')} ({e.get('acquisition_mode') or 'foreign core'})"],
                                ["process", f"PID {e.get('pid')}: {e.get('command') or ''}"],
