@@ -38,13 +38,17 @@ SIG_FILE = "manifest.sig"  # zen.represent.signature
 MAX_MANIFEST = 16 << 20  # a manifest is a few KB; its problem list can grow, but not to this
 
 
-def prepare(case_dir: Path) -> Path:
-    """Create the case directory; refuse to mix a new case into a different existing one."""
+def prepare(case_dir: Path, *, force: bool = False) -> Path:
+    """Create the case directory; refuse to mix a new case into a different existing one, and to replace a signed
+    case (a record someone vouched for) unless `force`: the signature would be gone (issue 51)."""
     case_dir = Path(case_dir)
     if case_dir.exists() and not case_dir.is_dir():
         raise ZenError(f"case path {case_dir} exists and is not a directory")
     if case_dir.is_dir() and any(case_dir.iterdir()) and not (case_dir / MANIFEST).exists():
         raise ZenError(f"{case_dir} is a non-empty directory that is not a zen case", "choose a new or empty directory")
+    if (case_dir / SIG_FILE).exists() and not force:
+        raise ZenError(f"{case_dir} is a signed case: recovering into it would replace it and remove its signature",
+                       "write the new case elsewhere (-o), or give --force to replace it")  # fmt: skip
     case_dir.mkdir(parents=True, exist_ok=True)
     (case_dir / SIG_FILE).unlink(missing_ok=True)  # a signature of the case being replaced would no longer hold
     return case_dir
