@@ -380,7 +380,7 @@ def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
         if kind == "process":
             dst = slot / "m.core"
             label = f"input {i}: {mutate_process(img, dst, lay, rng)}"
-            args = [["recover", dst, "-o", slot / "case"], ["info", dst, "--json"]][rng.random() < 0.3]
+            args = [["recover", dst, "-o", slot / "case", "--force"], ["info", dst, "--json"]][rng.random() < 0.3]
             runs = [args]
         elif kind == "special":
             name, p = items[i % len(items)]
@@ -396,7 +396,7 @@ def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
             label = f"input {i}: {srcf.name} {mutate_bytes(srcf, dst, rng)}"
             if kind == "system":
                 sym = [x for p in isf for x in ("--symbols", p)]
-                runs = [[["ps", dst, *sym], ["recover", dst, "-o", slot / "case", *sym]][rng.random() < 0.5]]
+                runs = [[["ps", dst, *sym], ["recover", dst, "-o", slot / "case", "--force", *sym]][rng.random() < 0.5]]
             else:
                 runs = [["decompile", dst, "-o", slot / "pkg"]]
         for args in runs:

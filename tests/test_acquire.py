@@ -128,3 +128,15 @@ def test_interrupted_acquire_leaves_nothing_and_says_so(tmp_path):
         assert not out.exists() and not partial.exists()
     finally:
         target.kill()
+
+
+def test_an_existing_image_is_not_replaced_without_force(light_target, tmp_path):
+    """Issue 51: an image already written is evidence (someone may have hashed and cited it): `zen acquire` refuses
+    to write over it (exit 2, file unchanged, one line naming it) unless --force."""
+    img = tmp_path / "x.core"
+    img.write_bytes(b"evidence")
+    res = zen("acquire", "--pid", light_target.pid, "-o", img, "--lean", check=False)
+    assert res.returncode == 2 and "already exists" in res.stderr and "--force" in res.stderr, res.stderr
+    assert img.read_bytes() == b"evidence" and "Traceback" not in res.stderr
+    zen("acquire", "--pid", light_target.pid, "-o", img, "--lean", "--force")
+    assert img.read_bytes()[:4] == b"\x7fELF"

@@ -98,7 +98,7 @@ def _get(form_images, form):
 def _recover(form_images, form, workdir, *extra):
     img, t = _get(form_images, form)
     case = workdir / f"case-form-{form}{len(extra) and '-given' or ''}"
-    res = zen("recover", img, "-o", case, *extra, check=False)
+    res = zen("recover", img, "-o", case, *extra, "--force", check=False)  # several tests recover one form
     manifest = json.loads((case / "manifest.json").read_text()) if (case / "manifest.json").exists() else None
     return res, case, manifest, t
 

@@ -105,20 +105,22 @@ def test_tensor_with_missing_pages(zoo_image, workdir, tmp_path):
     holed.unlink()
 
 
-def test_a_signed_case_is_not_replaced_without_force(zoo_image, workdir, tmp_path):
-    """Issue 51: recovering into an existing case replaced it without a word and deleted its signature. A signed case
-    is a record: refused (exit 2, nothing changed) unless --force, which removes the signature; replacing an unsigned
-    case says so."""
+def test_an_existing_case_is_not_replaced_without_force(zoo_image, workdir, tmp_path):
+    """Issue 51: recovering into an existing case replaced it without a word and deleted its signature. A case is
+    evidence: refused (exit 2, nothing changed) unless --force; a signed one says its signature would be gone, and
+    --force removes it; replacing says so."""
     image, t = zoo_image
     c, key = tmp_path / "case", tmp_path / "k"
     zen("recover", image, "-o", c, "--model", hex(model_id(t, "odd")), check=False)
+    before = (c / "manifest.json").read_bytes()
+    res = zen("recover", image, "-o", c, check=False)
+    assert res.returncode == 2 and "already holds a zen case" in res.stderr and "--force" in res.stderr, res.stderr
+    assert (c / "manifest.json").read_bytes() == before and "Traceback" not in res.stderr
     zen("keygen", "-o", key)
     zen("sign", c, "--key", key)
-    before = (c / "manifest.json").read_bytes()
     res = zen("recover", image, "-o", c, check=False)
     assert res.returncode == 2 and "signed case" in res.stderr and "--force" in res.stderr, res.stderr
     assert (c / "manifest.sig").exists() and (c / "manifest.json").read_bytes() == before
     res = zen("recover", image, "-o", c, "--model", hex(model_id(t, "odd")), "--force", check=False)
     assert res.returncode in (0, 5) and not (c / "manifest.sig").exists(), res.stderr
-    res = zen("recover", image, "-o", c, "--model", hex(model_id(t, "odd")), check=False)
-    assert res.returncode in (0, 5) and "replacing the case in" in " ".join(res.stderr.split()), res.stderr
+    assert "replacing the case in" in " ".join(res.stderr.split()), res.stderr

@@ -46,12 +46,16 @@ def acquire(
         "--gpu-timeout",
         help="Seconds allowed for the GPU dump (default: 600 for the driver, 120 + 1 s per 5 MB for cuda-gdb).",
     ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file at -o (else refused: it is evidence)."),
 ) -> None:
     """Image a live process into an ELF core file (the process is stopped while it is read); for a CUDA process,
     also its GPU memory (see README 'Models on GPUs')."""
     from zen.evidence.outpaths import require_parent
 
     require_parent(output, "the image")
+    if output.is_file() and not force:  # an image already written is evidence someone may have hashed and cited
+        raise ZenError(f"{output} already exists: imaging into it would replace it",
+                       "write the image elsewhere (-o), or give --force to replace it")  # fmt: skip
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     from zen.acquire import gpu as acquire_gpu

@@ -31,7 +31,7 @@ def recover(
     sign: Path | None = typer.Option(None, "--sign", help="Sign the manifest with this Ed25519 key (manifest.sig)."),
     rehash: bool = typer.Option(False, "--rehash", help="Hash the image again even if zen hashed it unchanged before."),
     offload: list[Path] | None = typer.Option(None, "--offload", help=OFFLOAD_HELP),
-    force: bool = typer.Option(False, "--force", help="Replace a signed case at -o (its signature is removed)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing case at -o (a signed one loses its signature)."),
 ) -> None:
     """Recover the model in an image: module tree, hyper-parameters, every tensor (bit-exact), inputs.
 
@@ -53,7 +53,7 @@ def recover(
         def tick(stage: str, done: int, total: int) -> None:
             prog.update(task, description=stage, completed=done, total=total)
 
-        if (output / "manifest.json").is_file():  # replacing a case is never silent
+        if force and (output / "manifest.json").is_file():  # replacing a case is never silent
             err.print(f"[dim]note: replacing the case in {escape(str(output))}[/dim]", soft_wrap=True)
         opts = dict(progress=tick, symbols=symbols, limits=limit, gpu=gpu, rehash=rehash, offload=offload, force=force)
         if model == "all":  # one case per model root (zen.recover.all_models)

@@ -62,7 +62,7 @@ def _library(workdir: Path, console: Console, keep: bool) -> Path:
     image = workdir / "base.core"
     _serve_and_image(childproc.code_argv("import sys; from zen.demo.tiny_base import serve; serve(sys.argv[1])"),
                      workdir / "base-process", image, console, "base model")  # fmt: skip
-    res = recover(image, None, workdir / "base-case")
+    res = recover(image, None, workdir / "base-case", force=True)  # the demo owns its --dir: a rerun replaces it
     if not keep:
         image.unlink(missing_ok=True)
         console.print(f"recovered; {image.name} deleted (--keep keeps the images)")
@@ -84,7 +84,7 @@ def _recover(workdir: Path, console: Console, keep: bool):
     truth = _serve_and_image(childproc.script_argv(Path(__file__).with_name("deployed_model.py")), workdir / "deployed-process",
                              image, console, "deployed model")  # fmt: skip
     case_dir = workdir / "case"
-    res = recover(image, None, case_dir)
+    res = recover(image, None, case_dir, force=True)
     if not keep:
         image.unlink(missing_ok=True)
         console.print(f"recovered; {image.name} deleted (--keep keeps the images)")

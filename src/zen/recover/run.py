@@ -108,7 +108,7 @@ def recover(
     `limits` are `NAME=VALUE` overrides of the bounds in `zen.recover.limits` (parsed before anything runs);
     `gpu` names GPU cores of the process (tensors on cuda:N are read from them); `offload`, files or folders holding
     the data of tensors accelerate offloaded to disk (read only for tensors whose hook names that file); `force`
-    replaces a signed case."""
+    replaces an existing case (else refused: a case is evidence)."""
     from zen.recover import limits as zl
 
     bounds = zl.parse(limits)
@@ -119,7 +119,7 @@ def recover(
     for f in (f for f in offload or [] if not (Path(f).is_dir() or Path(f).is_file())):
         raise ZenError(f"--offload {f}: no such file or directory", "give the folder accelerate offloaded to, or a file")
     created = not Path(out).exists()
-    out = case.prepare(out, force=force)  # a signed case is replaced only with force
+    out = case.prepare(out, force=force)  # an existing case is replaced only with force
     try:
         return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []), rehash, offload)
     except BaseException:

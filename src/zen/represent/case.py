@@ -39,8 +39,9 @@ MAX_MANIFEST = 16 << 20  # a manifest is a few KB; its problem list can grow, bu
 
 
 def prepare(case_dir: Path, *, force: bool = False) -> Path:
-    """Create the case directory; refuse to mix a new case into a different existing one, and to replace a signed
-    case (a record someone vouched for) unless `force`: the signature would be gone (issue 51)."""
+    """Create the case directory; refuse to mix a new case into a different existing one, and to replace an existing
+    case unless `force` (issue 51): a case is evidence someone may already have cited, and a signed one is a record
+    someone vouched for, whose signature would be gone."""
     case_dir = Path(case_dir)
     if case_dir.exists() and not case_dir.is_dir():
         raise ZenError(f"case path {case_dir} exists and is not a directory")
@@ -48,6 +49,9 @@ def prepare(case_dir: Path, *, force: bool = False) -> Path:
         raise ZenError(f"{case_dir} is a non-empty directory that is not a zen case", "choose a new or empty directory")
     if (case_dir / SIG_FILE).exists() and not force:
         raise ZenError(f"{case_dir} is a signed case: recovering into it would replace it and remove its signature",
+                       "write the new case elsewhere (-o), or give --force to replace it")  # fmt: skip
+    if (case_dir / MANIFEST).exists() and not force:
+        raise ZenError(f"{case_dir} already holds a zen case: recovering into it would replace it",
                        "write the new case elsewhere (-o), or give --force to replace it")  # fmt: skip
     case_dir.mkdir(parents=True, exist_ok=True)
     (case_dir / SIG_FILE).unlink(missing_ok=True)  # a signature of the case being replaced would no longer hold
