@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
-"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "zen needs Python 3.11+ (tested: 3.11 and 3.12)")'
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else "zen needs Python 3.11+ (tested on 3.11; 3.12 ran the GPU checks)")'
 
 # pip, quiet: its own warnings about package-index locations configured on this machine but absent are noise here;
 # everything else it says (errors included) is shown
