@@ -428,3 +428,15 @@ def test_oversize_declarations_are_answered_and_disconnects_are_one_line(team):
     log = srv.log.read_text()
     assert "disconnected during POST /models" in log and "Traceback" not in log, log[-2000:]
     assert httpx.get(srv.url + "/models", headers=_auth(toks["read"])).status_code == 200
+    # a part over its cap (a 2 MiB manifest: its cap is 1 MiB) inside a body under --max-upload-mb, then the client
+    # stalls: the part is refused as it arrives (the caps used to be checked once the whole body was in)
+    head = b'--zz\r\nContent-Disposition: form-data; name="manifest"; filename="manifest.json"\r\n\r\n'
+    t0 = time.monotonic()
+    with socket.create_connection((where.hostname, where.port), timeout=20) as s:
+        s.sendall(b"POST /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + toks["add"].encode()
+                  + b"\r\nContent-Type: multipart/form-data; boundary=zz\r\nContent-Length: 12000000\r\n\r\n"
+                  + head + b" " * (2 << 20))  # fmt: skip
+        got = b""
+        while b"}" not in got and (chunk := s.recv(4096)):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 413") and b"manifest" in got and time.monotonic() - t0 < 10, got[:300]

@@ -8,8 +8,9 @@ Three bounds, each a 413 with one line saying which:
   `DRAIN_SECONDS`) before answering, so an ordinary client that is still sending gets the 413 instead
   of a reset connection; a larger or stalling one has its connection closed (a client that declared
   300 MB and sent nothing was never answered: issue 49.5).
-* `read_parts` parses multipart with few parts and small form fields, and only after the request's
-  token was checked (the endpoints read their bodies themselves, after authentication).
+* `read_parts` parses multipart as it arrives, with few parts and small form fields, each part refused the
+  moment it passes its cap, and only after the request's token was checked (the endpoints read their bodies
+  themselves, after authentication).
 * A part sent gzip-compressed (name ending .gz, as zen's client sends to remote servers) is
   inflated incrementally and refused as soon as it would exceed the per-file cap, so a
   decompression bomb costs the server the cap, not the bomb.
@@ -25,7 +26,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from starlette.requests import ClientDisconnect
 
-from zen.library.bundle import FILE_OF_PART
+from zen.library.bundle import FILE_OF_PART, Limits
 
 DRAIN_BYTES = 256 << 20
 DRAIN_DECLARED = 16 << 20  # bytes read and dropped before refusing a declared oversize body
@@ -92,38 +93,115 @@ async def _refuse(send: Any, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+FIELD_BYTES = 64 << 10  # a form field (name, notes, replace): text, never large
+
+
+class _Parts:
+    """python-multipart callbacks that keep each part's name, file name and bytes, and stop a part the moment it
+    grows past its cap (issue 49.5: caps used to be checked only after the whole body had arrived)."""
+
+    def __init__(self, file_bytes: int, fields: tuple[str, ...]) -> None:
+        self.file_bytes, self.fields = file_bytes, fields
+        self.parts: list[tuple[str, str | None, bytearray]] = []
+        self.refused: HTTPException | None = None
+        self._head: dict[bytes, bytes] = {}
+        self._field = self._value = b""
+        self._cap = 0
+
+    def callbacks(self) -> dict:
+        return {"on_part_begin": self._begin, "on_header_field": self._hfield, "on_header_value": self._hvalue,
+                "on_header_end": self._hend, "on_headers_finished": self._headers, "on_part_data": self._data}  # fmt: skip
+
+    def _begin(self) -> None:
+        if len(self.parts) >= len(FILE_OF_PART) + len(self.fields):
+            raise HTTPException(400, f"too many parts: at most {len(FILE_OF_PART) + len(self.fields)}")
+        self._head = {}
+
+    def _hfield(self, data: bytes, start: int, end: int) -> None:
+        self._field += data[start:end]
+
+    def _hvalue(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def _hend(self) -> None:
+        self._head[self._field.strip().lower()] = self._value.strip()
+        self._field = self._value = b""
+
+    def _headers(self) -> None:
+        from python_multipart.multipart import parse_options_header
+
+        _, opts = parse_options_header(self._head.get(b"content-disposition", b""))
+        key = opts.get(b"name", b"").decode("utf-8", "replace")
+        filename = opts[b"filename"].decode("utf-8", "replace") if b"filename" in opts else None
+        files = sum(1 for _, f, _ in self.parts if f is not None)
+        if filename is not None and files >= len(FILE_OF_PART):
+            raise HTTPException(400, f"too many files: at most {len(FILE_OF_PART)} parts, one per case file")
+        if filename is None and key not in self.fields:
+            raise HTTPException(422, f"unexpected form field {key!r}")
+        if filename is not None and key not in FILE_OF_PART:
+            raise HTTPException(422, f"unexpected part {key!r}; the parts are {', '.join(FILE_OF_PART)}")
+        if any(k == key for k, _, _ in self.parts):
+            raise HTTPException(422, f"part {key!r} sent twice")
+        self._cap = self.file_bytes
+        if filename is None:
+            self._cap = FIELD_BYTES
+        elif key == "manifest":  # a manifest is a few KB: its own, smaller cap (Limits), enforced as it arrives
+            self._cap = min(self.file_bytes, Limits.manifest_bytes)
+        self.parts.append((key, filename, bytearray()))
+
+    def _data(self, data: bytes, start: int, end: int) -> None:
+        key, _, buf = self.parts[-1]
+        if len(buf) + end - start > self._cap:
+            raise too_large(f"part {key!r}", self._cap)
+        buf += data[start:end]
+
+
 async def read_parts(request: Request, *, file_bytes: int,
                      fields: tuple[str, ...] = ()) -> tuple[dict[str, bytes], dict[str, str]]:  # fmt: skip
-    """({case file name: bytes}, {form field: text}) of a multipart upload of case files."""
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+    """({case file name: bytes}, {form field: text}) of a multipart upload of case files, parsed as it arrives: a part
+    over its cap, an unexpected or repeated part is refused without reading what follows (the rest is drained for
+    at most `DRAIN_SECONDS`, so a client still sending gets the answer)."""
+    from python_multipart.exceptions import FormParserError
+    from python_multipart.multipart import MultipartParser, parse_options_header
+
+    kind, opts = parse_options_header(request.headers.get("content-type", ""))
+    if kind != b"multipart/form-data":
         raise HTTPException(415, "send the fingerprint as multipart/form-data, one part per case file")
+    if not opts.get(b"boundary"):
+        raise HTTPException(400, "the multipart body has no boundary in its Content-Type")
+    parts = _Parts(file_bytes, fields)
+    chunks = request.stream()
     try:
-        form = await request.form(max_files=len(FILE_OF_PART), max_fields=max(1, len(fields)), max_part_size=64 << 10)
+        parser = MultipartParser(opts[b"boundary"], parts.callbacks())
+        async for chunk in chunks:
+            parser.write(chunk)
+        parser.finalize()
     except ClientDisconnect:
         raise Disconnected() from None
+    except HTTPException as exc:
+        if exc.status_code != 413 or "request body" not in str(exc.detail):  # BodyLimit drained already
+            await _drain_stream(chunks)
+        raise
+    except (FormParserError, ValueError) as exc:
+        raise HTTPException(400, f"the multipart body is malformed: {str(exc)[:200]}") from None
     files: dict[str, bytes] = {}
     values: dict[str, str] = {}
-    try:
-        for key, value in form.multi_items():
-            if isinstance(value, str):
-                if key not in fields:
-                    raise HTTPException(422, f"unexpected form field {key!r}")
-                values[key] = value
-                continue
-            name = FILE_OF_PART.get(key)
-            if name is None:
-                raise HTTPException(422, f"unexpected part {key!r}; the parts are {', '.join(FILE_OF_PART)}")
-            if name in files:
-                raise HTTPException(422, f"part {key!r} sent twice")
-            data = await value.read(file_bytes + 1)
-            if (value.filename or "").endswith(".gz"):
-                data = inflate(data, key, file_bytes)
-            if len(data) > file_bytes:
-                raise too_large(f"part {key!r}", file_bytes)
-            files[name] = data
-    finally:
-        await form.close()
+    for key, filename, data in parts.parts:
+        if filename is None:
+            values[key] = data.decode("utf-8", "replace")
+            continue
+        got = inflate(bytes(data), key, file_bytes) if filename.endswith(".gz") else bytes(data)
+        files[FILE_OF_PART[key]] = got
     return files, values
+
+
+async def _drain_stream(chunks: Any) -> None:
+    async def rest() -> None:
+        async for _ in chunks:
+            pass
+
+    with contextlib.suppress(TimeoutError, asyncio.TimeoutError, ClientDisconnect, HTTPException, RuntimeError):
+        await asyncio.wait_for(rest(), DRAIN_SECONDS)
 
 
 def inflate(data: bytes, what: str, limit: int) -> bytes:
