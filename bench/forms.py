@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "tests" / "targets"
 FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit",
          "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-bert", "static-cnn",
-         "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
+         "static-cnn-fbgemm", "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
 QUANTIZED = ("torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit")
 RUNS = 3  # recoveries per form; the median is reported (each is ~1 s on these small images)
 
@@ -147,8 +147,11 @@ NOTES = """How to read the rows:
   counts by content the `scale` and `zero_point` entries too, which PyTorch's `_save_to_state_dict` makes at
   save time from each Linear's plain attributes (zen records them as hyper-parameters): every weight and bias is
   exact, and the rebuilt model's own state_dict equals the deployed one entry by entry.
-- static-cnn: its Linear is read like dynamic's; its Conv2d's packed weight (fbgemm PackedConvWeight) is not read
-  yet, so the case is partial and names it.
+- static-cnn (x86 engine, default qconfig): its Linear is read like dynamic's; its Conv2d, packed by oneDNN on a CPU
+  with AVX512-VNNI, keeps the quantized weight it was made from, read with its quantizer's per-channel scales; the
+  rebuilt model packs both again and gives the deployed outputs bit for bit. static-cnn-fbgemm (fbgemm engine, or
+  x86 on a CPU without VNNI): fbgemm's PackedConvWeight keeps only its re-blocked form, not read yet, so the case is
+  partial and names the object (from its RTTI).
 - several: a float reference beside the served torchao model; the served one is chosen (see README, "Several models").
 - ort: no case; zen names the ONNX Runtime session and the model file it loaded (exit 6).
 - Every image holds the interpreter, torch and each form's library: recovery time is mostly the heap and code work

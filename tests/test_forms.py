@@ -35,6 +35,8 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "offload-disk": "accelerate",
     "dynamic": None,
     "dynamic-per-channel": None,
+    "static-cnn": None,
+    "static-cnn-fbgemm": None,
     "hostile-ring": None,
     "nan-weights": None,
     "jit-trace": None,
@@ -328,6 +330,41 @@ def test_packed_quantized_weights_are_unpacked_and_repacked_exactly(form_images,
         assert q["packed"]["engine"] == "fbgemm"
     got = _rebuilt(workdir, case, form, t)
     assert got["equal"] and got["state_equal"], got
+
+
+def test_static_quantized_convolutions_are_read_or_named(form_images, workdir):
+    """Static quantization (issue 48): a quantized Conv2d keeps its int8 weight only in a C++ packed object. PyTorch's
+    default x86 engine packs the default qconfig's symmetric weights with oneDNN on CPUs with AVX512-VNNI, and oneDNN
+    keeps the quantized weight it was made from: read bit-exact under the module's own state_dict keys with its
+    per-channel scales (from the tensor's quantizer), the case complete, and the rebuilt model (packed again by
+    PyTorch) gives the deployed outputs bit for bit. fbgemm's packed convolution (the fbgemm engine, or x86 on a CPU
+    without VNNI) keeps only a re-blocked form zen does not read yet: partial, the object named from its RTTI, the
+    quantized Linear beside it still read, and no runnable copy."""
+    vnni = "avx512_vnni" in Path("/proc/cpuinfo").read_text()
+    res, case, manifest, t = _recover(form_images, "static-cnn", workdir)
+    if vnni:
+        assert res.returncode == 0 and manifest["status"] == "complete", manifest["problems"]
+        weights = load_file(case / "weights.safetensors")
+        records = {r["key"]: r for r in json.loads((case / "mr.json").read_text())["tensors"]}
+        state = t.truth["state"]
+        assert all(_digest(weights[k]) == state[k]["sha256"] for k in ("1.weight", "1.bias"))
+        q = records["1.weight"]["quantization"]
+        assert (q["qscheme"], q["scale"], q["zero_point"]) == ("per_channel_affine", state["1.weight"]["scale"],
+                                                              state["1.weight"]["zero_point"])  # fmt: skip
+        assert q["packed"]["engine"] == "onednn" and records["1.weight"]["shape"] == [8, 3, 3, 3]
+        w, b = state["4._packed_params._packed_params"]["items"]
+        assert _digest(weights["4._packed_params._packed_params.weight"]) == w["sha256"]
+        got = _rebuilt(workdir, case, "static-cnn", t)
+        assert got["equal"] and got["max_abs_diff"] == 0 and got["state_equal"], got
+    else:  # the x86 engine chose fbgemm here
+        assert res.returncode == 5 and "PackedConvWeight" in " ".join(manifest["problems"]), manifest["problems"]
+    res, case, manifest, t = _recover(form_images, "static-cnn-fbgemm", workdir)
+    problems = " ".join(manifest["problems"])
+    assert res.returncode == 5 and manifest["status"] == "partial" and "1._packed_params" in problems, problems
+    assert "fbgemm's packed convolution (16PackedConvWeightILi2EE)" in problems, problems
+    assert "4._packed_params._packed_params.weight" in load_file(case / "weights.safetensors")
+    pkg = workdir / "refused_static_fbgemm"
+    assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()
 
 
 def test_packed_and_scripted_state_without_a_measured_layout_is_partial(form_images, workdir, tmp_path):

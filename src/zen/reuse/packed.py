@@ -1,8 +1,10 @@
-"""Packed quantized Linears rebuilt with PyTorch's own packing (`set_weight_bias`, i.e. `linear_prepack`).
+"""Packed quantized Linears and Conv2ds rebuilt with PyTorch's own packing (`set_weight_bias`: `linear_prepack`,
+`conv2d_prepack` with the module's own stride, padding, dilation and groups).
 
-zen reads the int8 weight, its scales and zero points and the bias out of fbgemm's packed object
-(`frontends/pytorch/quantized`); the runnable copy packs them again the way the deployed process did, so the
-packed buffer, its column offsets and the outputs are those of the deployment. Runs in the reuse child only.
+zen reads the int8 weight, its scales and zero points and the bias out of fbgemm's packed Linear or the weight
+oneDNN's packed convolution keeps (`frontends/pytorch/quantized`); the runnable copy packs them again the way the
+deployed process did, so the packed buffer, its column offsets and the outputs are those of the deployment. Runs
+in the reuse child only.
 """
 
 from __future__ import annotations
@@ -13,13 +15,23 @@ SUFFIX = "._packed_params.weight"
 
 
 def packed_paths(mr) -> dict[str, Any]:
-    """Module path of each LinearPackedParams whose weight was unpacked -> the weight's record."""
-    return {t.key[: -len(SUFFIX)]: t for t in mr.tensors if t.quantization.get("packed") and t.key.endswith(SUFFIX)}
+    """Module path of each LinearPackedParams whose weight was unpacked, and of each quantized Conv2d whose packed
+    object's weight was read (`PATH.weight`, kind conv2d) -> the weight's record."""
+    out = {}
+    for t in mr.tensors:
+        packed = t.quantization.get("packed") if t.quantization else None
+        if not packed:
+            continue
+        if packed.get("kind") == "conv2d" and t.key.endswith("weight"):
+            out[t.key[: -len(".weight")] if "." in t.key else ""] = t
+        elif t.key.endswith(SUFFIX):
+            out[t.key[: -len(SUFFIX)]] = t
+    return out
 
 
 def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str], bias_records: dict[str, Any]) -> int:
-    """Give each LinearPackedParams its packed weight again; `tensor(key)` loads a tensor of the weights file,
-    whose keys are `keys`."""
+    """Give each LinearPackedParams and quantized Conv2d its packed weight again; `tensor(key)` loads a tensor of the
+    weights file, whose keys are `keys`."""
     import warnings
 
     import torch
@@ -33,7 +45,8 @@ def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str]
             weight = torch._make_per_channel_quantized_tensor(data, scales, torch.tensor(q["zero_point"]), q.get("axis", 0))
         else:
             weight = torch._make_per_tensor_quantized_tensor(data, float(q["scale"][0]), int(q["zero_point"][0]))
-        bias_key = f"{path}._packed_params.bias"
+        conv = q["packed"].get("kind") == "conv2d"  # a quantized Conv2d: its state_dict keys are PATH.weight, PATH.bias
+        bias_key = (f"{path}.bias" if path else "bias") if conv else f"{path}._packed_params.bias"
         bias = tensor(bias_key) if bias_key in keys else None
         brec = bias_records.get(bias_key)
         if bias is not None and brec is not None and brec.python_type == "torch.nn.parameter.Parameter":

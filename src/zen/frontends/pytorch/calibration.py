@@ -197,6 +197,10 @@ class TorchCalibrator(CalibratorBase):
         self.optional("TorchScript modules", "zen.frontends.pytorch.torchscript.calibration", "measure_jit")
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
+        self.optional("quantizers", "zen.frontends.pytorch.quantized.conv_calibration", "measure_quantizer")
+        if "jitobject" in self.structs and "qtensorimpl" in self.structs:
+            self.optional("oneDNN packed convolutions", "zen.frontends.pytorch.quantized.conv_calibration",
+                          "measure_onednn_conv")  # fmt: skip
         torch = self.torch
         return {
             "format": FORMAT,

@@ -45,6 +45,7 @@ MAX_LISTED = 8  # attribute names listed in one problem
 # torch.ao quantized Linears: their state_dict is the packed (weight, bias) and plain attributes (quantized.packed)
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
 QUANTIZED_LINEAR = "torch.ao.nn.quantized.modules.linear.Linear"
+QUANTIZED_CONV = "torch.ao.nn.quantized.modules.conv._ConvNd"  # its state_dict: weight, bias, scale, zero_point
 
 
 @dataclass
@@ -83,10 +84,13 @@ def audit(ip: Interpreter, reader, index: ModuleIndex, root: int, slots: list,
         elif got is not None:
             parts += got
             in_parts.add(s.key)
+    from zen.frontends.pytorch.quantized.conv import conv_slots
     from zen.frontends.pytorch.quantized.packed import packed_slots
 
     packed, read, failed = packed_slots(ip, reader, index, root)
-    parts += packed
+    convs, conv_read, conv_failed = conv_slots(ip, reader, index, root)
+    parts += packed + convs
+    read, failed = read | conv_read, {**failed, **conv_failed}
     for path, node in index.walk(root):
         out += _module_unread(ip, index, look, path, node, in_parts, read, failed)
     return out, parts
@@ -112,8 +116,9 @@ def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, i
     definer = look.definer(t, "_save_to_state_dict", (MODULE_BASE,))
     if definer in SAVES_PARTS and _at(path, "weight") in in_parts:
         definer = None  # its own state_dict holds its weight's parts and its buffers: all read
-    if (definer == PACKED_PARAMS and path in packed) or (definer == QUANTIZED_LINEAR and _at(path, "_packed_params") in packed):
-        definer = None  # the packed weight and bias, read (quantized.packed), and plain attributes (scale, zero_point)
+    if (definer == PACKED_PARAMS and path in packed) or (definer == QUANTIZED_LINEAR and _at(path, "_packed_params") in packed) \
+            or (definer == QUANTIZED_CONV and path in packed):  # fmt: skip
+        definer = None  # the packed weight and bias, read (quantized.packed/.conv), and plain attributes (scale, zero_point)
     if definer is not None:
         out.append(Unread(path, t.full_name, addr, f"its class writes its own state_dict ({definer}._save_to_state_dict): "
                           "entries beyond its registered parameters and buffers were not read"))  # fmt: skip

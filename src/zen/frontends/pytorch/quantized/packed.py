@@ -47,6 +47,20 @@ def has_packed_layout(tp: TorchProfile) -> bool:
     return all(s in tp.structs for s in STRUCTS) and "IVALUE_TAG_CAPSULE" in tp.constants
 
 
+def capsule_payload(ip: Interpreter, tp: TorchProfile, addr: int) -> int:
+    """The C++ object behind a Python `torch.ScriptObject` of a custom class (packed params): its Object's one slot
+    is a capsule whose payload points to it."""
+    c = tp.constants
+    obj = ip.ptr(ip.ptr(addr + tp.pybind.value) + tp.jitmodule.object)
+    begin, end = ip.space.u64(obj + tp.jitobject.slots), ip.space.u64(obj + tp.jitobject.slots + 8)
+    if end - begin != c["IVALUE_SIZE"]:
+        raise ObjectError(addr, f"a packed-params object with {(end - begin) // c['IVALUE_SIZE']} slots (expected one)")
+    tag = struct.unpack("<I", ip.space.read(begin + tp.ivalue.tag, 4))[0]
+    if tag != c["IVALUE_TAG_CAPSULE"]:
+        raise ObjectError(addr, f"a packed-params object whose slot holds IValue tag {tag}, not a capsule")
+    return ip.ptr(begin + tp.ivalue.payload)
+
+
 class PackedReader:
     def __init__(self, ip: Interpreter, tp: TorchProfile) -> None:
         self.ip, self.tp = ip, tp
@@ -54,15 +68,8 @@ class PackedReader:
 
     def read(self, addr: int) -> PackedLinear:
         """The packed weight behind a Python `torch.ScriptObject` (a LinearPackedParamsBase)."""
-        ip, tp, c = self.ip, self.tp, self.tp.constants
-        obj = ip.ptr(ip.ptr(addr + tp.pybind.value) + tp.jitmodule.object)
-        begin, end = ip.space.u64(obj + tp.jitobject.slots), ip.space.u64(obj + tp.jitobject.slots + 8)
-        if end - begin != c["IVALUE_SIZE"]:
-            raise ObjectError(addr, f"a packed-params object with {(end - begin) // c['IVALUE_SIZE']} slots (expected one)")
-        tag = struct.unpack("<I", ip.space.read(begin + tp.ivalue.tag, 4))[0]
-        if tag != c["IVALUE_TAG_CAPSULE"]:
-            raise ObjectError(addr, f"a packed-params object whose slot holds IValue tag {tag}, not a capsule")
-        plw = ip.ptr(begin + tp.ivalue.payload)
+        ip, tp = self.ip, self.tp
+        plw = capsule_payload(ip, tp, addr)
         P = tp.packedlinear
         weight, packing = self._unpack(ip.ptr(plw + P.packb), addr)
         n = weight.shape[0]
@@ -161,7 +168,7 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
         if pl.bias_impl:
             try:
                 bmeta = reader.impl_meta(pl.bias_impl, pl.bias_impl)
-                bmeta.python_type = _python_type(ip, reader.tp, pl.bias_impl)
+                bmeta.python_type = python_type(ip, reader.tp, pl.bias_impl)
                 brec = tensor_record(f"{key}.bias", "packed", pl.bias_impl, bmeta, reader=reader)
                 slots.append(TensorSlot(brec.key, pl.bias_impl, "packed", bmeta, brec))
             except ZenError as exc:
@@ -169,7 +176,7 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
     return slots, {p for p, _ in got} - set(failed), failed
 
 
-def _python_type(ip: Interpreter, tp: TorchProfile, impl: int) -> str:
+def python_type(ip: Interpreter, tp: TorchProfile, impl: int) -> str:
     """The class of the Python tensor a TensorImpl belongs to (its PyObject slot), when it has one: a packed bias
     is an `nn.Parameter` in the deployed module and is rebuilt as one."""
     try:

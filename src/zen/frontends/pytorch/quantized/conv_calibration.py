@@ -1,0 +1,125 @@
+"""Measure quantized tensors' quantizers and oneDNN's packed convolutions (`zen profile torch`).
+
+Static quantization with PyTorch's default x86 engine packs a Conv2d whose weights are symmetric (the default
+qconfig's per-channel weights) with oneDNN on CPUs with VNNI: a C++ `PackedConvWeightsOnednn` behind the module's
+`_packed_params` ScriptObject. It keeps the quantized weight it was made from (`orig_weight_`, a QTensorImpl) and
+the bias (`orig_bias_`, an optional<Tensor>), which is what `conv2d_unpack` returns. A QTensorImpl's scales and zero
+points live in its quantizer (per tensor: a double and an int64; per channel: two tensors and the axis). Here
+tensors and convolutions with known values locate every field; the engine is set to onednn while measuring so the
+measure does not depend on this CPU's VNNI. The C++ class of an object is read from its RTTI (Itanium ABI: the
+vtable's typeinfo names it), so a reader tells oneDNN's object from fbgemm's without guessing.
+
+Standard library + torch only: runs in the calibration child of `../calibration.py`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from zen.cpython.calibration.base import CalibrationFailed, common, one
+
+OC, IC, KH, KW = 10, 6, 3, 2  # a convolution of unusual, distinct sizes
+
+
+def rtti(m, obj: int) -> bytes:
+    """The mangled name of a polymorphic C++ object's class (vtable[-1] -> type_info -> name)."""
+    name = m.word(m.word(m.word(obj) - 8) + 8)
+    raw = m.raw(name, 128)
+    return raw[: raw.index(b"\0")] if b"\0" in raw else raw
+
+
+def measure_quantizer(cal) -> None:
+    torch, m = cal.torch, cal.m
+    g = torch.Generator().manual_seed(11)
+    pt = torch.quantize_per_tensor(torch.randn(OC, IC, generator=g), 0.0123, 3, torch.qint8)
+    scales = torch.rand(OC, generator=g, dtype=torch.float64) * 0.02 + 0.005
+    pc = torch.quantize_per_channel(torch.randn(OC, IC, generator=g), scales, torch.arange(OC) % 3 - 1, 0, torch.qint8)
+    pc1 = torch.quantize_per_channel(torch.randn(IC, OC, generator=g), scales, torch.arange(OC) % 3, 1, torch.qint8)
+    cands = []
+    for t in (pt, pc, pc1):
+        c = []
+        for off in range(64, 512, 8):
+            q = m.word(t._cdata + off)
+            if q and m.readable(q, 64) and m.readable(m.word(q), 8) and b"Quantizer" in _safe_rtti(m, q):
+                c.append(off)
+        cands.append(c)
+    cal.field("qtensorimpl", "quantizer", common("QTensorImpl.quantizer_", *cands), "ptr")
+    qpt, qpc, qpc1 = (m.word(t._cdata + cal.off("qtensorimpl", "quantizer")) for t in (pt, pc, pc1))
+    cal.check(b"PerTensorAffineQuantizer" in rtti(m, qpt), "a per-tensor quantizer's class is PerTensorAffineQuantizer")
+    cal.check(b"PerChannelAffineQuantizer" in rtti(m, qpc), "a per-channel quantizer's class is PerChannelAffineQuantizer")
+    scale = [o for o in range(16, 64, 8) if m.raw(qpt + o, 8) == struct.pack("<d", 0.0123)]
+    cal.field("pertensorquantizer", "scale", one("PerTensorAffineQuantizer.scale_", scale), "f64")
+    zp = [o for o in range(16, 64, 8) if m.raw(qpt + o, 8) == struct.pack("<q", 3)]
+    cal.field("pertensorquantizer", "zero_point", one("PerTensorAffineQuantizer.zero_point_", zp), "i64")
+    sc = [o for o in range(16, 64, 8) if m.word(qpc + o) == pc.q_per_channel_scales()._cdata]
+    cal.field("perchannelquantizer", "scales", one("PerChannelAffineQuantizer.scales_", sc), "ptr")
+    zs = [o for o in range(16, 64, 8) if m.word(qpc + o) == pc.q_per_channel_zero_points()._cdata]
+    cal.field("perchannelquantizer", "zero_points", one("PerChannelAffineQuantizer.zero_points_", zs), "ptr")
+    zero, one_ = struct.pack("<q", 0), struct.pack("<q", 1)
+    axis = [o for o in range(16, 72, 8) if m.raw(qpc + o, 8) == zero and m.raw(qpc1 + o, 8) == one_]
+    cal.field("perchannelquantizer", "axis", one("PerChannelAffineQuantizer.axis_", axis), "i64")
+
+
+def _safe_rtti(m, obj: int) -> bytes:
+    try:
+        vt = m.word(obj)
+        if not m.readable(vt - 8, 8):
+            return b""
+        ti = m.word(vt - 8)
+        if not m.readable(ti + 8, 8) or not m.readable(m.word(ti + 8), 1):
+            return b""
+        return rtti(m, obj)
+    except (OSError, ValueError, CalibrationFailed):
+        return b""
+
+
+def measure_onednn_conv(cal) -> None:
+    torch, m = cal.torch, cal.m
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        cal.provenance["packedconvonednn"] = "not measured: this torch has no onednn engine"
+        return
+    import warnings
+
+    from torch.ao.nn.quantized import Conv2d
+
+    warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "onednn"
+    try:
+        g = torch.Generator().manual_seed(13)
+        convs, weights, biases = [], [], []
+        for with_bias in (True, True, False):
+            c = Conv2d(IC, OC, (KH, KW), bias=with_bias)
+            s = torch.rand(OC, generator=g, dtype=torch.float64) * 0.02 + 0.005
+            w = torch.quantize_per_channel(torch.randn(OC, IC, KH, KW, generator=g), s, torch.zeros(OC, dtype=torch.long),
+                                           0, torch.qint8)  # fmt: skip
+            b = torch.randn(OC, generator=g) if with_bias else None
+            c.set_weight_bias(w, b)
+            convs.append(c)
+            weights.append(w)
+            biases.append(b)
+        payloads = [_payload(cal, c._packed_params) for c in convs]
+        for p in payloads:
+            cal.check(b"PackedConvWeightsOnednn" in rtti(m, p), "a onednn-packed Conv2d's object is PackedConvWeightsOnednn")
+        cal.field("packedconvonednn", "orig_weight", common("PackedConvWeightsOnednn.orig_weight_",
+                  *[m.find_word(p, 1024, w._cdata) for p, w in zip(payloads, weights)]), "ptr")  # fmt: skip
+        bias = common("PackedConvWeightsOnednn.orig_bias_", *[m.find_word(p, 1024, b._cdata) for p, b in
+                                                               zip(payloads[:2], biases[:2])])  # fmt: skip
+        cal.field("packedconvonednn", "orig_bias", bias, "ptr")
+        flag = [o for o in range(bias + 8, bias + 16) if m.raw(payloads[2] + o, 1) == b"\0"
+                and all(m.raw(p + o, 1) == b"\1" for p in payloads[:2])]  # fmt: skip
+        cal.field("packedconvonednn", "orig_bias_engaged", one("optional<Tensor> engaged flag", flag[:1]), "u8")
+        for c, w in zip(convs, weights):
+            got = torch.ops.quantized.conv2d_unpack(c._packed_params)[0]
+            cal.check(torch.equal(got.int_repr(), w.int_repr()), "conv2d_unpack returns the kept weight")
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def _payload(cal, script_object) -> int:
+    m = cal.m
+    value, obj_off, slots_off = cal.off("pybind", "value"), cal.off("jitmodule", "object"), cal.off("jitobject", "slots")
+    ivo = m.word(m.word(id(script_object) + value) + obj_off)
+    begin, end = m.words(ivo + slots_off, 2)
+    cal.check(end - begin == cal.constants["IVALUE_SIZE"], "a packed-params object has one slot")
+    return m.word(begin)
