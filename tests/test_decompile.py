@@ -327,8 +327,7 @@ def test_static_mode_writes_graph_without_running_the_library(built, tmp_path):
 
 def test_torchvision_resnet18(tmp_path):
     """torchvision's ResNet-18 (random init, 64x64 input): rebuilt model equals the executable."""
-    import zoo  # bench/zoo.py: the side directory .ci/run fills; installed here when absent, so that this test does
-    # not depend on tests/test_zoo.py having run first (issue 51)
+    import zoo  # bench/zoo.py's side directory (.ci/run fills it; else installed here: no order-dependent skip)
 
     if zoo.ensure_site() is None:
         pytest.skip(f"torchvision could not be installed into {zoo.zoo_site()} (pip --no-deps --target)")

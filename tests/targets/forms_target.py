@@ -3,7 +3,8 @@
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic,
-dynamic-per-channel, dynamic-bert (transformers BERT), static-cnn and static-cnn-fbgemm (static quantization), jit-trace,
+dynamic-per-channel, dynamic-bert (transformers BERT), static-cnn[-fbgemm|-onednn|-qnnpack] and
+static-depthwise (static quantization), jit-trace,
 jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
 the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
@@ -173,13 +174,17 @@ def build(form: str, outdir: str, backend: str = "inductor"):
                                     intermediate_size=128, max_position_embeddings=64)).eval()  # fmt: skip
         ids = torch.randint(0, 512, (2, 16))
         return torch.ao.quantization.quantize_dynamic(bert, {nn.Linear}, dtype=torch.qint8), None, ids
-    if form in ("static-cnn", "static-cnn-fbgemm"):  # eager-mode static quantization: packed Conv2d and Linear
+    if form.startswith("static-"):  # eager-mode static quantization: packed Conv2d and Linear
         from torch.ao.quantization import convert, get_default_qconfig, prepare
 
-        engine = "x86" if form == "static-cnn" else "fbgemm"  # x86: oneDNN convolutions on VNNI CPUs; fbgemm: fbgemm's
+        # x86 (the default): oneDNN convolutions on VNNI CPUs, fbgemm Linears; the others: that engine's objects
+        engine = {"static-cnn": "x86", "static-depthwise": "fbgemm"}.get(form, form.rsplit("-", 1)[-1])
         torch.backends.quantized.engine = engine
-        cnn = nn.Sequential(torch.ao.quantization.QuantStub(), nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(),
-                            nn.Linear(8 * 6 * 6, 10), torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
+        convs = [nn.Conv2d(3, 8, 3), nn.ReLU()]
+        if form == "static-depthwise":  # fbgemm packs a depthwise convolution its own way (not read: named)
+            convs += [nn.Conv2d(8, 8, 3, padding=1, groups=8)]
+        cnn = nn.Sequential(torch.ao.quantization.QuantStub(), *convs, nn.Flatten(), nn.Linear(8 * 6 * 6, 10),
+                            torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
         cnn.qconfig = get_default_qconfig(engine)
         prepare(cnn, inplace=True)
         img = torch.randn(4, 3, 8, 8)

@@ -37,6 +37,9 @@ def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str]
     import torch
 
     warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")  # torch's own deprecation
+    engine = deployed_engine(records)
+    if engine and engine in torch.backends.quantized.supported_engines:  # pack as the deployment did
+        torch.backends.quantized.engine = engine
     for path, rec in records.items():
         q = rec.quantization
         data = tensor(rec.key)
@@ -53,3 +56,17 @@ def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str]
             bias = torch.nn.Parameter(bias, requires_grad=brec.requires_grad)  # as the deployed module held it
         objs[path].set_weight_bias(weight, bias)
     return len(records)
+
+
+def deployed_engine(records: dict[str, Any]) -> str | None:
+    """The quantized engine the deployment packed with, where its objects say so: QNNPACK objects exist only under
+    the qnnpack engine and oneDNN Linears only under onednn; fbgemm convolutions (and no oneDNN ones) are packed with
+    fbgemm again. Otherwise the default x86 engine is left to pick per convolution, as it did when deployed."""
+    packed = [(r.quantization["packed"].get("engine"), r.quantization["packed"].get("kind")) for r in records.values()]
+    if any(e == "qnnpack" for e, _ in packed):
+        return "qnnpack"
+    if any(e == "onednn" and k == "linear" for e, k in packed):
+        return "onednn"
+    if any(e == "fbgemm" and k == "conv2d" for e, k in packed) and not any(e == "onednn" for e, _ in packed):
+        return "fbgemm"  # x86 would pack a symmetric weight with oneDNN on a VNNI CPU: other kernels, other bits
+    return None

@@ -197,10 +197,12 @@ class TorchCalibrator(CalibratorBase):
         self.optional("TorchScript modules", "zen.frontends.pytorch.torchscript.calibration", "measure_jit")
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
-        self.optional("quantizers", "zen.frontends.pytorch.quantized.conv_calibration", "measure_quantizer")
-        if "jitobject" in self.structs and "qtensorimpl" in self.structs:
-            self.optional("oneDNN packed convolutions", "zen.frontends.pytorch.quantized.conv_calibration",
-                          "measure_onednn_conv")  # fmt: skip
+            self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")
+        self.optional("quantizers", "zen.frontends.pytorch.quantized.kept_calibration", "measure_quantizer")
+        if "jitobject" in self.structs and "qtensorimpl" in self.structs:  # packed objects that keep their weight
+            for engine, kind in (("onednn", "conv"), ("onednn", "linear"), ("qnnpack", "conv"), ("qnnpack", "linear")):
+                self.optional(f"{engine} packed {kind}", "zen.frontends.pytorch.quantized.kept_calibration",
+                              f"measure_{engine}_{kind}")  # fmt: skip
         torch = self.torch
         return {
             "format": FORMAT,

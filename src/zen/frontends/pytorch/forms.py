@@ -84,13 +84,10 @@ def audit(ip: Interpreter, reader, index: ModuleIndex, root: int, slots: list,
         elif got is not None:
             parts += got
             in_parts.add(s.key)
-    from zen.frontends.pytorch.quantized.conv import conv_slots
     from zen.frontends.pytorch.quantized.packed import packed_slots
 
     packed, read, failed = packed_slots(ip, reader, index, root)
-    convs, conv_read, conv_failed = conv_slots(ip, reader, index, root)
-    parts += packed + convs
-    read, failed = read | conv_read, {**failed, **conv_failed}
+    parts += packed
     for path, node in index.walk(root):
         out += _module_unread(ip, index, look, path, node, in_parts, read, failed)
     return out, parts

@@ -173,3 +173,82 @@ def _packb(cal, m, packbs: list[int], unpacked) -> None:
     data = m.raw(m.word(q2 + buf), nbrow * brow * nbcol * bcol)
     got = [struct.unpack_from("<b", data, x)[0] for x in unpack_index(K, N, brow, bcol, nbcol, ri)]
     cal.check(got == want[1], "the per-channel packed weight unpacks to linear_unpack's int8 weight")
+
+
+def measure_packed_conv(cal) -> None:
+    """fbgemm's `PackedConvWeight<2>`: its `PackWeightsForConv` holds one of four packings; for an ordinary (ungrouped)
+    convolution it is a `PackBMatrix` of the weight in channels-last order, (KH*KW*IC) x OC, the layout
+    `_packb` measured: one per algorithm (im2col; pointwise for a 1x1, stride 1, no padding). Depthwise and
+    grouped packings are left unmeasured (zen names such objects). The weight is read back and compared with
+    `conv2d_unpack`'s."""
+    torch, m = cal.torch, cal.m
+    if "fbgemm" not in torch.backends.quantized.supported_engines or "packb" not in cal.structs:
+        cal.provenance["packedconv"] = "not measured: this torch has no fbgemm engine"
+        return
+    from torch.ao.nn.quantized import Conv2d
+
+    from zen.frontends.pytorch.quantized.kept_calibration import IC, KH, KW, OC, _payload, rtti
+
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        g = torch.Generator().manual_seed(17)
+        convs = {}
+        for name, ks, bias in (("im2col", (KH, KW), True), ("pointwise", (1, 1), True), ("nobias", (KH, KW), False)):
+            c = Conv2d(IC, OC, ks, bias=bias)
+            sc = torch.rand(OC, generator=g, dtype=torch.float64) * 0.01 + 0.01
+            w = torch.quantize_per_channel(torch.randn(OC, IC, *ks, generator=g), sc, torch.arange(OC) % 3 - 1, 0,
+                                           torch.qint8)  # fmt: skip
+            c.set_weight_bias(w, torch.randn(OC, generator=g) if bias else None)
+            p = _payload(cal, c._packed_params)
+            cal.check(b"PackedConvWeight" in rtti(m, p), "an fbgemm-packed Conv2d's object is PackedConvWeight")
+            convs[name] = (c, p, ks, sc)
+        nrows, ncols = cal.off("packb", "nrows"), cal.off("packb", "ncols")
+
+        def holders(p: int, k: int) -> list[tuple[int, int]]:  # (offset of w in the object, offset in PackWeightsForConv)
+            out = []
+            for wo in range(8, 64, 8):
+                pw = m.word(p + wo)
+                if not (pw and m.readable(pw, 512)):
+                    continue
+                for o in range(0, 512, 8):
+                    q = m.word(pw + o)
+                    if q and m.readable(q, 64) and struct.unpack("<ii", m.raw(q + nrows, 4) + m.raw(q + ncols, 4)) == (k, OC):
+                        out.append((wo, o))
+            return out
+
+        im = holders(convs["im2col"][1], KH * KW * IC)
+        pt = holders(convs["pointwise"][1], IC)
+        cal.field("packedconv", "w", common("PackedConvWeight.w", [a for a, _ in im], [a for a, _ in pt]), "ptr")
+        cal.field("convpack", "im2col", one("PackWeightsForConv.W_im2col_packed_", [b for _, b in im]), "ptr")
+        cal.field("convpack", "pointwise", one("PackWeightsForConv.W_pointwise_packed_", [b for _, b in pt]), "ptr")
+        unpacked = {n: torch.ops.quantized.conv2d_unpack(c._packed_params) for n, (c, _, _, _) in convs.items()}
+        p = convs["im2col"][1]
+        cal.field("packedconv", "bias", one("PackedConvWeight.bias", m.find_word(p, 64, unpacked["im2col"][1]._cdata)), "ptr")
+        bias = cal.off("packedconv", "bias")
+        nb = convs["nobias"][1]
+        flag = [o for o in range(bias + 8, bias + 16) if m.raw(nb + o, 1) == b"\0" and m.raw(p + o, 1) == b"\1"]
+        cal.field("packedconv", "bias_engaged", one("optional<Tensor> engaged flag", flag[:1]), "u8")
+        cal.field("packedconv", "kernel", one("PackedConvWeight.kernel", _vector_at(m, p, 256, struct.pack("<2q", KH, KW))),
+                  "ptr")  # fmt: skip
+        sc = convs["im2col"][3]
+        cal.field("packedconv", "scales", one("PackedConvWeight.w_scale", _vector_at(m, p, 256, struct.pack(f"<{OC}f",
+                  *sc.tolist()))), "ptr")  # fmt: skip
+        zps = struct.pack(f"<{OC}i", *(torch.arange(OC) % 3 - 1).tolist())
+        cal.field("packedconv", "zero_points", one("PackedConvWeight.w_zp", _vector_at(m, p, 256, zps)), "ptr")
+        after = cal.off("packedconv", "zero_points") + 24
+        cal.check(m.raw(p + after, 1)[0] == cal.constants.get("QSCHEME_PER_CHANNEL_AFFINE", 1), "q_scheme follows w_zp")
+        cal.field("packedconv", "qscheme", after, "u8", "measured: follows w_zp, as in PackedLinearWeight")
+        for name, (_, p, ks, _) in convs.items():  # the blocked buffer unpacks to the weight (channels-last rows)
+            which = "pointwise" if ks == (1, 1) else "im2col"
+            packb = m.word(m.word(p + cal.off("packedconv", "w")) + cal.off("convpack", which))
+            want = unpacked[name][0].int_repr().permute(0, 2, 3, 1).reshape(OC, -1).t().contiguous().view(-1).tolist()
+            brow, bcol, nbrow, nbcol = (struct.unpack("<i", m.raw(packb + cal.off("packb", f), 4))[0]
+                                        for f in ("brow", "bcol", "nbrow", "nbcol"))  # fmt: skip
+            ri = struct.unpack("<i", m.raw(packb + cal.off("packb", "row_interleave"), 4))[0]
+            data = m.raw(m.word(packb + cal.off("packb", "buf")), nbrow * brow * nbcol * bcol)
+            k = ks[0] * ks[1] * IC
+            got = [struct.unpack_from("<b", data, x)[0] for x in unpack_index(k, OC, brow, bcol, nbcol, ri)]
+            cal.check(got == want, f"the {name} convolution's packed buffer unpacks to conv2d_unpack's weight")
+    finally:
+        torch.backends.quantized.engine = before

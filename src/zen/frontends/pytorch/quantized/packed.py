@@ -21,10 +21,21 @@ import numpy as np
 
 from zen.cpython.interp import Interpreter
 from zen.frontends.pytorch.profile import TorchProfile
+from zen.frontends.pytorch.quantized.kept import (
+    capsule_payload,
+    cpp_class,
+    has_capsules,
+    has_kept_layout,
+    kept_class,
+    kept_slots,
+    python_type,
+    read_kept,
+)
 from zen.runtime.errors import ObjectError, ZenError
 
 STRUCTS = ("pybind", "jitmodule", "jitobject", "ivalue", "packedlinear", "packb")
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
+QUANTIZED_CONV2D = "torch.ao.nn.quantized.modules.conv.Conv2d"
 MAX_DIM = 1 << 20  # rows or columns of one weight
 MAX_PACKED = 1 << 30  # bytes of one packed buffer (a 32k x 32k int8 weight; read whole, so bounded)
 BAND = 256  # rows of B unpacked at once
@@ -47,31 +58,33 @@ def has_packed_layout(tp: TorchProfile) -> bool:
     return all(s in tp.structs for s in STRUCTS) and "IVALUE_TAG_CAPSULE" in tp.constants
 
 
-def capsule_payload(ip: Interpreter, tp: TorchProfile, addr: int) -> int:
-    """The C++ object behind a Python `torch.ScriptObject` of a custom class (packed params): its Object's one slot
-    is a capsule whose payload points to it."""
-    c = tp.constants
-    obj = ip.ptr(ip.ptr(addr + tp.pybind.value) + tp.jitmodule.object)
-    begin, end = ip.space.u64(obj + tp.jitobject.slots), ip.space.u64(obj + tp.jitobject.slots + 8)
-    if end - begin != c["IVALUE_SIZE"]:
-        raise ObjectError(addr, f"a packed-params object with {(end - begin) // c['IVALUE_SIZE']} slots (expected one)")
-    tag = struct.unpack("<I", ip.space.read(begin + tp.ivalue.tag, 4))[0]
-    if tag != c["IVALUE_TAG_CAPSULE"]:
-        raise ObjectError(addr, f"a packed-params object whose slot holds IValue tag {tag}, not a capsule")
-    return ip.ptr(begin + tp.ivalue.payload)
-
-
 class PackedReader:
     def __init__(self, ip: Interpreter, tp: TorchProfile) -> None:
         self.ip, self.tp = ip, tp
         self.qschemes = {tp.constants[k]: v for k, v in QSCHEMES.items() if k in tp.constants}
 
-    def read(self, addr: int) -> PackedLinear:
-        """The packed weight behind a Python `torch.ScriptObject` (a LinearPackedParamsBase)."""
+    def read(self, plw: int, addr: int, kind: str = "linear", cls: str = "") -> PackedLinear:
+        """The weight of fbgemm's `PackedLinearWeight` (or, `kind` conv2d, `PackedConvWeight<2>`) at `plw`, behind the
+        Python `torch.ScriptObject` at `addr`. A convolution's matrix rows are (kh, kw, ic), channels last: the
+        weight comes back as PyTorch holds it, (out, in, kh, kw)."""
         ip, tp = self.ip, self.tp
-        plw = capsule_payload(ip, tp, addr)
-        P = tp.packedlinear
-        weight, packing = self._unpack(ip.ptr(plw + P.packb), addr)
+        P = tp.packedlinear if kind == "linear" else tp.packedconv
+        if kind == "linear":
+            weight, packing = self._unpack(ip.ptr(plw + P.packb), addr)
+        else:
+            pw = ip.ptr(plw + P.w)
+            mats = [(a, ip.ptr(pw + getattr(tp.convpack, a))) for a in ("im2col", "pointwise")]
+            algo, packb = next(((a, q) for a, q in mats if q), (None, 0))
+            if packb == 0:
+                raise ObjectError(addr, f"fbgemm packed this convolution ({cls or 'PackedConvWeight'}) depthwise or grouped, "
+                                  "layouts zen does not read yet")  # fmt: skip
+            flat, packing = self._unpack(packb, addr)
+            kernel = self._vector(plw + P.kernel, "<q", 2, addr)
+            if len(kernel) != 2 or min(kernel) < 1 or flat.shape[1] % (kernel[0] * kernel[1]):
+                raise ObjectError(addr, f"kernel {kernel} does not divide the packed matrix's {flat.shape[1]} rows")
+            oc, ic = flat.shape[0], flat.shape[1] // (kernel[0] * kernel[1])
+            weight = np.ascontiguousarray(flat.reshape(oc, kernel[0], kernel[1], ic).transpose(0, 3, 1, 2))
+            packing["algorithm"] = algo
         n = weight.shape[0]
         scheme = self.qschemes.get(ip.space.read(plw + P.qscheme, 1)[0])
         scales = self._vector(plw + P.scales, "<f", n, addr)
@@ -81,7 +94,7 @@ class PackedReader:
             raise ObjectError(addr, f"packed weight with scheme {scheme} and {len(scales)} scales, {len(zps)} zero points "
                               f"for {n} rows: not fbgemm's per-tensor or per-channel affine layout")  # fmt: skip
         bias = ip.ptr(plw + P.bias) if ip.space.read(plw + P.bias_engaged, 1)[0] == 1 else 0
-        packing.update(engine="fbgemm", object=f"{plw:#x}")
+        packing.update(engine="fbgemm", object=f"{plw:#x}", **({"kind": kind} if kind != "linear" else {}))
         return PackedLinear(weight, scheme, scales, zps, bias, packing)
 
     def _vector(self, at: int, fmt: str, most: int, owner: int) -> list:
@@ -117,48 +130,75 @@ BASE = (1 << 62) + (1 << 60)  # where unpacked weights are placed in their own s
 
 
 def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[str], dict[str, str]]:
-    """(slots of every packed weight and bias under `root`, the paths of the LinearPackedParams read, {path: why}
-    for those not read). Keys follow PyTorch's state_dict: `PATH._packed_params.weight` and `.bias` under the
-    `PATH._packed_params` entry its `_save_to_state_dict` writes (a (weight, bias) tuple)."""
+    """(slots of every packed weight and bias under `root`, the paths of the LinearPackedParams and quantized Conv2ds
+    read, {path: why} for those not read). Keys follow PyTorch's state_dict: a Linear's `PATH._packed_params.weight`
+    and `.bias` under the `PATH._packed_params` entry its `_save_to_state_dict` writes (a (weight, bias) tuple), a
+    Conv2d's `PATH.weight` and `PATH.bias`."""
     from zen.frontends.pytorch.mr import TensorSlot, tensor_record
     from zen.frontends.pytorch.subclasses import ClassLookup
 
     look = ClassLookup.shared(ip)
-    targets = [(p, n) for p, n in index.walk(root) if PACKED_PARAMS in look.mro_names(n.type) and "_packed_params" in n.attrs]
+    targets = []  # (module path, node, kind, key prefix): state_dict keys as each module's _save_to_state_dict writes them
+    for p, n in index.walk(root):
+        mro = look.mro_names(n.type)
+        if "_packed_params" in n.attrs and PACKED_PARAMS in mro:
+            targets.append((p, n, "linear", f"{p}._packed_params."))
+        elif "_packed_params" in n.attrs and QUANTIZED_CONV2D in mro:
+            targets.append((p, n, "conv2d", f"{p}." if p else ""))
     if not targets:
         return [], set(), {}
-    if not has_packed_layout(reader.tp):
-        why = (f"the torch {reader.tp.version} layout profile has no packed-weight layout; recalibrate it with "
-               "`zen profile torch --python PYTHON_WITH_THAT_TORCH`")  # fmt: skip
-        return [], set(), {p: why for p, _ in targets}
-    pr = PackedReader(ip, reader.tp)
-    got: list[tuple[str, PackedLinear]] = []
+    recalibrate = "recalibrate it with `zen profile torch --python PYTHON_WITH_THAT_TORCH`"
+    if not has_capsules(reader.tp):
+        why = f"the torch {reader.tp.version} layout profile has no packed-object layout; {recalibrate}"
+        return [], set(), {t[0]: why for t in targets}
+    pr = PackedReader(ip, reader.tp) if has_packed_layout(reader.tp) else None
+    got: list[tuple[str, str, PackedLinear]] = []
     failed: dict[str, str] = {}
-    for path, node in targets:
+    kept_out: list = []
+    kept_paths: set[str] = set()
+    for path, node, kind, prefix in targets:  # the engine's class, from the object's RTTI, says which layout holds it
+        addr = node.attrs["_packed_params"]
+        what = "weight" if kind == "linear" else "convolution"
         try:
-            got.append((path, pr.read(node.attrs["_packed_params"])))
+            obj = capsule_payload(ip, reader.tp, addr)
+            cls = cpp_class(ip, obj)
+            kc = kept_class(cls)
+            fbgemm = "PackedLinearWeight" if kind == "linear" else "PackedConvWeight"
+            if kc is not None:
+                if not has_kept_layout(reader.tp, kc):
+                    raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no {kc} layout; {recalibrate}")
+                kept = read_kept(ip, reader, obj, addr, kc, 2 if kind == "linear" else 4)
+                kept_out += kept_slots(ip, reader, kept, prefix, obj, kc, kind)
+                kept_paths.add(path)
+            elif fbgemm in cls and "Fp16" not in cls:  # fbgemm's int8 packed weight: unpacked
+                if pr is None or (kind == "conv2d" and not all(x in reader.tp.structs for x in ("packedconv", "convpack"))):
+                    raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm {fbgemm} "
+                                      f"layout; {recalibrate}")  # fmt: skip
+                got.append((path, prefix, pr.read(obj, addr, kind, cls)))
+            else:
+                raise ObjectError(addr, f"a packed {kind} of class {cls or 'unknown'}, a layout zen does not read yet")
         except ZenError as exc:
-            failed[path] = f"its packed weight could not be read: {exc}"
+            failed[path] = f"its packed {what} could not be read: {exc}"
     chunks, regions, metas = [], [], []
     from zen.frontends.pytorch.tensors import TensorMeta
     from zen.memory.regions import Region
     from zen.memory.space import AddressSpace, BytesChunk
 
     at = BASE
-    for path, pl in got:
+    for path, _, pl in got:
         w = pl.weight
         chunks.append(BytesChunk(at, w.tobytes()))
         regions.append(Region(at, at + max(w.nbytes, 1), "r--p", f"unpacked {path}"))
         owner = int(pl.packing["object"], 16)
-        metas.append(TensorMeta(owner, owner, "int8", 1, "I8", tuple(w.shape), (w.shape[1], 1), 0, w.size, "unpacked",
-                                False, 0, at, w.nbytes, "torch.qint8 (fbgemm PackedLinearWeight)"))  # fmt: skip
+        strides = tuple(int(x) // w.itemsize for x in w.strides)
+        metas.append(TensorMeta(owner, owner, "int8", 1, "I8", tuple(w.shape), strides, 0, w.size, "unpacked", False, 0,
+                                at, w.nbytes, "torch.qint8 (fbgemm packed weight)"))  # fmt: skip
         at += (w.nbytes + 4095) // 4096 * 4096 + 4096
     if got:
         ip.space.attach_device("unpacked", AddressSpace(regions, chunks, description="weights zen unpacked"))
     slots = []
-    for (path, pl), meta in zip(got, metas):
-        key = f"{path}._packed_params"
-        rec = tensor_record(f"{key}.weight", "packed", meta.addr, meta, reader=reader)
+    for (path, prefix, pl), meta in zip(got, metas):
+        rec = tensor_record(f"{prefix}weight", "packed", meta.addr, meta, reader=reader)
         rec.device, rec.dtype = "cpu", "int8"
         rec.quantization = {"dtype": "qint8", "qscheme": pl.qscheme, "scale": pl.scales, "zero_point": pl.zero_points,
                             **({"axis": 0} if pl.qscheme == "per_channel_affine" else {}), "packed": pl.packing}  # fmt: skip
@@ -169,18 +209,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
             try:
                 bmeta = reader.impl_meta(pl.bias_impl, pl.bias_impl)
                 bmeta.python_type = python_type(ip, reader.tp, pl.bias_impl)
-                brec = tensor_record(f"{key}.bias", "packed", pl.bias_impl, bmeta, reader=reader)
+                brec = tensor_record(f"{prefix}bias", "packed", pl.bias_impl, bmeta, reader=reader)
                 slots.append(TensorSlot(brec.key, pl.bias_impl, "packed", bmeta, brec))
             except ZenError as exc:
                 failed[path] = f"its packed bias could not be read: {exc}"
-    return slots, {p for p, _ in got} - set(failed), failed
-
-
-def python_type(ip: Interpreter, tp: TorchProfile, impl: int) -> str:
-    """The class of the Python tensor a TensorImpl belongs to (its PyObject slot), when it has one: a packed bias
-    is an `nn.Parameter` in the deployed module and is rebuilt as one."""
-    try:
-        obj = ip.ptr(impl + tp.tensorimpl.pyobj)
-        return ip.type_name(obj) if obj else "torch.Tensor"
-    except ZenError:
-        return "torch.Tensor"
+    return slots + kept_out, ({p for p, _, _ in got} | kept_paths) - set(failed), failed

@@ -73,47 +73,88 @@ def _safe_rtti(m, obj: int) -> bytes:
         return b""
 
 
+# packed classes that keep the quantized weight they were made from: (engine, module kind) -> (profile struct, class)
+KEPT = {("onednn", "conv2d"): ("onednnconv", "PackedConvWeightsOnednn"),
+        ("onednn", "linear"): ("onednnlinear", "PackedLinearWeightsOnednn"),
+        ("qnnpack", "conv2d"): ("qnnpconv", "PackedConvWeightsQnnp"),
+        ("qnnpack", "linear"): ("qnnplinear", "PackedLinearWeightsQnnp")}  # fmt: skip
+
+
 def measure_onednn_conv(cal) -> None:
+    _measure_kept(cal, "onednn", "conv2d")
+
+
+def measure_onednn_linear(cal) -> None:
+    _measure_kept(cal, "onednn", "linear")
+
+
+def measure_qnnpack_conv(cal) -> None:
+    _measure_kept(cal, "qnnpack", "conv2d")
+
+
+def measure_qnnpack_linear(cal) -> None:
+    _measure_kept(cal, "qnnpack", "linear")
+
+
+def _measure_kept(cal, engine: str, kind: str) -> None:
+    """Locate the kept weight and bias in the packed object `engine` makes for a quantized `kind` module: three
+    modules (two with a bias, one without) with known weights; the bias is an optional (engaged flag measured) or,
+    for engines that always keep one (qnnpack makes zeros), a plain tensor."""
     torch, m = cal.torch, cal.m
-    if "onednn" not in torch.backends.quantized.supported_engines:
-        cal.provenance["packedconvonednn"] = "not measured: this torch has no onednn engine"
+    struct_name, cls = KEPT[(engine, kind)]
+    if engine not in torch.backends.quantized.supported_engines:
+        cal.provenance[struct_name] = f"not measured: this torch has no {engine} engine"
         return
     import warnings
 
-    from torch.ao.nn.quantized import Conv2d
+    from torch.ao.nn.quantized import Conv2d, Linear
 
     warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
     before = torch.backends.quantized.engine
-    torch.backends.quantized.engine = "onednn"
+    torch.backends.quantized.engine = engine
     try:
         g = torch.Generator().manual_seed(13)
-        convs, weights, biases = [], [], []
+        objs, weights, biases = [], [], []
         for with_bias in (True, True, False):
-            c = Conv2d(IC, OC, (KH, KW), bias=with_bias)
+            shape = (OC, IC, KH, KW) if kind == "conv2d" else (OC, IC)
+            mod = Conv2d(IC, OC, (KH, KW), bias=with_bias) if kind == "conv2d" else Linear(IC, OC, bias_=with_bias)
             s = torch.rand(OC, generator=g, dtype=torch.float64) * 0.02 + 0.005
-            w = torch.quantize_per_channel(torch.randn(OC, IC, KH, KW, generator=g), s, torch.zeros(OC, dtype=torch.long),
-                                           0, torch.qint8)  # fmt: skip
+            w = torch.quantize_per_channel(torch.randn(*shape, generator=g), s, torch.zeros(OC, dtype=torch.long), 0,
+                                           torch.qint8)  # fmt: skip
             b = torch.randn(OC, generator=g) if with_bias else None
-            c.set_weight_bias(w, b)
-            convs.append(c)
-            weights.append(w)
-            biases.append(b)
-        payloads = [_payload(cal, c._packed_params) for c in convs]
+            mod.set_weight_bias(w, b)
+            obj = mod._packed_params if kind == "conv2d" else mod._packed_params._packed_params
+            objs.append(obj)
+            unpack = torch.ops.quantized.conv2d_unpack if kind == "conv2d" else torch.ops.quantized.linear_unpack
+            weights.append(unpack(obj)[0] if engine == "qnnpack" else w)  # qnnpack may keep a converted copy
+            biases.append(unpack(obj)[1])
+        payloads = [_payload(cal, o) for o in objs]
         for p in payloads:
-            cal.check(b"PackedConvWeightsOnednn" in rtti(m, p), "a onednn-packed Conv2d's object is PackedConvWeightsOnednn")
-        cal.field("packedconvonednn", "orig_weight", common("PackedConvWeightsOnednn.orig_weight_",
-                  *[m.find_word(p, 1024, w._cdata) for p, w in zip(payloads, weights)]), "ptr")  # fmt: skip
-        bias = common("PackedConvWeightsOnednn.orig_bias_", *[m.find_word(p, 1024, b._cdata) for p, b in
-                                                               zip(payloads[:2], biases[:2])])  # fmt: skip
-        cal.field("packedconvonednn", "orig_bias", bias, "ptr")
-        flag = [o for o in range(bias + 8, bias + 16) if m.raw(payloads[2] + o, 1) == b"\0"
-                and all(m.raw(p + o, 1) == b"\1" for p in payloads[:2])]  # fmt: skip
-        cal.field("packedconvonednn", "orig_bias_engaged", one("optional<Tensor> engaged flag", flag[:1]), "u8")
-        for c, w in zip(convs, weights):
-            got = torch.ops.quantized.conv2d_unpack(c._packed_params)[0]
-            cal.check(torch.equal(got.int_repr(), w.int_repr()), "conv2d_unpack returns the kept weight")
+            cal.check(cls.encode() in rtti(m, p), f"a {engine}-packed {kind}'s object is {cls}")
+        # qnnpack's convolution holds the kept weight twice (the original and the one its kernels were made from,
+        # the same TensorImpl): any word that does, in every sample, reads it
+        held = set.intersection(*[set(_found(m, p, w)) for p, w in zip(payloads, weights)])
+        if not held:
+            raise CalibrationFailed(f"{cls}.orig_weight: no word holds the kept weight in every sample")
+        cal.field(struct_name, "orig_weight", min(held), "ptr", f"measured: {len(held)} word(s) hold it, the first")
+        bias = common(f"{cls}.bias", *[_found(m, p, b) for p, b in zip(payloads[:2], biases[:2])])
+        cal.field(struct_name, "orig_bias", bias, "ptr")
+        if biases[2] is not None:  # a bias is always kept (qnnpack: zeros); the state_dict shows it
+            cal.check(m.word(payloads[2] + bias) == biases[2]._cdata, f"{cls} keeps a bias without one given")
+            cal.constants[f"{struct_name.upper()}_BIAS_ALWAYS"] = 1
+        else:
+            flag = [o for o in range(bias + 8, bias + 16) if m.raw(payloads[2] + o, 1) == b"\0"
+                    and all(m.raw(p + o, 1) == b"\1" for p in payloads[:2])]  # fmt: skip
+            cal.field(struct_name, "orig_bias_engaged", one("optional<Tensor> engaged flag", flag[:1]), "u8")
+        for o, w in zip(objs, weights):
+            unpack = torch.ops.quantized.conv2d_unpack if kind == "conv2d" else torch.ops.quantized.linear_unpack
+            cal.check(torch.equal(unpack(o)[0].int_repr(), w.int_repr()), f"{cls}: unpack returns the kept weight")
     finally:
         torch.backends.quantized.engine = before
+
+
+def _found(m, payload: int, t) -> list[int]:
+    return m.find_word(payload, 1024, t._cdata) if t is not None else []
 
 
 def _payload(cal, script_object) -> int:
