@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "tests" / "targets"
 FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit",
          "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-bert", "static-cnn",
-         "static-cnn-fbgemm", "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
+         "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
+         "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
+TORCHVISION = ("static-resnet18", "static-mobilenet-v2")  # torchvision from bench/zoo.py's side directory
 QUANTIZED = ("torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit")
 RUNS = 3  # recoveries per form; the median is reported (each is ~1 s on these small images)
 
@@ -126,7 +128,14 @@ def rebuilt(case: Path, outdir: Path, work: Path, form: str) -> tuple[str, bool 
         return f"refused, exit {r.returncode}", None
     out = work / f"check-{form}.json"
     cmd = [sys.executable, str(TARGETS / "forms_check.py"), str(pkg), str(outdir), str(out)]
-    c = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env={**os.environ, "PYTHONPATH": str(work)}, timeout=600)
+    path = str(work)
+    if form in TORCHVISION:  # the check process imports torchvision the way the target did (bench/zoo.py)
+        site = work / "tvsite"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'bench')!r})\nimport zoo\n"
+                                               "zoo.prepare(str(zoo.zoo_site()))\n")  # fmt: skip
+        path += os.pathsep + str(site)
+    c = subprocess.run(cmd, capture_output=True, text=True, cwd=work, env={**os.environ, "PYTHONPATH": path}, timeout=600)
     if c.returncode != 0:
         return f"**load failed**: {(c.stderr.strip().splitlines() or ['?'])[-1][:120]}", False
     res = json.loads(out.read_text())
@@ -147,11 +156,13 @@ NOTES = """How to read the rows:
   counts by content the `scale` and `zero_point` entries too, which PyTorch's `_save_to_state_dict` makes at
   save time from each Linear's plain attributes (zen records them as hyper-parameters): every weight and bias is
   exact, and the rebuilt model's own state_dict equals the deployed one entry by entry.
-- static-cnn (x86 engine, default qconfig): its Linear is read like dynamic's; its Conv2d, packed by oneDNN on a CPU
-  with AVX512-VNNI, keeps the quantized weight it was made from, read with its quantizer's per-channel scales; the
-  rebuilt model packs both again and gives the deployed outputs bit for bit. static-cnn-fbgemm (fbgemm engine, or
-  x86 on a CPU without VNNI): fbgemm's PackedConvWeight keeps only its re-blocked form, not read yet, so the case is
-  partial and names the object (from its RTTI).
+- static-*: statically quantized models, each packed object told apart by its RTTI. static-cnn (x86 engine, the
+  default qconfig): its Linear packed by fbgemm (unpacked), its Conv2d by oneDNN on this AVX512-VNNI CPU (the
+  quantized weight it keeps, read with its quantizer's scales). -fbgemm, -onednn, -qnnpack: the same model under
+  that engine (fbgemm's convolution unpacked from its PackBMatrix; QNNPACK keeps its weights like oneDNN).
+  static-depthwise: fbgemm's depthwise packing, unpacked. static-grouped: a grouped convolution fbgemm packs in
+  groups, not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
+  models (fused, x86 qconfig, random weights), MobileNet's depthwise layers with more than 100 groups go to fbgemm.
 - several: a float reference beside the served torchao model; the served one is chosen (see README, "Several models").
 - ort: no case; zen names the ONNX Runtime session and the model file it loaded (exit 6).
 - Every image holds the interpreter, torch and each form's library: recovery time is mostly the heap and code work

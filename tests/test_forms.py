@@ -40,6 +40,7 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "static-cnn-onednn": None,
     "static-cnn-qnnpack": None,
     "static-depthwise": None,
+    "static-grouped": None,
     "hostile-ring": None,
     "nan-weights": None,
     "jit-trace": None,
@@ -335,16 +336,16 @@ def test_packed_quantized_weights_are_unpacked_and_repacked_exactly(form_images,
     assert got["equal"] and got["state_equal"], got
 
 
-@pytest.mark.parametrize("form,engine", [("static-cnn", None), ("static-cnn-fbgemm", "fbgemm"),
+@pytest.mark.parametrize("form,engine", [("static-cnn", None), ("static-cnn-fbgemm", "fbgemm"), ("static-depthwise", "fbgemm"),
                                          ("static-cnn-onednn", "onednn"), ("static-cnn-qnnpack", "qnnpack")])  # fmt: skip
 def test_static_quantized_models_are_read_from_each_engines_objects(form_images, workdir, form, engine):
     """Static quantization (issue 48): quantized Conv2ds and Linears keep their int8 weights only in C++ objects, a
     different class per engine, told apart by their RTTI. fbgemm's (re-blocked) are unpacked; oneDNN's and QNNPACK's
     keep the quantized weight they were made from, read as stored with its quantizer's scales and zero points. PyTorch's
     default x86 engine packs the default qconfig's symmetric convolution weights with oneDNN on AVX512-VNNI CPUs and
-    with fbgemm elsewhere. Each: complete, every weight and bias bit-exact under the module's own state_dict keys, the
-    scales and zero points those of the deployed state_dict, and the rebuilt model (packed again by PyTorch) gives
-    the deployed outputs bit for bit."""
+    with fbgemm elsewhere; fbgemm packs a depthwise convolution its own way (unpacked too). Each: complete, every
+    weight and bias bit-exact under the module's own state_dict keys, the scales and zero points those of the
+    deployed state_dict, and the rebuilt model (packed again by PyTorch) gives the deployed outputs bit for bit."""
     vnni = "avx512_vnni" in Path("/proc/cpuinfo").read_text()
     res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0 and manifest["status"] == "complete", manifest["problems"]
@@ -357,26 +358,29 @@ def test_static_quantized_models_are_read_from_each_engines_objects(form_images,
                                                           state["1.weight"]["zero_point"])  # fmt: skip
     conv_engine = engine or ("onednn" if vnni else "fbgemm")
     assert q["packed"]["engine"] == conv_engine and records["1.weight"]["shape"] == [8, 3, 3, 3]
-    w, b = state["4._packed_params._packed_params"]["items"]
-    assert _digest(weights["4._packed_params._packed_params.weight"]) == w["sha256"]
-    assert _digest(weights["4._packed_params._packed_params.bias"]) == b["sha256"]
-    lin = records["4._packed_params._packed_params.weight"]["quantization"]
+    if form == "static-depthwise":
+        assert _digest(weights["3.weight"]) == state["3.weight"]["sha256"] and records["3.weight"]["shape"] == [8, 1, 3, 3]
+        assert records["3.weight"]["quantization"]["packed"]["algorithm"] == "depthwise"
+    key = next(k for k in state if k.endswith("._packed_params._packed_params"))
+    w, b = state[key]["items"]
+    assert _digest(weights[f"{key}.weight"]) == w["sha256"] and _digest(weights[f"{key}.bias"]) == b["sha256"]
+    lin = records[f"{key}.weight"]["quantization"]
     assert (lin["scale"], lin["zero_point"], lin["packed"]["engine"]) == (w["scale"], w["zero_point"], engine or "fbgemm")
     got = _rebuilt(workdir, case, form, t)
     assert got["equal"] and got["max_abs_diff"] == 0 and got["state_equal"], got
 
 
 def test_a_packing_zen_does_not_read_is_named(form_images, workdir):
-    """fbgemm packs a depthwise convolution in a layout of its own, which zen does not read yet: the case is partial
-    and the problem names the object's C++ class (from its RTTI) and the module; the ordinary convolution and the
-    Linear beside it are still read; no runnable copy is written."""
-    res, case, manifest, t = _recover(form_images, "static-depthwise", workdir)
+    """fbgemm packs a grouped convolution in groups, a layout zen does not read yet: the case is partial and the
+    problem names the module and the object's C++ class (from its RTTI); the ordinary convolution and the Linear
+    beside it are still read; no runnable copy is written."""
+    res, case, manifest, t = _recover(form_images, "static-grouped", workdir)
     problems = " ".join(manifest["problems"])
     assert res.returncode == 5 and manifest["status"] == "partial" and "3._packed_params" in problems, problems
-    assert "16PackedConvWeightILi2EE" in problems and "depthwise or grouped" in problems, problems
+    assert "(16PackedConvWeightILi2EE) in 4 groups" in problems, problems
     weights = load_file(case / "weights.safetensors")
     assert {"1.weight", "5._packed_params._packed_params.weight"} <= set(weights) and "3.weight" not in weights
-    pkg = workdir / "refused_static_depthwise"
+    pkg = workdir / "refused_static_grouped"
     assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()
 
 

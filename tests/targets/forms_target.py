@@ -3,8 +3,9 @@
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic,
-dynamic-per-channel, dynamic-bert (transformers BERT), static-cnn[-fbgemm|-onednn|-qnnpack] and
-static-depthwise (static quantization), jit-trace,
+dynamic-per-channel, dynamic-bert (transformers BERT), static-cnn[-fbgemm|-onednn|-qnnpack],
+static-depthwise, static-grouped, static-resnet18 and static-mobilenet-v2 (static quantization; torchvision
+from the zoo site), jit-trace,
 jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
 the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
@@ -174,15 +175,35 @@ def build(form: str, outdir: str, backend: str = "inductor"):
                                     intermediate_size=128, max_position_embeddings=64)).eval()  # fmt: skip
         ids = torch.randint(0, 512, (2, 16))
         return torch.ao.quantization.quantize_dynamic(bert, {nn.Linear}, dtype=torch.qint8), None, ids
+    if form in ("static-resnet18", "static-mobilenet-v2"):  # torchvision's quantizable models (bench only: the zoo site)
+        site = os.environ.get("ZEN_ZOO_SITE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                              os.path.expanduser("~/.cache"), "zen", "zoo-site")  # fmt: skip
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+        import zoo  # bench/zoo.py: torchvision beside this torch (its C++ ops, or stand-ins)
+
+        zoo.prepare(site)
+        import torchvision.models.quantization as tq
+        from torch.ao.quantization import convert, get_default_qconfig, prepare
+
+        torch.manual_seed(0)
+        net = (tq.resnet18 if form == "static-resnet18" else tq.mobilenet_v2)(weights=None, quantize=False).eval()
+        net.fuse_model()
+        net.qconfig = get_default_qconfig("x86")
+        prepare(net, inplace=True)
+        img = torch.randn(2, 3, 64, 64)
+        net(img)  # calibration
+        return convert(net), None, img
     if form.startswith("static-"):  # eager-mode static quantization: packed Conv2d and Linear
         from torch.ao.quantization import convert, get_default_qconfig, prepare
 
         # x86 (the default): oneDNN convolutions on VNNI CPUs, fbgemm Linears; the others: that engine's objects
-        engine = {"static-cnn": "x86", "static-depthwise": "fbgemm"}.get(form, form.rsplit("-", 1)[-1])
+        engine = {"static-cnn": "x86", "static-depthwise": "fbgemm", "static-grouped": "fbgemm"}.get(
+            form, form.rsplit("-", 1)[-1]
+        )
         torch.backends.quantized.engine = engine
         convs = [nn.Conv2d(3, 8, 3), nn.ReLU()]
-        if form == "static-depthwise":  # fbgemm packs a depthwise convolution its own way (not read: named)
-            convs += [nn.Conv2d(8, 8, 3, padding=1, groups=8)]
+        if form in ("static-depthwise", "static-grouped"):  # fbgemm packs these its own ways (grouped: not read, named)
+            convs += [nn.Conv2d(8, 8, 3, padding=1, groups=8 if form == "static-depthwise" else 4)]
         cnn = nn.Sequential(torch.ao.quantization.QuantStub(), *convs, nn.Flatten(), nn.Linear(8 * 6 * 6, 10),
                             torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
         cnn.qconfig = get_default_qconfig(engine)

@@ -46,6 +46,9 @@ MAX_LISTED = 8  # attribute names listed in one problem
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
 QUANTIZED_LINEAR = "torch.ao.nn.quantized.modules.linear.Linear"
 QUANTIZED_CONV = "torch.ao.nn.quantized.modules.conv._ConvNd"  # its state_dict: weight, bias, scale, zero_point
+# classes whose `_save_to_state_dict` adds only tensors made from plain attributes the reader records (read in
+# torch's source): quantized add/mul/cat modules write `scale` and `zero_point` from their float and int attributes
+PLAIN_ATTRIBUTES = frozenset({"torch.ao.nn.quantized.modules.functional_modules.QFunctional"})
 
 
 @dataclass
@@ -113,6 +116,8 @@ def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, i
     definer = look.definer(t, "_save_to_state_dict", (MODULE_BASE,))
     if definer in SAVES_PARTS and _at(path, "weight") in in_parts:
         definer = None  # its own state_dict holds its weight's parts and its buffers: all read
+    if definer in PLAIN_ATTRIBUTES:
+        definer = None  # its extra entries are its plain attributes, recorded with the module
     if (definer == PACKED_PARAMS and path in packed) or (definer == QUANTIZED_LINEAR and _at(path, "_packed_params") in packed) \
             or (definer == QUANTIZED_CONV and path in packed):  # fmt: skip
         definer = None  # the packed weight and bias, read (quantized.packed/.conv), and plain attributes (scale, zero_point)

@@ -250,5 +250,43 @@ def measure_packed_conv(cal) -> None:
             k = ks[0] * ks[1] * IC
             got = [struct.unpack_from("<b", data, x)[0] for x in unpack_index(k, OC, brow, bcol, nbcol, ri)]
             cal.check(got == want, f"the {name} convolution's packed buffer unpacks to conv2d_unpack's weight")
+        _depthwise(cal, m, torch)
     finally:
         torch.backends.quantized.engine = before
+
+
+def _depthwise(cal, m, torch) -> None:
+    """fbgemm's depthwise packing (`PackedDepthWiseConvMatrix`: channels, kernel size, buffer), found through a
+    depthwise convolution whose weight is known; the reader's unpacking is checked against `conv2d_unpack`."""
+    import numpy as np
+    from torch.ao.nn.quantized import Conv2d
+
+    from zen.frontends.pytorch.quantized.kept_calibration import _payload
+    from zen.frontends.pytorch.quantized.packed import depthwise_index
+
+    c, kp = 40, 9
+    conv = Conv2d(c, c, 3, groups=c, padding=1)
+    w = torch.quantize_per_channel(torch.randn(c, 1, 3, 3), torch.rand(c, dtype=torch.float64) * 0.01 + 0.01,
+                                   torch.arange(c) % 3, 0, torch.qint8)  # fmt: skip
+    conv.set_weight_bias(w, torch.randn(c))
+    pw = m.word(_payload(cal, conv._packed_params) + cal.off("packedconv", "w"))
+    found = []
+    for off in range(0, 512, 8):
+        q = m.word(pw + off)
+        if q and m.readable(q, 64) and off not in (cal.off("convpack", "im2col"), cal.off("convpack", "pointwise")):
+            found += [(off, o) for o in range(0, 32, 4) if m.raw(q + o, 8) == struct.pack("<ii", c, kp)]
+    off, dims = one("PackWeightsForConv.W_dw_packed_", [f[0] for f in found[:1]]), found[0][1]
+    cal.field("convpack", "depthwise", off, "ptr")
+    cal.field("dwconv", "channels", dims, "i32")
+    cal.field("dwconv", "kernel_prod", dims + 4, "i32", "measured: follows the channel count")
+    q = m.word(pw + off)
+    idx = depthwise_index(c, kp)
+    want = torch.ops.quantized.conv2d_unpack(conv._packed_params)[0].int_repr().reshape(c, kp).numpy()
+    for buf in range(dims + 8, dims + 40, 8):
+        b = m.word(q + buf)
+        if b and m.readable(b, int(idx.max()) + 1):
+            if (np.frombuffer(m.raw(b, int(idx.max()) + 1), dtype=np.int8)[idx] == want).all():
+                cal.field("dwconv", "buf", buf, "ptr", "measured: the pointer whose bytes unpack to the weight")
+                cal.check(True, "the depthwise packed buffer unpacks to conv2d_unpack's weight")
+                return
+    raise CalibrationFailed("PackedDepthWiseConvMatrix: no buffer unpacks to the weight")

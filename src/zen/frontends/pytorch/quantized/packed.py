@@ -75,11 +75,20 @@ class PackedReader:
             pw = ip.ptr(plw + P.w)
             mats = [(a, ip.ptr(pw + getattr(tp.convpack, a))) for a in ("im2col", "pointwise")]
             algo, packb = next(((a, q) for a, q in mats if q), (None, 0))
-            if packb == 0:
-                raise ObjectError(addr, f"fbgemm packed this convolution ({cls or 'PackedConvWeight'}) depthwise or grouped, "
-                                  "layouts zen does not read yet")  # fmt: skip
-            flat, packing = self._unpack(packb, addr)
+            dw = ip.ptr(pw + tp.convpack.depthwise) if packb == 0 and "dwconv" in tp.structs else 0
+            if packb == 0 and dw == 0:
+                raise ObjectError(addr, f"fbgemm packed this convolution ({cls or 'PackedConvWeight'}) grouped, a layout "
+                                  "zen does not read yet")  # fmt: skip
             kernel = self._vector(plw + P.kernel, "<q", 2, addr)
+            if packb == 0:
+                flat, packing = self._depthwise(dw, kernel, addr)
+                algo = "depthwise"
+            else:
+                groups = struct.unpack("<i", ip.space.read(packb + tp.packb.groups, 4))[0]
+                if groups != 1:
+                    raise ObjectError(addr, f"fbgemm packed this convolution ({cls or 'PackedConvWeight'}) in {groups} "
+                                      "groups, a layout zen does not read yet")  # fmt: skip
+                flat, packing = self._unpack(packb, addr)
             if len(kernel) != 2 or min(kernel) < 1 or flat.shape[1] % (kernel[0] * kernel[1]):
                 raise ObjectError(addr, f"kernel {kernel} does not divide the packed matrix's {flat.shape[1]} rows")
             oc, ic = flat.shape[0], flat.shape[1] // (kernel[0] * kernel[1])
@@ -105,6 +114,16 @@ class PackedReader:
         count = (end - begin) // size
         return list(struct.unpack(f"<{count}{fmt[1:]}", self.ip.space.read(begin, end - begin))) if count else []
 
+    def _depthwise(self, dw: int, kernel: list, owner: int) -> tuple[np.ndarray, dict]:
+        """fbgemm's depthwise packing: the (channels x kernel positions) weight, one output channel per input one."""
+        D = self.tp.dwconv
+        c, kp = struct.unpack("<ii", self.ip.space.read(dw + D.channels, 4) + self.ip.space.read(dw + D.kernel_prod, 4))
+        if not (0 < c <= MAX_DIM and 0 < kp <= 64 and len(kernel) == 2 and kernel[0] * kernel[1] == kp):
+            raise ObjectError(owner, f"depthwise packing of {c} channels x {kp} kernel positions (kernel {kernel})")
+        idx = depthwise_index(c, kp)
+        data = np.frombuffer(self.ip.space.read(self.ip.ptr(dw + D.buf), int(idx.max()) + 1), dtype=np.int8)
+        return data[idx], {}
+
     def _unpack(self, packb: int, owner: int) -> tuple[np.ndarray, dict]:
         B = self.tp.packb
         names = ("nrows", "ncols", "groups", "brow", "bcol", "nbrow", "nbcol", "row_interleave")
@@ -124,6 +143,21 @@ class PackedReader:
             row = (i // brow) * v["nbcol"] * brow * bcol + (i % brow // ri) * bcol * ri + i % ri
             out[:, lo : lo + len(i)] = data[row[:, None] + col[None, :]].T
         return out, {"block_rows": brow, "block_cols": bcol, "row_interleave": ri}
+
+
+def depthwise_index(channels: int, kp: int) -> np.ndarray:
+    """Where element (channel, kernel position) of a depthwise weight lies in fbgemm's packed buffer: channels in
+    blocks of 32, kernel positions in registers of 4 (kernel size rounded up to even), the last one or two positions
+    interleaved two channels per pair when the kernel size leaves 1 or 2 over (fbgemm `PackedDepthWiseConvMatrix`).
+    Checked against `conv2d_unpack` by `zen profile torch` before it is trusted."""
+    r = np.arange(channels, dtype=np.int64)[:, None]
+    c = np.arange(kp, dtype=np.int64)[None, :]
+    aligned = (kp + 1) // 2 * 2
+    block = (r // 32) * aligned
+    pairs = (c >= kp // 4 * 4) & (kp % 4 in (1, 2))
+    in_pairs = (block + (r % 16) // 8 + c // 4 * 4) * 32 + (r % 32) // 16 * 16 + 2 * (r % 8) + c % 4
+    in_quads = (block + (r % 16) // 4 + c // 4 * 4) * 32 + (r % 32) // 16 * 16 + 4 * (r % 4) + c % 4
+    return np.where(pairs, in_pairs, in_quads)
 
 
 BASE = (1 << 62) + (1 << 60)  # where unpacked weights are placed in their own space (apart from any process address)
@@ -203,7 +237,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
         rec.quantization = {"dtype": "qint8", "qscheme": pl.qscheme, "scale": pl.scales, "zero_point": pl.zero_points,
                             **({"axis": 0} if pl.qscheme == "per_channel_affine" else {}), "packed": pl.packing}  # fmt: skip
         rec.note = (f"unpacked by zen from fbgemm's packed buffer (blocks {pl.packing['block_rows']}x"
-                    f"{pl.packing['block_cols']}, row interleave {pl.packing['row_interleave']})")  # fmt: skip
+                    f"{pl.packing['block_cols']}, row interleave {pl.packing['row_interleave']})"
+                    if "block_rows" in pl.packing else "unpacked by zen from fbgemm's depthwise packing")  # fmt: skip
         slots.append(TensorSlot(rec.key, meta.addr, "packed", meta, rec))
         if pl.bias_impl:
             try:
