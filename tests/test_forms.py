@@ -35,6 +35,7 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "offload-disk": "accelerate",
     "dynamic": None,
     "dynamic-per-channel": None,
+    "dynamic-fp16": None,
     "static-cnn": None,
     "static-cnn-fbgemm": None,
     "static-cnn-onednn": None,
@@ -313,12 +314,13 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
     assert refused.returncode == 5 and "TorchScript" in refused.stderr and not pkg.exists(), refused.stderr
 
 
-@pytest.mark.parametrize("form", ["dynamic", "dynamic-per-channel"])
+@pytest.mark.parametrize("form", ["dynamic", "dynamic-per-channel", "dynamic-fp16"])
 def test_packed_quantized_weights_are_unpacked_and_repacked_exactly(form_images, workdir, form):
-    """Dynamic quantization (issue 48): fbgemm keeps each Linear's int8 weight only in a packed C++ object. zen
-    unpacks it (the blocking read from the object), with its scales, zero points and bias: complete, bit-exact
-    against the deployed `state_dict()`'s (weight, bias) tuples, per-tensor and per-channel; the rebuilt model packs
-    them again with PyTorch's own prepack and gives the deployed outputs bit for bit, and the same state_dict."""
+    """Dynamic quantization (issue 48): fbgemm keeps each Linear's int8 (or float16) weight only in a packed C++
+    object. zen unpacks it (the blocking read from the object), with its scales, zero points and bias: complete,
+    bit-exact against the deployed `state_dict()`'s (weight, bias) tuples, per-tensor, per-channel and float16; the
+    rebuilt model packs them again with PyTorch's own prepack and gives the deployed outputs bit for bit, and the
+    same state_dict."""
     res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0, res.stderr
     assert manifest["status"] == "complete", manifest["problems"]
@@ -330,7 +332,10 @@ def test_packed_quantized_weights_are_unpacked_and_repacked_exactly(form_images,
         w, b = v["items"]
         assert _digest(weights[f"{key}.weight"]) == w["sha256"] and _digest(weights[f"{key}.bias"]) == b["sha256"]
         q = records[f"{key}.weight"]["quantization"]
-        assert (q["qscheme"], q["scale"], q["zero_point"]) == (w["qscheme"], w["scale"], w["zero_point"]), key
+        if form == "dynamic-fp16":  # float16 blocks, widened to the float32 weight PyTorch's unpack gives
+            assert q["dtype"] == "float16" and w["dtype"] == "float32" and records[f"{key}.weight"]["dtype"] == "float32"
+        else:
+            assert (q["qscheme"], q["scale"], q["zero_point"]) == (w["qscheme"], w["scale"], w["zero_point"]), key
         assert q["packed"]["engine"] == "fbgemm"
     got = _rebuilt(workdir, case, form, t)
     assert got["equal"] and got["state_equal"], got

@@ -3,7 +3,7 @@
 Run: python forms_target.py OUTDIR FORM [BACKEND]
 BACKEND: torch.compile's backend for the compile forms (default inductor). FORM: eager, compile, compile-method,
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic,
-dynamic-per-channel, dynamic-bert (transformers BERT), static-cnn[-fbgemm|-onednn|-qnnpack],
+dynamic-per-channel, dynamic-fp16, dynamic-bert (transformers BERT), static-cnn[-fbgemm|-onednn|-qnnpack],
 static-depthwise, static-grouped, static-resnet18 and static-mobilenet-v2 (static quantization; torchvision
 from the zoo site), jit-trace,
 jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
@@ -211,6 +211,8 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         img = torch.randn(4, 3, 8, 8)
         cnn(img)  # calibration
         return convert(cnn), None, img
+    if form == "dynamic-fp16":  # dynamic quantization to float16 (fbgemm's PackedLinearWeightFp16)
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.float16), None, x
     if form == "dynamic-per-channel":
         from torch.ao.quantization import per_channel_dynamic_qconfig
 

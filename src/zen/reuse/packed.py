@@ -43,7 +43,9 @@ def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str]
     for path, rec in records.items():
         q = rec.quantization
         data = tensor(rec.key)
-        if q["qscheme"] == "per_channel_affine":
+        if q.get("dtype") == "float16":  # dynamic float16: the float32 weight, packed to float16 again by prepack
+            weight = data
+        elif q["qscheme"] == "per_channel_affine":
             scales = torch.tensor(q["scale"], dtype=torch.float64)
             weight = torch._make_per_channel_quantized_tensor(data, scales, torch.tensor(q["zero_point"]), q.get("axis", 0))
         else:

@@ -198,6 +198,7 @@ class TorchCalibrator(CalibratorBase):
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
             self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")
+            self.optional("fbgemm float16 Linears", "zen.frontends.pytorch.quantized.calibration", "measure_packed_fp16")
         self.optional("quantizers", "zen.frontends.pytorch.quantized.kept_calibration", "measure_quantizer")
         if "jitobject" in self.structs and "qtensorimpl" in self.structs:  # packed objects that keep their weight
             for engine, kind in (("onednn", "conv"), ("onednn", "linear"), ("qnnpack", "conv"), ("qnnpack", "linear")):

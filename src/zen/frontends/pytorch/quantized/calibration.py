@@ -290,3 +290,78 @@ def _depthwise(cal, m, torch) -> None:
                 cal.check(True, "the depthwise packed buffer unpacks to conv2d_unpack's weight")
                 return
     raise CalibrationFailed("PackedDepthWiseConvMatrix: no buffer unpacks to the weight")
+
+
+def measure_packed_fp16(cal) -> None:
+    """fbgemm's `PackedLinearWeightFp16` (`quantize_dynamic(..., dtype=torch.float16)`): a `PackedGemmMatrixFP16` of the
+    weight transposed in float16 blocks, and the bias. Two Linears (one taller than a block, so the last block row is
+    short) and one without a bias locate every field; the reader's unpacking is checked against `linear_unpack_fp16`."""
+    import torch
+    from torch.ao.nn.quantized.dynamic import Linear
+
+    m = cal.m
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        cal.provenance["packedfp16"] = "not measured: this torch has no fbgemm engine"
+        return
+    from zen.frontends.pytorch.quantized.kept_calibration import _payload, rtti
+
+    g = torch.Generator().manual_seed(19)
+    shapes = [(K, N, True), (600, N, True), (K, N, False)]
+    lins, payloads = [], []
+    for k, n, bias in shapes:
+        lin = Linear(k, n, bias_=bias, dtype=torch.float16)
+        lin.set_weight_bias(torch.randn(n, k, generator=g), torch.randn(n, generator=g) if bias else None)
+        lins.append(lin)
+        payloads.append(_payload(cal, lin._packed_params._packed_params))
+        cal.check(b"PackedLinearWeightFp16" in rtti(m, payloads[-1]), "an fp16 Linear's object is PackedLinearWeightFp16")
+
+    def dims_at(p: int, k: int) -> list[tuple[int, int]]:  # (offset of the matrix pointer, offset of its K, N pair)
+        return [(o, d) for o in range(8, 64, 8) if m.word(p + o) and m.readable(m.word(p + o), 64)
+                for d in m.find_int(m.word(p + o), 64, k) if m.raw(m.word(p + o) + d + 4, 4) == struct.pack("<i", N)]  # fmt: skip
+
+    found = [dims_at(p, k) for p, (k, _, _) in zip(payloads[:2], shapes)]
+    w = common("PackedLinearWeightFp16.w", [o for o, _ in found[0]], [o for o, _ in found[1]])
+    cal.field("packedfp16", "w", w, "ptr")
+    d = common("PackedGemmMatrixFP16.nrow_", [x for o, x in found[0] if o == w], [x for o, x in found[1] if o == w])
+    cal.field("fp16matrix", "nrows", d, "i32")
+    cal.field("fp16matrix", "ncols", d + 4, "i32", "measured: follows nrow_")
+    mats = [m.word(p + w) for p in payloads]
+    cands = []
+    for mat, (k, n, _) in zip(mats[:2], shapes):
+        c = []
+        for o in range(d + 8, d + 48, 4):
+            brow, last, bcol, nbrow, nbcol = struct.unpack("<5i", m.raw(mat + o, 20))
+            if brow > 0 and bcol > 0 and nbrow == -(-k // brow) and last == k - (nbrow - 1) * brow and nbcol == -(-n // bcol):
+                c.append(o)
+        cands.append(c)
+    b = common("PackedGemmMatrixFP16.brow_", *cands)
+    for i, name in enumerate(("brow", "last_brow", "bcol", "nbrow", "nbcol")):
+        cal.field("fp16matrix", name, b + 4 * i, "i32", "measured: brow_, last_brow_, bcol_, nbrow_, nbcol_ in order")
+    unpacked = [torch.ops.quantized.linear_unpack_fp16(lin._packed_params._packed_params) for lin in lins]
+    cal.field(
+        "packedfp16", "bias", one("PackedLinearWeightFp16.bias_", m.find_word(payloads[0], 64, unpacked[0][1]._cdata)), "ptr"
+    )
+    bias = cal.off("packedfp16", "bias")
+    flag = [o for o in range(bias + 8, bias + 16) if m.raw(payloads[2] + o, 1) == b"\0" and m.raw(payloads[0] + o, 1) == b"\1"]
+    cal.field("packedfp16", "bias_engaged", one("optional<Tensor> engaged flag", flag[:1]), "u8")
+    for buf in range((b + 27) // 8 * 8, b + 96, 8):  # the pointer whose float16 blocks unpack to the weight, in every sample
+        if all(_fp16_matches(m, mat + buf, mat + b, k, n, un[0].numpy()) for mat, (k, n, _), un in zip(mats, shapes, unpacked)):
+            cal.field("fp16matrix", "buf", buf, "ptr", "measured: the pointer whose blocks unpack to linear_unpack_fp16's")
+            cal.check(True, "both fp16 packed matrices (one block row and several) unpack to linear_unpack_fp16's weight")
+            return
+    raise CalibrationFailed("PackedGemmMatrixFP16: no buffer unpacks to the weight")
+
+
+def _fp16_matches(m, at: int, dims: int, k: int, n: int, want) -> bool:
+    import numpy as np
+
+    brow, last, bcol, nbrow, nbcol = struct.unpack("<5i", m.raw(dims, 20))
+    q = m.word(at)
+    total = nbrow * brow * nbcol * bcol
+    if not q or not m.readable(q, 2 * total):
+        return False
+    data = np.frombuffer(m.raw(q, 2 * total), dtype=np.float16)
+    i, j = np.arange(k)[:, None], np.arange(n)[None, :]
+    blk = i // brow
+    idx = blk * nbcol * brow * bcol + (j // bcol) * np.where(blk != nbrow - 1, brow, last) * bcol + (i % brow) * bcol + j % bcol
+    return bool((data[idx].T.astype(np.float32) == want).all())

@@ -114,6 +114,34 @@ class PackedReader:
         count = (end - begin) // size
         return list(struct.unpack(f"<{count}{fmt[1:]}", self.ip.space.read(begin, end - begin))) if count else []
 
+    def read_fp16(self, plw: int, addr: int) -> PackedLinear:
+        """fbgemm's `PackedLinearWeightFp16` (dynamic quantization to float16): its `PackedGemmMatrixFP16` holds the
+        weight transposed (K x N) in float16, in blocks of brow x bcol stored block row by block row (the last block
+        row only `last_brow` high). Comes back as the float32 weight PyTorch's own unpack gives (exact widening)."""
+        ip, tp = self.ip, self.tp
+        F = tp.packedfp16
+        mat = ip.ptr(plw + F.w)
+        names = ("nrows", "ncols", "brow", "last_brow", "bcol", "nbrow", "nbcol")
+        v = {n: struct.unpack("<i", ip.space.read(mat + getattr(tp.fp16matrix, n), 4))[0] for n in names}
+        k, n, brow, bcol, nbrow, nbcol, last = (v[x] for x in ("nrows", "ncols", "brow", "bcol", "nbrow", "nbcol", "last_brow"))
+        ok = (0 < k <= MAX_DIM and 0 < n <= MAX_DIM and brow > 0 and bcol > 0 and nbrow == -(-k // brow)
+              and nbcol == -(-n // bcol) and last == k - (nbrow - 1) * brow)  # fmt: skip
+        total = nbrow * brow * nbcol * bcol
+        if not ok or 2 * total > MAX_PACKED:
+            raise ObjectError(addr, f"fp16 packed matrix fields {v} are not a consistent fbgemm PackedGemmMatrixFP16")
+        data = np.frombuffer(ip.space.read(ip.ptr(mat + tp.fp16matrix.buf), 2 * total), dtype=np.float16)
+        out = np.empty((n, k), dtype=np.float32)
+        j = np.arange(n, dtype=np.int64)
+        for lo in range(0, k, BAND):
+            i = np.arange(lo, min(lo + BAND, k), dtype=np.int64)[:, None]
+            blk = i // brow
+            idx = (blk * nbcol * brow * bcol + (j[None, :] // bcol) * np.where(blk != nbrow - 1, brow, last) * bcol
+                   + (i % brow) * bcol + j[None, :] % bcol)  # fmt: skip
+            out[:, lo : lo + i.shape[0]] = data[idx].T
+        bias = ip.ptr(plw + F.bias) if ip.space.read(plw + F.bias_engaged, 1)[0] == 1 else 0
+        packing = {"engine": "fbgemm", "object": f"{plw:#x}", "kind": "linear", "block_rows": brow, "block_cols": bcol}
+        return PackedLinear(out, "float16", [], [], bias, packing)
+
     def _depthwise(self, dw: int, kernel: list, owner: int) -> tuple[np.ndarray, dict]:
         """fbgemm's depthwise packing: the (channels x kernel positions) weight, one output channel per input one."""
         D = self.tp.dwconv
@@ -204,6 +232,11 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
                 kept = read_kept(ip, reader, obj, addr, kc, 2 if kind == "linear" else 4)
                 kept_out += kept_slots(ip, reader, kept, prefix, obj, kc, kind)
                 kept_paths.add(path)
+            elif kind == "linear" and "PackedLinearWeightFp16" in cls:  # dynamic quantization to float16
+                if not all(x in reader.tp.structs for x in ("packedfp16", "fp16matrix")):
+                    raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm fp16 layout; "
+                                      f"{recalibrate}")  # fmt: skip
+                got.append((path, prefix, PackedReader(ip, reader.tp).read_fp16(obj, addr)))
             elif fbgemm in cls and "Fp16" not in cls:  # fbgemm's int8 packed weight: unpacked
                 if pr is None or (kind == "conv2d" and not all(x in reader.tp.structs for x in ("packedconv", "convpack"))):
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm {fbgemm} "
@@ -225,20 +258,26 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
         regions.append(Region(at, at + max(w.nbytes, 1), "r--p", f"unpacked {path}"))
         owner = int(pl.packing["object"], 16)
         strides = tuple(int(x) // w.itemsize for x in w.strides)
-        metas.append(TensorMeta(owner, owner, "int8", 1, "I8", tuple(w.shape), strides, 0, w.size, "unpacked", False, 0,
-                                at, w.nbytes, "torch.qint8 (fbgemm packed weight)"))  # fmt: skip
+        dtype, st, was = ("float32", "F32", "float16") if w.dtype == np.float32 else ("int8", "I8", "qint8")
+        metas.append(TensorMeta(owner, owner, dtype, w.itemsize, st, tuple(w.shape), strides, 0, w.size, "unpacked", False,
+                                0, at, w.nbytes, f"torch.{was} (fbgemm packed weight)"))  # fmt: skip
         at += (w.nbytes + 4095) // 4096 * 4096 + 4096
     if got:
         ip.space.attach_device("unpacked", AddressSpace(regions, chunks, description="weights zen unpacked"))
     slots = []
     for (path, prefix, pl), meta in zip(got, metas):
         rec = tensor_record(f"{prefix}weight", "packed", meta.addr, meta, reader=reader)
-        rec.device, rec.dtype = "cpu", "int8"
-        rec.quantization = {"dtype": "qint8", "qscheme": pl.qscheme, "scale": pl.scales, "zero_point": pl.zero_points,
-                            **({"axis": 0} if pl.qscheme == "per_channel_affine" else {}), "packed": pl.packing}  # fmt: skip
-        rec.note = (f"unpacked by zen from fbgemm's packed buffer (blocks {pl.packing['block_rows']}x"
-                    f"{pl.packing['block_cols']}, row interleave {pl.packing['row_interleave']})"
-                    if "block_rows" in pl.packing else "unpacked by zen from fbgemm's depthwise packing")  # fmt: skip
+        rec.device, rec.dtype = "cpu", meta.dtype
+        if pl.qscheme == "float16":  # the weight PyTorch's unpack gives: float32 widened from the packed float16
+            rec.quantization = {"dtype": "float16", "packed": pl.packing}
+            rec.note = "unpacked by zen from fbgemm's float16 packed matrix, widened to float32 as PyTorch's unpack does"
+        else:
+            rec.quantization = {"dtype": "qint8", "qscheme": pl.qscheme, "scale": pl.scales, "zero_point": pl.zero_points,
+                                **({"axis": 0} if pl.qscheme == "per_channel_affine" else {}), "packed": pl.packing}  # fmt: skip
+            rec.note = "unpacked by zen from fbgemm's depthwise packing"
+            if "row_interleave" in pl.packing:
+                rec.note = (f"unpacked by zen from fbgemm's packed buffer (blocks {pl.packing['block_rows']}x"
+                            f"{pl.packing['block_cols']}, row interleave {pl.packing['row_interleave']})")  # fmt: skip
         slots.append(TensorSlot(rec.key, meta.addr, "packed", meta, rec))
         if pl.bias_impl:
             try:

@@ -92,8 +92,15 @@ def measure_jit(cal) -> None:
             cands.append(o)
     value = cal.field("pybind", "value", one("pybind11 instance value pointer", cands[:1]), "ptr")
     modules = [(m.word(id(c) + value), m.word(id(t) + value)) for c, t in objs]
-    obj_off = common("Module._ivalue_", *[[j for j in range(0, 32, 8) if m.readable(m.word(mod + j), 256)
-                                            and m.find_word(m.word(mod + j), 256, ct)] for mod, ct in modules])  # fmt: skip
+
+    # the word whose target holds the module's ClassType at one offset in every module (a word that merely points
+    # near a ClassType pointer, as a neighbouring heap chunk can, fails on the other module: seen once under load)
+    def type_at(j: int) -> set[int]:
+        got = [set(m.find_word(m.word(mod + j), 256, ct)) if m.readable(m.word(mod + j), 256) else set()
+               for mod, ct in modules]  # fmt: skip
+        return set.intersection(*got)
+
+    obj_off = one("Module._ivalue_", [j for j in range(0, 32, 8) if type_at(j)])
     cal.field("jitmodule", "object", obj_off, "ptr")
     pairs = [(m.word(mod + obj_off), ct) for mod, ct in modules]
     cal.field("jitobject", "type", common("Object.type_", *[m.find_word(o, 256, ct)[:1] for o, ct in pairs]), "ptr")
