@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "tests" / "targets"
 FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit",
-         "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-bert", "static-cnn",
+         "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-fp16", "dynamic-bert", "static-cnn",
          "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
          "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
 TORCHVISION = ("static-resnet18", "static-mobilenet-v2")  # torchvision from bench/zoo.py's side directory
@@ -152,7 +152,8 @@ NOTES = """How to read the rows:
   would read); the next row gives the files with `--offload` and the case is complete.
 - TorchScript (jit-trace, jit-script, jit-load): the C++ module tree is read through each ScriptModule's `_c`
   (issue 48); complete and bit-exact, but `zen reuse` writes no TorchScript archive yet, so it refuses (exit 5).
-- dynamic*: fbgemm's packed weights are unpacked (issue 48) and packed again by the rebuilt model. exact/total
+- dynamic*: fbgemm's packed weights are unpacked (issue 48; dynamic-fp16: float16 blocks, widened to the float32
+  weight PyTorch's unpack gives) and packed again by the rebuilt model. exact/total
   counts by content the `scale` and `zero_point` entries too, which PyTorch's `_save_to_state_dict` makes at
   save time from each Linear's plain attributes (zen records them as hyper-parameters): every weight and bias is
   exact, and the rebuilt model's own state_dict equals the deployed one entry by entry.
