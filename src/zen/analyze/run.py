@@ -99,9 +99,10 @@ def analyze(target: Path, out: Path, *, inputs: Path | None = None, attacks: lis
             eps: list[float] | None = None, backdoor: bool = False, seed: int = 0, clip: list[float] | None = None,
             batch_size: int = 32, pgd_steps: int = 10, nc_steps: int = 100, input_shape: list[int] | None = None,
             samples: int = 16, threads: int = 1, device: str = "cpu", timeout: float = 3600.0,
-            on_execute=None) -> dict[str, Any]:  # fmt: skip
+            on_execute=None, memory_check: bool = True) -> dict[str, Any]:  # fmt: skip
     """Run the analysis and write DIR; returns the analysis document. `on_execute()` is called once every
-    check has passed, just before the child process loads the model (the CLI warns there)."""
+    check has passed, just before the child process loads the model (the CLI warns there); `memory_check`: refuse
+    a model this machine cannot hold (`check_memory`)."""
     attacks = list(ATTACK_NAMES) if attacks is None else attacks
     eps = list(DEFAULT_EPS) if eps is None else eps
     if not attacks and not backdoor:
@@ -114,6 +115,8 @@ def analyze(target: Path, out: Path, *, inputs: Path | None = None, attacks: lis
     work = Path(tempfile.mkdtemp(prefix="zen-analyze-"))
     try:
         subject = open_subject(Path(target), work)
+        if memory_check and device == "cpu":
+            check_memory(subject.mr)
         plan = plan_inputs(subject, inputs, input_shape, samples)
         require_extra()
         _prepare_out(out)
@@ -131,6 +134,31 @@ def analyze(target: Path, out: Path, *, inputs: Path | None = None, attacks: lis
         return doc
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+BASELINE = 1 << 30  # the analysis child's interpreter, torch and ART, before any weight
+
+
+def check_memory(mr, available: int | None = None) -> None:
+    """Refuse, before anything runs, a model this machine cannot hold: the analysis child loads the weights and
+    builds the model (ART runs on the model itself, so it is not streamed); its peak was measured at about twice the
+    model's tensor bytes (a 4 GB tensor: 8.1 GB, issue 49.4), plus BASELINE. A refusal says so; the kernel's OOM
+    killer would end the child without a word."""
+    held = sum(max(0, int(t.nbytes)) for t in mr.tensors)
+    need = 2 * held + BASELINE
+    available = _mem_available() if available is None else available
+    if available is not None and need > available:
+        raise ZenError(f"the model holds {held / 1e9:.1f} GB of tensors: analysing it needs about {need / 1e9:.1f} GB of "
+                       f"memory, and this machine has {available / 1e9:.1f} GB available",
+                       "run it on a machine with more memory, or give --no-memory-check to try anyway")  # fmt: skip
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            return next((int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")), None)
+    except (OSError, ValueError):
+        return None
 
 
 def _run_child(work: Path, timeout: float) -> dict[str, Any]:

@@ -46,6 +46,11 @@ def analyze(
     device: str = typer.Option("cpu", "--device", help="Run the model on this device (cpu, cuda:0)."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds allowed for the analysis process."),
     as_json: bool = typer.Option(False, "--json", help="Print analysis.json."),
+    memory_check: bool = typer.Option(
+        True,
+        "--memory-check/--no-memory-check",
+        help="Refuse a model needing more memory than is available (about twice its tensors' bytes, plus 1 GiB).",
+    ),  # fmt: skip
 ) -> None:
     """Rebuild the model and run ART on it: FGSM and PGD robustness, and (--backdoor) Neural Cleanse.
 
@@ -68,7 +73,7 @@ def analyze(
     doc = do_analyze(target, output, inputs=inputs, attacks=parse_attacks(attack), eps=parse_floats(eps, "--eps"),
                      backdoor=backdoor, seed=seed, clip=parse_floats(clip, "--clip", 2) if clip else None,
                      batch_size=batch_size, pgd_steps=pgd_steps, nc_steps=nc_steps, input_shape=shape, samples=samples,
-                     threads=threads, device=device, timeout=timeout,
+                     threads=threads, device=device, timeout=timeout, memory_check=memory_check,
                      on_execute=lambda: err.print(f"[yellow]warning:[/yellow] {EXECUTES}"))  # fmt: skip
     if as_json:
         out.print_json(json.dumps(doc))
