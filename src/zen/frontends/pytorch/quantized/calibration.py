@@ -187,7 +187,7 @@ def measure_packed_conv(cal) -> None:
         return
     from torch.ao.nn.quantized import Conv2d
 
-    from zen.frontends.pytorch.quantized.kept_calibration import IC, KH, KW, OC, _payload, rtti
+    from zen.frontends.pytorch.quantized.kept_calibration import IC, KH, KW, OC, packed_object, rtti
 
     before = torch.backends.quantized.engine
     torch.backends.quantized.engine = "fbgemm"
@@ -200,7 +200,7 @@ def measure_packed_conv(cal) -> None:
             w = torch.quantize_per_channel(torch.randn(OC, IC, *ks, generator=g), sc, torch.arange(OC) % 3 - 1, 0,
                                            torch.qint8)  # fmt: skip
             c.set_weight_bias(w, torch.randn(OC, generator=g) if bias else None)
-            p = _payload(cal, c._packed_params)
+            p = packed_object(cal, c._packed_params)
             cal.check(b"PackedConvWeight" in rtti(m, p), "an fbgemm-packed Conv2d's object is PackedConvWeight")
             convs[name] = (c, p, ks, sc)
         nrows, ncols = cal.off("packb", "nrows"), cal.off("packb", "ncols")
@@ -261,7 +261,7 @@ def _depthwise(cal, m, torch) -> None:
     import numpy as np
     from torch.ao.nn.quantized import Conv2d
 
-    from zen.frontends.pytorch.quantized.kept_calibration import _payload
+    from zen.frontends.pytorch.quantized.kept_calibration import packed_object
     from zen.frontends.pytorch.quantized.packed import depthwise_index
 
     c, kp = 40, 9
@@ -269,7 +269,7 @@ def _depthwise(cal, m, torch) -> None:
     w = torch.quantize_per_channel(torch.randn(c, 1, 3, 3), torch.rand(c, dtype=torch.float64) * 0.01 + 0.01,
                                    torch.arange(c) % 3, 0, torch.qint8)  # fmt: skip
     conv.set_weight_bias(w, torch.randn(c))
-    pw = m.word(_payload(cal, conv._packed_params) + cal.off("packedconv", "w"))
+    pw = m.word(packed_object(cal, conv._packed_params) + cal.off("packedconv", "w"))
     found = []
     for off in range(0, 512, 8):
         q = m.word(pw + off)
@@ -303,7 +303,7 @@ def measure_packed_fp16(cal) -> None:
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         cal.provenance["packedfp16"] = "not measured: this torch has no fbgemm engine"
         return
-    from zen.frontends.pytorch.quantized.kept_calibration import _payload, rtti
+    from zen.frontends.pytorch.quantized.kept_calibration import packed_object, rtti
 
     g = torch.Generator().manual_seed(19)
     shapes = [(K, N, True), (600, N, True), (K, N, False)]
@@ -312,7 +312,7 @@ def measure_packed_fp16(cal) -> None:
         lin = Linear(k, n, bias_=bias, dtype=torch.float16)
         lin.set_weight_bias(torch.randn(n, k, generator=g), torch.randn(n, generator=g) if bias else None)
         lins.append(lin)
-        payloads.append(_payload(cal, lin._packed_params._packed_params))
+        payloads.append(packed_object(cal, lin._packed_params._packed_params))
         cal.check(b"PackedLinearWeightFp16" in rtti(m, payloads[-1]), "an fp16 Linear's object is PackedLinearWeightFp16")
 
     def dims_at(p: int, k: int) -> list[tuple[int, int]]:  # (offset of the matrix pointer, offset of its K, N pair)

@@ -128,7 +128,7 @@ def _measure_kept(cal, engine: str, kind: str) -> None:
             unpack = torch.ops.quantized.conv2d_unpack if kind == "conv2d" else torch.ops.quantized.linear_unpack
             weights.append(unpack(obj)[0] if engine == "qnnpack" else w)  # qnnpack may keep a converted copy
             biases.append(unpack(obj)[1])
-        payloads = [_payload(cal, o) for o in objs]
+        payloads = [packed_object(cal, o) for o in objs]
         for p in payloads:
             cal.check(cls.encode() in rtti(m, p), f"a {engine}-packed {kind}'s object is {cls}")
         # qnnpack's convolution holds the kept weight twice (the original and the one its kernels were made from,
@@ -157,7 +157,9 @@ def _found(m, payload: int, t) -> list[int]:
     return m.find_word(payload, 1024, t._cdata) if t is not None else []
 
 
-def _payload(cal, script_object) -> int:
+def packed_object(cal, script_object) -> int:
+    """The C++ object behind a packed-params ScriptObject in this process (the calibration's twin of
+    `kept.capsule_payload`, which reads an image): used by every packed-weight measure."""
     m = cal.m
     value, obj_off, slots_off = cal.off("pybind", "value"), cal.off("jitmodule", "object"), cal.off("jitobject", "slots")
     ivo = m.word(m.word(id(script_object) + value) + obj_off)
