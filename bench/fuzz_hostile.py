@@ -6,7 +6,8 @@ its input by hand from a seeded choice of what an attacker would try:
               address, overlapping), tables claiming 2^40 entries or 0-byte entries, header fields at boundaries, a
               file cut short, a gzip bomb (inflating 1,000x); `zen info CORE [--json]`;
   * service - requests to one `zen serve` (SQLite): names `.`/`..`/control characters/2,000 characters, bodies that
-              declare 300 MB and stall, disconnects mid-upload, gzip-bombed and 100,000-deep JSON parts, junk
+              declare 300 MB and stall, bodies within the caps that stall or trickle (the server runs with
+              `--body-timeout 5`), disconnects mid-upload, gzip-bombed and 100,000-deep JSON parts, junk
               multipart, tokens in the query string; judged by the status (never 5xx), the server still answering,
               no traceback in its log and no token in it;
   * lying   - a real case whose weights file claims a tensor of up to 10^9 elements (a sparse file that holds it),
@@ -16,9 +17,11 @@ its input by hand from a seeded choice of what an attacker would try:
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import random
+import select
 import shutil
 import socket
 import struct
@@ -102,7 +105,7 @@ def service_request(url: str, token: str, rng: random.Random) -> tuple[str, obje
     import httpx
 
     auth = {"Authorization": f"Bearer {token}"}
-    how = rng.choice(["name", "get", "stall", "disconnect", "bomb", "deep", "junk", "query", "auth"])
+    how = rng.choice(["name", "get", "stall", "disconnect", "bomb", "deep", "junk", "query", "auth", "slow", "trickle"])
     name = rng.choice([".", "..", "a\nb", "\t", "\x1b[31m", "x" * 2000, "a/../b", "%2e%2e", "ok-name", " sp", "ü/?#"])
     try:
         if how == "name":
@@ -131,6 +134,18 @@ def service_request(url: str, token: str, rng: random.Random) -> tuple[str, obje
                     return "disconnect mid-upload", "closed"
                 got = s.recv(64)
             return "declared oversize, stalled", int(got[9:12]) if got.startswith(b"HTTP/1.1 ") else "closed"
+        if how in ("slow", "trickle"):  # within the caps, then nothing or a byte at a time: a 408 after --body-timeout
+            where = urlsplit(url)
+            head = (f"POST /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: multipart/form-data;"
+                    " boundary=zz\r\nContent-Length: 1000000\r\n\r\n--zz\r\nContent-Disposition: form-data; "
+                    'name="mr"; filename="mr.json"\r\n\r\n').encode()  # fmt: skip
+            with socket.create_connection((where.hostname, where.port), timeout=30) as s:
+                s.sendall(head + b"{" * rng.randint(0, 1000))
+                with contextlib.suppress(OSError):
+                    while how == "trickle" and not select.select([s], [], [], 0.5)[0]:
+                        s.sendall(b" ")
+                got = s.recv(64)
+            return f"{how} body within the caps", int(got[9:12]) if got.startswith(b"HTTP/1.1 ") else "closed"
         if how == "bomb":
             files = {"mr": ("mr.json.gz", gzip.compress(b"\0" * (rng.randint(20, 80) << 20), 9))}
             r = httpx.post(url + "/attribute", headers=auth, files=files, timeout=60)
@@ -213,7 +228,7 @@ def run_hostile(kind: str, a, work: Path, stats, zen, judge, make_process_image)
         lib = work / "served.sqlite"
         subprocess.run([sys.executable, "-m", "zen", "library", "list", "--library", str(lib)], capture_output=True)
         ctx["token"] = server_token(lib)
-        ctx["server"] = ZenServer(lib, "--max-upload-mb", "16").start()
+        ctx["server"] = ZenServer(lib, "--max-upload-mb", "16", "--body-timeout", "5").start()
     elif kind == "lying":
         img = make_process_image(work)
         ctx["base"] = work / "base-case"

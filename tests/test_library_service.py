@@ -11,6 +11,7 @@ server, real recovered cases, real HTTP clients (zen's own and raw httpx). No mo
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -440,3 +441,53 @@ def test_oversize_declarations_are_answered_and_disconnects_are_one_line(team):
         while b"}" not in got and (chunk := s.recv(4096)):
             got += chunk
     assert got.startswith(b"HTTP/1.1 413") and b"manifest" in got and time.monotonic() - t0 < 10, got[:300]
+
+
+def test_stalled_and_trickling_bodies_are_cut_and_uploads_are_bounded(tmp_path):
+    """Issue 49.5: a client within the caps that stalls or trickles held its connection and what it had sent for as
+    long as it liked (uvicorn has no body timeout), and any number of bodies could be held at once. Now a body that
+    sends nothing for --body-timeout, or averages too little after it, gets a 408 and its connection is closed, and
+    at most --threads bodies are received at once: one more waits for a slot and is then served."""
+    import socket
+    from urllib.parse import urlsplit
+
+    path = tmp_path / "slow.sqlite"
+    with Library(path, invariants=packed):
+        pass
+    toks = _tokens(str(path))
+    with ZenServer(path, "--body-timeout", "2", "--threads", "1") as srv:
+        where = urlsplit(srv.url)
+        head = (b"POST /models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + toks["add"].encode()
+                + b"\r\nContent-Type: multipart/form-data; boundary=zz\r\nContent-Length: 1000000\r\n\r\n--zz\r\n")  # fmt: skip
+
+        def answer(s: socket.socket) -> bytes:
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+            return got
+
+        t0 = time.monotonic()
+        with socket.create_connection((where.hostname, where.port), timeout=30) as stalled:
+            stalled.sendall(head)
+            time.sleep(0.3)  # the stalled body holds the only slot; this one waits for it, then is answered
+            second = httpx.get(srv.url + "/models", headers=_auth(toks["read"]))  # no body: never waits
+            assert second.status_code == 200 and time.monotonic() - t0 < 2
+            waiting = httpx.post(srv.url + "/models", headers=_auth(toks["add"]), files={"mr": ("mr.json", b"{}")},
+                                 timeout=30)  # fmt: skip
+            got = answer(stalled)
+        assert got.startswith(b"HTTP/1.1 408") and b"stalled after" in got, got[:300]
+        assert waiting.status_code == 422 and 2 <= time.monotonic() - t0 < 10, (waiting.status_code, waiting.text)
+        t0 = time.monotonic()
+        with socket.create_connection((where.hostname, where.port), timeout=30) as trickle:
+            trickle.sendall(head + b'Content-Disposition: form-data; name="mr"; filename="mr.json"\r\n\r\n')
+            with contextlib.suppress(OSError):
+                for _ in range(20):  # a byte every 0.5 s: never idle for 2 s, far under the rate
+                    trickle.sendall(b"{")
+                    time.sleep(0.5)
+            got = answer(trickle)
+        assert got.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 6, got[:300]
+        with socket.create_connection((where.hostname, where.port), timeout=30) as garbage:  # refused mid-body: closed
+            garbage.sendall(head + b"not a header\r\n")
+            got = answer(garbage)
+        assert got.startswith(b"HTTP/1.1 400") and b"connection: close" in got.lower(), got[:300]
+        assert "Traceback" not in srv.log.read_text()

@@ -162,3 +162,27 @@ def test_reuse_loads_a_file_with_a_lone_surrogate_name(tmp_path):
     with pytest.raises(ZenError, match="not a readable safetensors file"):
         load_safetensors(tmp_path / "bad.safetensors")
     assert load_safetensors(tmp_path / "none.safetensors") == {}
+
+
+def test_reuse_loader_gives_each_tensor_its_own_aligned_memory(tmp_path):
+    """Issue 49.4: the loader reads every tensor into memory torch allocated (64-byte aligned, owning exactly its
+    bytes), so a rebuilt model is held once, not as clones beside a mapping; every dtype, a scalar and an empty
+    tensor come back equal to what safetensors wrote."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from zen.reuse.tensor_load import load_safetensors
+
+    want = {"f32": torch.randn(3, 5), "f16": torch.randn(7).half(), "bf16": torch.randn(2, 2).bfloat16(),
+            "f64": torch.randn(3).double(), "i64": torch.arange(9).reshape(3, 3), "i8": torch.tensor([-3, 4], dtype=torch.int8),
+            "u8": torch.tensor([200], dtype=torch.uint8), "bool": torch.tensor([True, False, True]),
+            "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 4), "f8": torch.randn(4).to(torch.float8_e4m3fn)}  # fmt: skip
+    save_file(want, str(tmp_path / "all.safetensors"))
+    got = load_safetensors(tmp_path / "all.safetensors")
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        g = got[k]
+        same = torch.equal(g.reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8))
+        assert g.dtype == v.dtype and g.shape == v.shape and same, k
+        if g.numel():
+            assert g.data_ptr() % 64 == 0 and g.untyped_storage().nbytes() == g.numel() * g.element_size(), k

@@ -97,6 +97,8 @@ def run(req: dict) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - recovered code failed to rebuild: the evidence's problem, said plainly
         raise ZenError(f"the rebuilt model could not be loaded: {type(exc).__name__}: {exc}",
                        "check the package with `zen verify`") from None  # fmt: skip
+    for p in model.parameters():  # ART needs gradients of the input only: a weight's would be a second copy of the model
+        p.requires_grad_(False)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     net = art_attacks.Logits(model, dtype).eval()
     clip = tuple(req["clip"]) if req.get("clip") else None

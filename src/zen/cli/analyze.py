@@ -49,7 +49,7 @@ def analyze(
     memory_check: bool = typer.Option(
         True,
         "--memory-check/--no-memory-check",
-        help="Refuse a model needing more memory than is available (about twice its tensors' bytes, plus 1 GiB).",
+        help="Refuse a model needing more memory than is available (its tensors' bytes, plus 1 GiB).",
     ),  # fmt: skip
 ) -> None:
     """Rebuild the model and run ART on it: FGSM and PGD robustness, and (--backdoor) Neural Cleanse.

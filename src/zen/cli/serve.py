@@ -58,7 +58,8 @@ def serve(
     public_export: bool = typer.Option(False, "--public-export", help="With --public-read: also GET /export to anyone."),
     public_attribute: bool = typer.Option(False, "--public-attribute", help="With --public-read: POST /attribute too."),
     max_upload_mb: int = typer.Option(256, "--max-upload-mb", help="Largest request body accepted, in MiB."),
-    threads: int = typer.Option(8, "--threads", help="Requests worked on at once (each holds a library connection)."),
+    threads: int = typer.Option(8, "--threads", help="Requests worked on, and bodies received, at once."),
+    body_timeout: float = typer.Option(30.0, "--body-timeout", help="Seconds a request body may stall (then 408)."),
 ) -> None:
     """Serve the library over HTTP(S) until interrupted."""
     if ctx.invoked_subcommand is not None:
@@ -73,6 +74,8 @@ def serve(
         raise ZenError("--public-export and --public-attribute widen --public-read", "give --public-read as well")
     if max_upload_mb < 1 or threads < 1:
         raise ZenError("--max-upload-mb and --threads must be at least 1")
+    if not 0.5 <= body_timeout <= 3600:
+        raise ZenError(f"--body-timeout {body_timeout:g} is out of range", "give seconds between 0.5 and 3600")
     import uvicorn
 
     from zen.attribute.invariants import packed
@@ -88,7 +91,7 @@ def serve(
     url = f"{scheme}://{shown}:{sock.getsockname()[1]}"
     # a compressed part inflates to at most what an uncompressed upload may be
     opts = ServeOptions(public_read=public_read, public_export=public_export, public_attribute=public_attribute,
-                        max_body=max_upload_mb << 20, threads=threads,
+                        max_body=max_upload_mb << 20, threads=threads, body_timeout=body_timeout,
                         limits=Limits(file_bytes=min(Limits.file_bytes, max_upload_mb << 20)))  # fmt: skip
     app = create_app(str(where) if kind == "sqlite" else (spec or default_library_spec()), opts)
     out.print(f"zen serve: {escape(str(where))} ({kind}, {n} models) at {url} (OpenAPI at {url}/docs)", soft_wrap=True)

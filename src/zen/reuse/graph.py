@@ -111,10 +111,10 @@ class TensorFactory:
             t = torch.empty(rec.shape, dtype=dtype)
             t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else 0)
             self.report.missing_tensors.append(key)
-        else:
-            # own, freshly allocated (64-byte aligned) memory: tensors loaded from a safetensors
-            # file are views at arbitrary offsets, and CPU kernels pick different SIMD paths
-            # (different rounding) for misaligned data: outputs would not be bit-identical
+        elif t.data_ptr() % 64 or not t.is_contiguous():
+            # own, 64-byte aligned memory: CPU kernels pick different SIMD paths (different rounding) for
+            # misaligned data, and outputs would not be bit-identical. zen.reuse.tensor_load allocates each tensor
+            # itself, so this copy is made only for a tensor that came otherwise (the model is then held twice)
             t = t.clone(memory_format=torch.contiguous_format)
         if rec is not None:
             t = _restore_strides(t, rec)

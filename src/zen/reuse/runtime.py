@@ -17,9 +17,8 @@ from zen.runtime.errors import ZenError
 def load_tensors(path: Path) -> dict:
     from zen.reuse.tensor_load import load_safetensors
 
-    loaded = load_safetensors(Path(path))
-    # own aligned memory, like the deployed process's tensors (see zen.reuse.graph)
-    return {k: v.clone() for k, v in loaded.items()}
+    # each tensor in its own aligned memory, like the deployed process's tensors (see zen.reuse.graph)
+    return load_safetensors(Path(path))
 
 
 def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu", dequantize: bool = False) -> tuple[Any, dict]:

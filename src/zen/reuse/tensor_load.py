@@ -1,77 +1,74 @@
-"""A case's safetensors file as torch tensors, whatever names the image gave its tensors.
+"""A case's safetensors file as torch tensors, each in its own freshly allocated memory, read once.
 
-Why not `safetensors.torch.load_file` alone: a state_dict key read from an image may hold a lone
-surrogate (a CPython str allows one; a module can register a buffer under such a name), and zen writes
-it as its JSON escape (`\\udc80`), which Python's json reads back losslessly. The Rust loader's JSON
-parser refuses that escape and the whole file with it. Such a file is loaded with its header rewritten:
-every key that is not valid UTF-8 gets a placeholder name for the Rust loader and its own name back
-afterwards; the tensor bytes are the file's, unchanged. This path reads the file into memory at once
-(twice its size at the peak), which only such a file pays.
+Why not `safetensors.torch.load_file`: it maps the file and returns views into the mapping, and a rebuilt model
+must own aligned memory (CPU kernels pick SIMD paths, and so rounding, by alignment: outputs would not be
+bit-identical), so every view had to be cloned, and the mapped pages stayed resident beside the clones: a process
+loading a model peaked at twice its bytes (issue 49.4). Here each tensor is allocated by torch (64-byte aligned)
+and filled with `preadv` straight from the file: the model is in memory once, and nothing else is.
+
+The header is parsed by zen's own bounded reader (`zen.represent.tensorfile.read_header`): every entry checked
+against the file's size before anything is allocated, and keys that are not valid UTF-8 (a CPython str may hold a
+lone surrogate; zen writes it as its JSON escape, which the Rust loader refuses) read back losslessly. A file
+that reader refuses (a third party's, not tiled exactly) is loaded by safetensors and copied, as before.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from pathlib import Path
 
 from zen.runtime.errors import ZenError
 
+CHUNK = 1 << 30  # one preadv at most: Linux moves at most 2 GiB - 4 KiB per call
+TORCH_DTYPE = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "F16": "float16",
+               "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64", "U64": "uint64",
+               "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+               "C64": "complex64"}  # fmt: skip
+
 
 def load_safetensors(path: Path) -> dict:
     """name -> torch tensor for every tensor of `path` (`{}` when there is no such file)."""
+    from zen.represent.tensorfile import TensorFileError, read_header
+
     path = Path(path)
     if not path.is_file():
         return {}
-    from safetensors.torch import load, load_file
-
-    try:
-        return load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a bad file
-        first = exc
-    renamed = _renamed(path)
-    if renamed is None:
-        raise ZenError(f"{path} is not a readable safetensors file: {first}", "recover the case again") from None
-    data, names = renamed
-    try:
-        loaded = load(data)
-    except Exception as exc:  # noqa: BLE001
-        raise ZenError(f"{path} is not a readable safetensors file: {exc}", "recover the case again") from None
-    return {names.get(k, k): v for k, v in loaded.items()}
-
-
-def _renamed(path: Path) -> tuple[bytes, dict[str, str]] | None:
-    """(the file with a header the Rust loader reads, placeholder -> real name), or None when renaming
-    would not help (the header is not a well-formed one, or every key is already valid UTF-8)."""
-    from zen.represent.tensorfile import TensorFileError, read_header
-
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=0) as fh:
         try:
             entries, _meta, base = read_header(path, fh, os.fstat(fh.fileno()).st_size)
-        except TensorFileError:
-            return None
-        names: dict[str, str] = {}
-        fixed: dict[str, object] = {}
-        for i, (key, e) in enumerate(entries.items()):
-            name = key
-            if not _utf8(key):
-                name = f"zen-unencodable-name-{i}"
-                while name in entries or name in fixed:
-                    name += "_"
-                names[name] = key
-            fixed[name] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [e["start"], e["end"]]}
-        if not names:
-            return None
-        blob = json.dumps(fixed, separators=(",", ":")).encode("ascii")  # __metadata__ left out: not tensors
-        blob += b" " * (-len(blob) % 8)
-        fh.seek(base)
-        return struct.pack("<Q", len(blob)) + blob + fh.read(), names
+        except TensorFileError as exc:
+            return _by_safetensors(path, exc)
+        return {key: _read(fh.fileno(), e, base, path, key) for key, e in entries.items()}
 
 
-def _utf8(text: str) -> bool:
+def _read(fd: int, e: dict, base: int, path: Path, key: str):
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPE[e["dtype"]], None)
+    if dtype is None:
+        raise ZenError(f"{path}: tensor {key[:80]!r} is {e['dtype']}, which this torch has no dtype for",
+                       f"load it with a torch that has {TORCH_DTYPE[e['dtype']]}")  # fmt: skip
+    nbytes = e["end"] - e["start"]
+    raw = torch.empty(nbytes, dtype=torch.uint8)
+    view = memoryview(raw.numpy()) if nbytes else memoryview(b"")
+    done = 0
+    while done < nbytes:
+        got = os.preadv(fd, [view[done : done + CHUNK]], base + e["start"] + done)
+        if got <= 0:
+            raise ZenError(f"{path} ended inside tensor {key[:80]!r}", "recover the case again")
+        done += got
+    return raw.view(dtype).reshape(e["shape"])
+
+
+def _by_safetensors(path: Path, why: Exception) -> dict:
+    """A file zen's reader refuses: safetensors' own loader, each tensor copied out of its mapping."""
+    from safetensors.torch import load_file
+
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        loaded = load_file(str(path))
+    except Exception:  # noqa: BLE001 - safetensors raises several types for a bad file
+        raise ZenError(f"{path} is not a readable safetensors file: {why}", "recover the case again") from None
+    out = {}
+    for k in list(loaded):
+        out[k] = loaded.pop(k).clone()
+    return out

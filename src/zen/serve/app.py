@@ -62,6 +62,7 @@ class ServeOptions:
     max_body: int = 256 << 20  # bytes of one request
     limits: Limits = field(default_factory=Limits)
     threads: int = 8  # requests worked on at once (each holds one library connection)
+    body_timeout: float = 30.0  # seconds a request body may send nothing (uploads.BodyLimit)
 
 
 def one_line(text: str) -> str:
@@ -100,7 +101,7 @@ def create_app(spec: str, options: ServeOptions | None = None) -> FastAPI:
 
     app = FastAPI(title="zen library", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)
-    app.add_middleware(BodyLimit, max_bytes=opts.max_body)  # added last: runs first
+    app.add_middleware(BodyLimit, max_bytes=opts.max_body, uploads=opts.threads, idle_s=opts.body_timeout)  # runs first
 
     def requires(scope: str, public: bool | None = None) -> Callable[..., Principal]:
         open_ = opts.public_read if public is None else opts.public_read and public

@@ -11,6 +11,12 @@ Three bounds, each a 413 with one line saying which:
 * `read_parts` parses multipart as it arrives, with few parts and small form fields, each part refused the
   moment it passes its cap, and only after the request's token was checked (the endpoints read their bodies
   themselves, after authentication).
+* `BodyLimit` also bounds time and concurrency: at most `uploads` bodies (`--threads`) are received at once (a
+  request with a body waits up to `2 * idle_s` for a slot, then gets a 503), and a body must keep arriving: nothing
+  for `idle_s` seconds (`--body-timeout`), or an average under `MIN_RATE` after that grace, is a 408 and the
+  connection is closed. A slow or stalled client within the caps used to hold its connection, and the part it had
+  sent, for as long as it liked (uvicorn has no timeout for reading a body): memory is now bounded by the body cap
+  times `--threads`, and a slot by the time a client may take.
 * A part sent gzip-compressed (name ending .gz, as zen's client sends to remote servers) is
   inflated incrementally and refused as soon as it would exceed the per-file cap, so a
   decompression bomb costs the server the cap, not the bomb.
@@ -31,6 +37,7 @@ from zen.library.bundle import FILE_OF_PART, Limits
 DRAIN_BYTES = 256 << 20
 DRAIN_DECLARED = 16 << 20  # bytes read and dropped before refusing a declared oversize body
 DRAIN_SECONDS = 2.0  # waiting on the network, not work: a client that stalls gets its 413 anyway
+MIN_RATE = 64 << 10  # bytes/s a body must average once its first `idle_s` seconds are over
 
 
 class Disconnected(Exception):
@@ -42,35 +49,75 @@ def too_large(what: str, limit: int) -> HTTPException:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body larger than `max_bytes` gets a 413."""
+    """ASGI middleware: a request body larger than `max_bytes` gets a 413, one that stalls a 408, and at most
+    `uploads` bodies are received at once."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: Any, max_bytes: int, uploads: int = 8, idle_s: float = 30.0) -> None:
+        self.app, self.max_bytes, self.idle_s = app, max_bytes, idle_s
+        self.uploads, self.slots = uploads, asyncio.Semaphore(uploads)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 await asyncio.wait_for(_drain(receive, DRAIN_DECLARED), DRAIN_SECONDS)
-            await _refuse(send, f"the request body is larger than this server accepts ({self.max_bytes:,} bytes)")
+            await _refuse(send, 413, f"the request body is larger than this server accepts ({self.max_bytes:,} bytes)")
             return
-        seen = 0
+        if not (declared not in (None, b"0") or b"transfer-encoding" in headers):
+            await self.app(scope, receive, send)  # no body: nothing to bound
+            return
+        try:
+            await asyncio.wait_for(self.slots.acquire(), 2 * self.idle_s)
+        except TimeoutError:
+            await _refuse(send, 503, f"{self.uploads} uploads are being received already; try again in a moment")
+            return
+        body = _Body(receive, self.max_bytes, self.idle_s)
 
-        async def counted() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    if message.get("more_body"):
-                        await _drain(receive, DRAIN_BYTES)
-                    raise too_large("the request body", self.max_bytes)
+        async def closing(message: dict) -> None:
+            """An answer sent before the whole body came (a refusal) closes the connection: uvicorn would otherwise
+            go on reading the rest of the body, unbounded, to keep the connection alive."""
+            if message["type"] == "http.response.start" and not body.done:
+                kept = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
+                message = {**message, "headers": [*kept, (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, body.receive, send=closing)
+        finally:
+            self.slots.release()
+
+
+class _Body:
+    """A request's `receive`, counting the body against the cap and timing it: each message must come within
+    `idle_s`, and after that grace the average must stay at `MIN_RATE` (a trickle is a stall too)."""
+
+    def __init__(self, receive: Any, max_bytes: int, idle_s: float) -> None:
+        self._receive, self.max_bytes, self.idle_s = receive, max_bytes, idle_s
+        self.start, self.seen, self.done = asyncio.get_running_loop().time(), 0, False
+
+    async def receive(self) -> dict:
+        if self.done:  # the body is in: later messages (a disconnect) may take their time
+            return await self._receive()
+        wait = min(self.idle_s, self.start + self.idle_s + self.seen / MIN_RATE - asyncio.get_running_loop().time())
+        try:
+            message = await asyncio.wait_for(self._receive(), max(wait, 0.001))
+        except TimeoutError:
+            raise HTTPException(408, f"the request body stalled after {self.seen:,} bytes (this server waits "
+                                     f"{self.idle_s:g} s, then needs {MIN_RATE >> 10} KiB/s on average)") from None  # fmt: skip
+        if message["type"] != "http.request":
+            self.done = True
             return message
-
-        await self.app(scope, counted, send)
+        self.seen += len(message.get("body", b""))
+        self.done = not message.get("more_body")
+        if self.seen > self.max_bytes:
+            if message.get("more_body"):
+                await _drain(self._receive, DRAIN_BYTES)
+            raise too_large("the request body", self.max_bytes)
+        return message
 
 
 async def _drain(receive: Any, budget: int) -> None:
@@ -83,11 +130,11 @@ async def _drain(receive: Any, budget: int) -> None:
             return
 
 
-async def _refuse(send: Any, detail: str) -> None:
+async def _refuse(send: Any, status: int, detail: str) -> None:
     import json
 
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": 413,
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})
@@ -179,7 +226,7 @@ async def read_parts(request: Request, *, file_bytes: int,
     except ClientDisconnect:
         raise Disconnected() from None
     except HTTPException as exc:
-        if exc.status_code != 413 or "request body" not in str(exc.detail):  # BodyLimit drained already
+        if exc.status_code != 408 and (exc.status_code != 413 or "request body" not in str(exc.detail)):  # BodyLimit's
             await _drain_stream(chunks)
         raise
     except (FormParserError, ValueError) as exc:
