@@ -3,6 +3,11 @@ fused and unfused, stripped and not; decompile each; report kernel (operator) re
 accuracy against the original layers, and model-level equivalence with the executable.
 
     python bench/decompile.py [-o bench/results/decompile.md] [MODEL ...]
+    python bench/decompile.py --arch aarch64 [-o bench/results/decompile_aarch64.md] [MODEL ...]
+
+`--arch aarch64` (issue 53): every library compiled for aarch64-linux-gnu (Debian's cross gcc links it, its
+strip strips it) and decompiled on this machine, its kernels probed and checked through zen's emulated runtime
+(`python -m zen.compiled.emulation build aarch64` first).
 
 Models come from tests/targets/tvm_models.py (built in a child process with TVM and torch).
 """
@@ -49,6 +54,7 @@ DEFAULT = [
     "timm_ghostnet",
     "mobile",
 ]
+ARM_DEFAULT = ["cnn", "mlp", "resnet", "lenet", "conv1d", "encoder", "mobile", "int8_mlp"]
 EQUIVALENT = 1e-5  # max abs difference, relative to the largest output magnitude (1 + max |y|)
 
 
@@ -79,25 +85,30 @@ def attr_match(graph: dict, truth: dict) -> tuple[int, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("models", nargs="*", default=DEFAULT)
-    ap.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / "decompile.md")
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--arch", choices=["x86_64", "aarch64"], default="x86_64")
+    ap.add_argument("-o", "--output", type=Path)
     args = ap.parse_args()
+    arm = args.arch == "aarch64"
+    args.models = args.models or (ARM_DEFAULT if arm else DEFAULT)
+    args.output = args.output or ROOT / "bench" / "results" / ("decompile_aarch64.md" if arm else "decompile.md")
+    suffix, strip = ("@aarch64", "aarch64-linux-gnu-strip") if arm else ("", "strip")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows: list[dict] = []
     failed: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        specs = [m for m in args.models] + [m + ":unfused" for m in args.models]
+        specs = [m + suffix for m in args.models] + [m + ":unfused" + suffix for m in args.models]
         for spec in specs:  # one child per model: a model TVM cannot compile is reported, not fatal
             b = subprocess.run([sys.executable, str(BUILDER), str(tmp), spec], capture_output=True, text=True)
             if b.returncode != 0:  # TVM's (or the exporter's) own failure, recorded in the table's notes
                 failed.append((spec, (b.stderr.strip().splitlines() or ["?"])[-1][:200]))
                 print(f"build {spec} failed: {failed[-1][1]}", flush=True)
         libs = sorted(tmp.glob("*.so"))
-        if shutil.which("strip"):
+        if shutil.which(strip):
             for lib in list(libs):
                 s = tmp / f"{lib.stem}_stripped.so"
-                subprocess.run(["strip", "--strip-all", "-o", str(s), str(lib)], check=True)
+                subprocess.run([strip, "--strip-all", "-o", str(s), str(lib)], check=True)
                 libs.append(s)
         for lib in libs:
             base = lib.stem.replace("_stripped", "")
@@ -137,12 +148,12 @@ def main() -> int:
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-            write(args.output, rows, failed)  # rewritten after every library: a long sweep leaves partial results
-    write(args.output, rows, failed)
+            write(args.output, rows, failed, args.arch)  # rewritten after every library: a sweep leaves partial results
+    write(args.output, rows, failed, args.arch)
     return 0
 
 
-def write(path: Path, rows: list[dict], failed: list[tuple[str, str]] = ()) -> None:
+def write(path: Path, rows: list[dict], failed: list[tuple[str, str]] = (), arch: str = "x86_64") -> None:
     n = len(rows)
     eq = sum(
         1
@@ -155,12 +166,23 @@ def write(path: Path, rows: list[dict], failed: list[tuple[str, str]] = ()) -> N
     a_all = sum(int(r["attrs"].split("/")[1]) for r in rows)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
-        "# `zen decompile` benchmark (TVM 0.27 relax VM libraries, llvm target, CPU)",
+        f"# `zen decompile` benchmark (TVM 0.27 relax VM libraries, llvm target, CPU, {arch})",
         "",
+        *(
+            []
+            if arch == "x86_64"
+            else [
+                "Libraries compiled for aarch64-linux-gnu (+neon) and decompiled on the x86_64 machine below: their",
+                "kernels ran in zen's emulated aarch64 TVM runtime (qemu-user), for probing and for the equivalence",
+                "check alike; *tvm vs torch* is the library run that way against the original model.",
+                "",
+            ]
+        ),
         f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared), {platform.system()} {platform.release()}; "
         f"Python {platform.python_version()}; run {when}.",
         "",
-        "Generated by `python bench/decompile.py`. Each model is compiled fused (default relax pipeline) and",
+        f"Generated by `python bench/decompile.py{' --arch ' + arch if arch != 'x86_64' else ''}`. Each model is compiled",
+        "fused (default relax pipeline) and",
         "unfused (one kernel per op), and each library also as a `strip --strip-all` copy.",
         "*resolved*: kernel calls whose computation probing reproduced (operator-type recovery);",
         "*attrs*: conv stride/padding/dilation/groups, max-pool window/stride/padding and norm epsilons equal",

@@ -1,6 +1,9 @@
 """Build TVM model libraries with ground truth (run as a child: imports torch and TVM).
 
-    python tvm_models.py OUTDIR NAME[:unfused|:detached] ...
+    python tvm_models.py OUTDIR NAME[:unfused|:detached][@aarch64] ...
+
+`@aarch64`: compiled for aarch64-linux-gnu (LLVM's AArch64 target with NEON, linked by aarch64-linux-gnu-gcc) into
+NAME[_mode]_aarch64.so; its TVM outputs come from zen's emulated runtime (zen.compiled.emulation), as a board's would.
 
 For each model: OUTDIR/NAME.so (torch.export -> relax -> tvm.compile(llvm) -> export_library), and
 OUTDIR/NAME.json with what the process knows (`:detached`: weights as main() inputs, written to
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -327,7 +331,7 @@ def ground_truth(model: nn.Module) -> list[dict]:
 INT8 = {"x_scale": 0.02, "x_zp": 5, "w1_scale": 0.01, "h_scale": 0.05, "h_zp": -10}
 
 
-def build_int8(out: Path, stem: str, fused: bool) -> None:
+def build_int8(out: Path, stem: str, fused: bool, arch: str = "") -> None:
     """An int8-quantized MLP written directly in relax (quantize/dequantize ops, int8 weights with per-tensor and
     per-channel scales). torch's PT2E-quantized programs cannot be imported (from_exported_program rejects
     quantized_decomposed ops; see bench/results/decompile.md), so this is the quantized model TVM 0.27 compiles."""
@@ -358,17 +362,16 @@ def build_int8(out: Path, stem: str, fused: bool) -> None:
             w2f = R.dequantize(relax.const(w2), relax.const(w2_scale), relax.const(0, "int8"), axis=1, out_dtype="float32")
             y = bb.emit_output(R.add(R.matmul(h, w2f), relax.const(b2)))
         bb.emit_func_output(y)
-    target = tvm.target.Target("llvm")
+    target = _target(arch)
     mod = bb.get()
     ex = (
         tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
         if fused
         else tvm.compile(mod, target=target)
     )
-    ex.export_library(str(out / f"{stem}.so"))
+    _export(ex, out / f"{stem}.so", arch)
     xin = np.random.default_rng(42).standard_normal((2, 16)).astype("float32") * 2
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / f"{stem}.so")), tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(xin)).numpy()
+    got = _run_vm(out / f"{stem}.so", [xin])
     dequant = {"w1": w1.astype("float32") * np.float32(q["w1_scale"]), "w2": w2.astype("float32") * w2_scale}
     np.save(out / f"{stem}.input.npy", xin)
     np.save(out / f"{stem}.tvm.npy", got)
@@ -385,10 +388,41 @@ def build_int8(out: Path, stem: str, fused: bool) -> None:
     (out / f"{stem}.json").write_text(json.dumps(truth, indent=1))
 
 
+def _target(arch: str):
+    if arch == "aarch64":
+        return tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]})
+    return tvm.target.Target("llvm")
+
+
+def _export(ex, path: Path, arch: str) -> None:
+    if arch == "aarch64":
+        from tvm.support import cc
+
+        ex.export_library(str(path), fcompile=cc.cross_compiler("aarch64-linux-gnu-gcc"))
+    else:
+        ex.export_library(str(path))
+
+
+def _run_vm(path: Path, arrays: list[np.ndarray]) -> np.ndarray:
+    """The library's first output on `arrays`: run here, or in the emulated runtime when it is another CPU's."""
+    from zen.compiled.emulation import load_library, runtime_for, tuple_items
+
+    with runtime_for(path) as emulated:
+        os.environ.update(emulated)
+        try:
+            lib, dev = load_library(tvm, path)
+            got = relax.VirtualMachine(lib, dev)["main"](*[tvm.runtime.tensor(a, device=dev) for a in arrays])
+            return tuple_items(got)[0].numpy()
+        finally:
+            for k in emulated:
+                os.environ.pop(k, None)
+
+
 def build(out: Path, spec: str) -> None:
+    spec, _, arch = spec.partition("@")
     name, _, mode = spec.partition(":")
     if name == "int8_mlp":
-        return build_int8(out, name + (f"_{mode}" if mode else ""), mode != "unfused")
+        return build_int8(out, name + (f"_{mode}" if mode else "") + (f"_{arch}" if arch else ""), mode != "unfused", arch)
     if name in HF:
         cls, shape = hf_model(HF[name][0]), HF[name][1]
     else:
@@ -411,22 +445,18 @@ def build(out: Path, spec: str) -> None:
     if mode == "detached":  # weights become main()'s inputs, kept apart in a params file
         mod, detached = relax.frontend.detach_params(mod)
         params = [str(p.name) for p in mod["main"].params[1:]], detached["main"]
-    target = tvm.target.Target("llvm")
+    target = _target(arch)
     if mode == "unfused":  # tvm.compile's own pipeline legalizes without fusing: one kernel per op
         ex = tvm.compile(mod, target=target)
     else:
         ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
-    stem = name + (f"_{mode}" if mode else "")
-    ex.export_library(str(out / f"{stem}.so"))
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / f"{stem}.so")), tvm.cpu())
+    stem = name + (f"_{mode}" if mode else "") + (f"_{arch}" if arch else "")
+    _export(ex, out / f"{stem}.so", arch)
     if params is not None:
         from safetensors.numpy import save_file
 
         save_file({n: t.numpy() for n, t in zip(*params)}, str(out / f"{stem}.params.safetensors"))
-        got = vm["main"](tvm.runtime.tensor(x.numpy()), *params[1])
-    else:
-        got = vm["main"](tvm.runtime.tensor(x.numpy()))
-    got = got[0] if not hasattr(got, "numpy") else got
+    got = _run_vm(out / f"{stem}.so", [x.numpy(), *([p.numpy() for p in params[1]] if params is not None else [])])
     with torch.no_grad():
         ref = model(x)
     params = {
@@ -436,13 +466,13 @@ def build(out: Path, spec: str) -> None:
     }
     np.save(out / f"{stem}.input.npy", x.numpy())
     np.save(out / f"{stem}.torch.npy", ref.numpy())
-    np.save(out / f"{stem}.tvm.npy", got.numpy())
+    np.save(out / f"{stem}.tvm.npy", got)
     truth = {
         "name": stem,
         "input_shape": list(shape),
         "layers": ground_truth(model),
         "param_sha256": params,
-        "tvm_vs_torch": float(np.abs(got.numpy() - ref.numpy()).max()),
+        "tvm_vs_torch": float(np.abs(got - ref.numpy()).max()),
     }
     (out / f"{stem}.json").write_text(json.dumps(truth, indent=1))
 

@@ -23,12 +23,14 @@ EXIT_PARTIAL = 5
 
 def compare(library: Path, package: Path, timeout: float = TIMEOUT) -> dict:
     """Max abs difference between the executable's and the rebuilt model's outputs (child process)."""
+    from zen.compiled.emulation import runtime_for
     from zen.compiled.probing import child_env, timed_out, tvm_python
     from zen.runtime import childproc
 
     argv = childproc.module_argv("zen.compiled.check", [Path(library).resolve(), Path(package).resolve()], python=tvm_python())
     try:
-        proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout, env=child_env())
+        with runtime_for(Path(library), timeout) as emulated:  # a library for another CPU runs emulated
+            proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout, env={**child_env(), **emulated})
     except subprocess.TimeoutExpired:
         raise timed_out("comparing the rebuilt model with the executable", timeout) from None
     try:

@@ -36,14 +36,17 @@ def main() -> int:
     gen = torch.Generator().manual_seed(1)
     params = {n: torch.randn(shape, generator=gen).to(getattr(torch, d)) for n, shape, d in from_model.DETACHED}
     model = pkg.load(params=params)
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
+    from zen.compiled.emulation import load_library, tuple_items
+
+    module, dev = load_library(tvm, lib)  # here, or in the emulated runtime (zen.compiled.emulation)
+    vm = relax.VirtualMachine(module, dev)
     worst, scale = 0.0, 0.0
     for _ in range(trials):
         xs = [torch.randn(s, generator=gen).to(getattr(torch, d)) for s, d in from_model.INPUTS]
         data = iter(xs)
         args = [params[name] if detached else next(data) for name, detached in from_model.VM_INPUTS]
-        got = vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
-        ref = [got.numpy()] if hasattr(got, "numpy") else [o.numpy() for o in got]  # a tensor, or a tuple of them
+        got = vm["main"](*[tvm.runtime.tensor(a.numpy(), device=dev) for a in args])
+        ref = [o.numpy() for o in tuple_items(got)]  # a tensor, or a tuple of them
         with torch.no_grad():
             mine = model(*xs)
         mine = [m.numpy() for m in (mine if isinstance(mine, tuple) else (mine,))]

@@ -52,6 +52,7 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
             "magic": hex(ex.magic),
             "blob_found_by": lib.found_by,
             "stripped": lib.stripped,
+            **_machine(lib.machine),
             "functions": [f.name for f in ex.functions if f.kind != "packed"],
             "kernel_symbols": len(lib.kernels),
             "constants": len(ex.constants),
@@ -88,7 +89,10 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
         (out / name).unlink(missing_ok=True)
     (out / "bytecode.txt").write_text(ex.listing() + "\n")
     results: dict[int, dict] = {}
-    if do_probe:
+    runnable = runnable_here(lib.machine)
+    if do_probe and runnable is not True:
+        manifest["problems"].append(f"operators were not probed, no model rebuilt: {runnable}")
+    elif do_probe:
         if not tvm_available(timeout=timeout):
             manifest["problems"].append(f"TVM is not importable by {tvm_python()}: operators were not probed, no model rebuilt")
         else:
@@ -143,6 +147,28 @@ def decompile(library: Path, out: Path, *, do_probe: bool = True, use_names: boo
     manifest["timings"]["total_s"] = round(time.monotonic() - t0, 3)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     return manifest
+
+
+def _machine(machine: str) -> dict:
+    """What the manifest says of the architecture: the library's, the host's, and whether it runs emulated."""
+    from zen.compiled.emulation import arch_name, host_machine
+
+    if not machine:  # a raw VMExecutable file: no machine code of its own to say
+        return {}
+    return {"machine": machine, "architecture": arch_name(machine), "host_architecture": arch_name(host_machine()),
+            "emulated": machine != host_machine()}  # fmt: skip
+
+
+def runnable_here(machine: str) -> bool | str:
+    """True when this machine can run the library's kernels (its own architecture, or an emulated runtime that is
+    built); else why not, with what to do."""
+    from zen.compiled.emulation import ARCHES, arch_name, build_hint, host_machine, ready
+
+    if not machine or machine == host_machine() or ready(machine):
+        return True
+    what = "is not built" if machine in ARCHES else "does not exist in zen"
+    return f"the library is compiled for {arch_name(machine)} and this machine is {arch_name(host_machine())}; " \
+           f"the emulated {arch_name(machine)} runtime {what} ({build_hint(machine)})"  # fmt: skip
 
 
 def _op_counts(kernels) -> dict[str, int]:

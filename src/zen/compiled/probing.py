@@ -142,9 +142,13 @@ def _load_folded(fold_dir: Path, node: int, output: int, spec: dict) -> np.ndarr
 
 
 def _run_child(req: dict, timeout: float) -> dict[int, dict]:
+    from zen.compiled.emulation import runtime_for
+
     try:
-        proc = childproc.run(childproc.module_argv("zen.compiled.kernels.probe", python=tvm_python()), input=json.dumps(req),
-                             capture_output=True, text=True, timeout=timeout, env=child_env())  # fmt: skip
+        with runtime_for(Path(req["library"]), timeout) as emulated:
+            proc = childproc.run(childproc.module_argv("zen.compiled.kernels.probe", python=tvm_python()),
+                                 input=json.dumps(req), capture_output=True, text=True, timeout=timeout,
+                                 env={**child_env(), **emulated})  # fmt: skip
     except subprocess.TimeoutExpired:
         raise timed_out("probing the kernels", timeout) from None
     except OSError as exc:

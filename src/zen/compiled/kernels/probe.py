@@ -31,6 +31,7 @@ from zen.compiled.kernels.budget import SearchLimits
 from zen.compiled.kernels.search import search
 
 THREADS = 1  # TVM's and torch's: results (and the errors recorded) must not follow the core count
+DEVICE: list = [None]  # where the kernels' tensors are made: None (the CPU here), or the emulated runtime's CPU
 
 
 class Kernel:
@@ -63,8 +64,8 @@ class Kernel:
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         tvm = self.tvm
-        args = [tvm.runtime.tensor(np.array(a, order="C")) for a in arrays]
-        outs = [tvm.runtime.tensor(np.zeros(o["shape"], dtype=o["dtype"])) for o in self.spec["outputs"]]
+        args = [tvm.runtime.tensor(np.array(a, order="C"), device=DEVICE[0]) for a in arrays]
+        outs = [tvm.runtime.tensor(np.zeros(o["shape"], dtype=o["dtype"]), device=DEVICE[0]) for o in self.spec["outputs"]]
         self.func(*args, *outs)
         return [o.numpy() for o in outs]
 
@@ -121,7 +122,9 @@ def main() -> int:
 
     req = json.load(sys.stdin)
     limits = SearchLimits.from_json(req.get("limits"))
-    lib = tvm.runtime.load_module(req["library"])
+    from zen.compiled.emulation import load_library
+
+    lib, DEVICE[0] = load_library(tvm, req["library"])  # here, or in the emulated runtime (zen.compiled.emulation)
     consts = load_executable(req["library"])[1].constants
     rng = np.random.default_rng(req.get("seed", 0))
     known: dict[int, np.ndarray] = {}  # outputs of kernels whose inputs are all constants
