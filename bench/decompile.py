@@ -169,7 +169,11 @@ def write(path: Path, rows: list[dict], failed: list[tuple[str, str]] = (), arch
         f"# `zen decompile` benchmark (TVM 0.27 relax VM libraries, llvm target, CPU, {arch})",
         "",
         *(
-            []
+            [
+                "The same models compiled for aarch64 and decompiled here under emulation (issue 53):",
+                "`python bench/decompile.py --arch aarch64` -> `decompile_aarch64.md`.",
+                "",
+            ]
             if arch == "x86_64"
             else [
                 "Libraries compiled for aarch64-linux-gnu (+neon) and decompiled on the x86_64 machine below: their",
