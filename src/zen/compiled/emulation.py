@@ -159,8 +159,10 @@ def python_argv(machine: str) -> list[str]:
 def python_env(machine: str) -> dict[str, str]:
     d = env_dir(machine)
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "LD_", "QEMU_"))}
+    # TVM_USE_RUNTIME_LIB: libtvm_runtime alone (kernels are run there, never compiled): the emulated server then
+    # starts in 7 s instead of 18 (TVM's LLVM is not loaded)
     return {**keep, "PYTHONPATH": str(d / "site"), "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
-            "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+            "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TVM_USE_RUNTIME_LIB": "1"}  # fmt: skip
 
 
 @contextlib.contextmanager
