@@ -31,6 +31,7 @@ TARGETS = ROOT / "tests" / "targets"
 FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit",
          "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-fp16", "dynamic-bert", "static-cnn",
          "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
+         "static-conv1d", "static-conv1d-fbgemm", "static-convtranspose", "static-embedding",
          "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
 TORCHVISION = ("static-resnet18", "static-mobilenet-v2")  # torchvision from bench/zoo.py's side directory
 QUANTIZED = ("torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit")

@@ -42,6 +42,8 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "static-cnn-qnnpack": None,
     "static-depthwise": None,
     "static-grouped": None,
+    "static-conv1d": None,
+    "static-conv1d-fbgemm": None,
     "hostile-ring": None,
     "nan-weights": None,
     "jit-trace": None,
@@ -342,7 +344,8 @@ def test_packed_quantized_weights_are_unpacked_and_repacked_exactly(form_images,
 
 
 @pytest.mark.parametrize("form,engine", [("static-cnn", None), ("static-cnn-fbgemm", "fbgemm"), ("static-depthwise", "fbgemm"),
-                                         ("static-cnn-onednn", "onednn"), ("static-cnn-qnnpack", "qnnpack")])  # fmt: skip
+                                         ("static-cnn-onednn", "onednn"), ("static-cnn-qnnpack", "qnnpack"),
+                                         ("static-conv1d", None), ("static-conv1d-fbgemm", "fbgemm")])  # fmt: skip
 def test_static_quantized_models_are_read_from_each_engines_objects(form_images, workdir, form, engine):
     """Static quantization (issue 48): quantized Conv2ds and Linears keep their int8 weights only in C++ objects, a
     different class per engine, told apart by their RTTI. fbgemm's (re-blocked) are unpacked; oneDNN's and QNNPACK's
@@ -350,7 +353,8 @@ def test_static_quantized_models_are_read_from_each_engines_objects(form_images,
     default x86 engine packs the default qconfig's symmetric convolution weights with oneDNN on AVX512-VNNI CPUs and
     with fbgemm elsewhere; fbgemm packs a depthwise convolution its own way (unpacked too). Each: complete, every
     weight and bias bit-exact under the module's own state_dict keys, the scales and zero points those of the
-    deployed state_dict, and the rebuilt model (packed again by PyTorch) gives the deployed outputs bit for bit."""
+    deployed state_dict, and the rebuilt model (packed again by PyTorch) gives the deployed outputs bit for bit. A Conv1d
+    is packed as a Conv2d of kernel (1, k): read the same way, its weight 3-d as its state_dict holds it."""
     vnni = "avx512_vnni" in Path("/proc/cpuinfo").read_text()
     res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0 and manifest["status"] == "complete", manifest["problems"]
@@ -362,7 +366,9 @@ def test_static_quantized_models_are_read_from_each_engines_objects(form_images,
     assert (q["qscheme"], q["scale"], q["zero_point"]) == (state["1.weight"]["qscheme"], state["1.weight"]["scale"],
                                                           state["1.weight"]["zero_point"])  # fmt: skip
     conv_engine = engine or ("onednn" if vnni else "fbgemm")
-    assert q["packed"]["engine"] == conv_engine and records["1.weight"]["shape"] == [8, 3, 3, 3]
+    assert q["packed"]["engine"] == conv_engine and records["1.weight"]["shape"] == [8, 3, 3] + [3] * ("conv1d" not in form)
+    if "conv1d" in form:
+        assert _digest(weights["3.weight"]) == state["3.weight"]["sha256"] and records["3.weight"]["shape"] == [4, 8, 3]
     if form == "static-depthwise":
         assert _digest(weights["3.weight"]) == state["3.weight"]["sha256"] and records["3.weight"]["shape"] == [8, 1, 3, 3]
         assert records["3.weight"]["quantization"]["packed"]["algorithm"] == "depthwise"

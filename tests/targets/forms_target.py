@@ -193,6 +193,37 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         img = torch.randn(2, 3, 64, 64)
         net(img)  # calibration
         return convert(net), None, img
+    if form == "static-convtranspose":  # a quantized ConvTranspose2d: a packed object zen does not read yet (named)
+        from torch.ao.quantization import convert, default_qconfig, prepare
+
+        torch.backends.quantized.engine = "x86"
+        net = nn.Sequential(torch.ao.quantization.QuantStub(), nn.ConvTranspose2d(3, 4, 3), nn.Flatten(),
+                            nn.Linear(4 * 10 * 10, 10), torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
+        net.qconfig = default_qconfig
+        prepare(net, inplace=True)
+        img = torch.randn(2, 3, 8, 8)
+        net(img)  # calibration
+        return convert(net), None, img
+    if form == "static-embedding":  # a quantized EmbeddingBag: its packed table is not read yet (named)
+        from torch.ao.quantization import float_qparams_weight_only_qconfig
+
+        net = nn.Sequential(nn.EmbeddingBag(50, 8, mode="sum"), nn.Linear(8, 4)).eval()
+        net[0].qconfig = float_qparams_weight_only_qconfig
+        torch.ao.quantization.prepare(net, inplace=True)
+        ids = torch.randint(0, 50, (3, 5))
+        return torch.ao.quantization.convert(net), None, ids
+    if form.startswith("static-conv1d"):  # quantized Conv1ds: packed as Conv2ds of kernel (1, k)
+        from torch.ao.quantization import convert, get_default_qconfig, prepare
+
+        engine = "x86" if form == "static-conv1d" else form.rsplit("-", 1)[-1]
+        torch.backends.quantized.engine = engine
+        net = nn.Sequential(torch.ao.quantization.QuantStub(), nn.Conv1d(3, 8, 3), nn.ReLU(), nn.Conv1d(8, 4, 3, padding=1),
+                            nn.Flatten(), nn.Linear(4 * 6, 10), torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
+        net.qconfig = get_default_qconfig(engine)
+        prepare(net, inplace=True)
+        seq = torch.randn(4, 3, 8)
+        net(seq)  # calibration
+        return convert(net), None, seq
     if form.startswith("static-"):  # eager-mode static quantization: packed Conv2d and Linear
         from torch.ao.quantization import convert, get_default_qconfig, prepare
 

@@ -1,4 +1,4 @@
-"""Packed quantized Linears and Conv2ds rebuilt with PyTorch's own packing (`set_weight_bias`: `linear_prepack`,
+"""Packed quantized Linears, Conv2ds and Conv1ds rebuilt with PyTorch's own packing (`set_weight_bias`: `linear_prepack`,
 `conv2d_prepack` with the module's own stride, padding, dilation and groups).
 
 zen reads the int8 weight, its scales and zero points and the bias out of fbgemm's packed Linear or the weight
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 SUFFIX = "._packed_params.weight"
+CONVS = ("conv2d", "conv1d")  # a Conv1d's set_weight_bias unsqueezes its 3-d weight and packs it as PyTorch did
 
 
 def packed_paths(mr) -> dict[str, Any]:
@@ -22,7 +23,7 @@ def packed_paths(mr) -> dict[str, Any]:
         packed = t.quantization.get("packed") if t.quantization else None
         if not packed:
             continue
-        if packed.get("kind") == "conv2d" and t.key.endswith("weight"):
+        if packed.get("kind") in CONVS and t.key.endswith("weight"):
             out[t.key[: -len(".weight")] if "." in t.key else ""] = t
         elif t.key.endswith(SUFFIX):
             out[t.key[: -len(SUFFIX)]] = t
@@ -50,7 +51,7 @@ def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str]
             weight = torch._make_per_channel_quantized_tensor(data, scales, torch.tensor(q["zero_point"]), q.get("axis", 0))
         else:
             weight = torch._make_per_tensor_quantized_tensor(data, float(q["scale"][0]), int(q["zero_point"][0]))
-        conv = q["packed"].get("kind") == "conv2d"  # a quantized Conv2d: its state_dict keys are PATH.weight, PATH.bias
+        conv = q["packed"].get("kind") in CONVS  # a quantized convolution: its state_dict keys are PATH.weight, PATH.bias
         bias_key = (f"{path}.bias" if path else "bias") if conv else f"{path}._packed_params.bias"
         bias = tensor(bias_key) if bias_key in keys else None
         brec = bias_records.get(bias_key)
@@ -69,6 +70,6 @@ def deployed_engine(records: dict[str, Any]) -> str | None:
         return "qnnpack"
     if any(e == "onednn" and k == "linear" for e, k in packed):
         return "onednn"
-    if any(e == "fbgemm" and k == "conv2d" for e, k in packed) and not any(e == "onednn" for e, _ in packed):
+    if any(e == "fbgemm" and k in CONVS for e, k in packed) and not any(e == "onednn" for e, _ in packed):
         return "fbgemm"  # x86 would pack a symmetric weight with oneDNN on a VNNI CPU: other kernels, other bits
     return None

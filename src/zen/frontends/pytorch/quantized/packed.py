@@ -36,6 +36,7 @@ from zen.runtime.errors import ObjectError, ZenError
 STRUCTS = ("pybind", "jitmodule", "jitobject", "ivalue", "packedlinear", "packb")
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
 QUANTIZED_CONV2D = "torch.ao.nn.quantized.modules.conv.Conv2d"
+QUANTIZED_CONV1D = "torch.ao.nn.quantized.modules.conv.Conv1d"  # packed as a Conv2d of kernel (1, k): read as one
 MAX_DIM = 1 << 20  # rows or columns of one weight
 MAX_PACKED = 1 << 30  # bytes of one packed buffer (a 32k x 32k int8 weight; read whole, so bounded)
 BAND = 256  # rows of B unpacked at once
@@ -173,6 +174,15 @@ class PackedReader:
         return out, {"block_rows": brow, "block_cols": bcol, "row_interleave": ri}
 
 
+def _as_conv1d(meta, owner: int):
+    """A Conv1d's kept weight as its state_dict holds it: the (out, in, 1, k) tensor the packing made, without the 1."""
+    import dataclasses
+
+    if len(meta.shape) != 4 or meta.shape[2] != 1:
+        raise ObjectError(owner, f"a Conv1d's kept weight of shape {list(meta.shape)}, not (out, in, 1, k)")
+    return dataclasses.replace(meta, shape=(*meta.shape[:2], meta.shape[3]), stride=(*meta.stride[:2], meta.stride[3]))
+
+
 def depthwise_index(channels: int, kp: int) -> np.ndarray:
     """Where element (channel, kernel position) of a depthwise weight lies in fbgemm's packed buffer: channels in
     blocks of 32, kernel positions in registers of 4 (kernel size rounded up to even), the last one or two positions
@@ -193,9 +203,9 @@ BASE = (1 << 62) + (1 << 60)  # where unpacked weights are placed in their own s
 
 def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[str], dict[str, str]]:
     """(slots of every packed weight and bias under `root`, the paths of the LinearPackedParams and quantized Conv2ds
-    read, {path: why} for those not read). Keys follow PyTorch's state_dict: a Linear's `PATH._packed_params.weight`
-    and `.bias` under the `PATH._packed_params` entry its `_save_to_state_dict` writes (a (weight, bias) tuple), a
-    Conv2d's `PATH.weight` and `PATH.bias`."""
+    and Conv1ds read, {path: why} for those not read). Keys follow PyTorch's state_dict: a Linear's
+    `PATH._packed_params.weight` and `.bias` under the `PATH._packed_params` entry its `_save_to_state_dict` writes (a
+    (weight, bias) tuple), a convolution's `PATH.weight` and `PATH.bias` (a Conv1d's weight 3-d, as its `weight()`)."""
     from zen.frontends.pytorch.mr import TensorSlot, tensor_record
     from zen.frontends.pytorch.subclasses import ClassLookup
 
@@ -207,6 +217,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
             targets.append((p, n, "linear", f"{p}._packed_params."))
         elif "_packed_params" in n.attrs and QUANTIZED_CONV2D in mro:
             targets.append((p, n, "conv2d", f"{p}." if p else ""))
+        elif "_packed_params" in n.attrs and QUANTIZED_CONV1D in mro:
+            targets.append((p, n, "conv1d", f"{p}." if p else ""))
     if not targets:
         return [], set(), {}
     recalibrate = "recalibrate it with `zen profile torch --python PYTHON_WITH_THAT_TORCH`"
@@ -230,6 +242,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
                 if not has_kept_layout(reader.tp, kc):
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no {kc} layout; {recalibrate}")
                 kept = read_kept(ip, reader, obj, addr, kc, 2 if kind == "linear" else 4)
+                if kind == "conv1d":
+                    kept.meta = _as_conv1d(kept.meta, addr)
                 kept_out += kept_slots(ip, reader, kept, prefix, obj, kc, kind)
                 kept_paths.add(path)
             elif kind == "linear" and "PackedLinearWeightFp16" in cls:  # dynamic quantization to float16
@@ -238,10 +252,15 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
                                       f"{recalibrate}")  # fmt: skip
                 got.append((path, prefix, PackedReader(ip, reader.tp).read_fp16(obj, addr)))
             elif fbgemm in cls and "Fp16" not in cls:  # fbgemm's int8 packed weight: unpacked
-                if pr is None or (kind == "conv2d" and not all(x in reader.tp.structs for x in ("packedconv", "convpack"))):
+                if pr is None or (kind != "linear" and not all(x in reader.tp.structs for x in ("packedconv", "convpack"))):
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm {fbgemm} "
                                       f"layout; {recalibrate}")  # fmt: skip
-                got.append((path, prefix, pr.read(obj, addr, kind, cls)))
+                pl = pr.read(obj, addr, "conv2d" if kind == "conv1d" else kind, cls)
+                if kind == "conv1d":
+                    if pl.weight.ndim != 4 or pl.weight.shape[2] != 1:
+                        raise ObjectError(addr, f"a Conv1d packed with kernel {list(pl.weight.shape[2:])}, not (1, k)")
+                    pl.weight, pl.packing["kind"] = np.ascontiguousarray(pl.weight[:, :, 0, :]), "conv1d"
+                got.append((path, prefix, pl))
             else:
                 raise ObjectError(addr, f"a packed {kind} of class {cls or 'unknown'}, a layout zen does not read yet")
         except ZenError as exc:
