@@ -24,33 +24,13 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
 
 FORMS = {  # form -> the library it needs (None: torch alone)
-    "compile": None,
-    "compile-method": None,
-    "torchao-int8": "torchao",
-    "quanto-int8": "optimum.quanto",
-    "bnb-8bit": "bitsandbytes",
-    "bnb-4bit": "bitsandbytes",
-    "several": "torchao",
-    "offload-cpu": "accelerate",
-    "offload-disk": "accelerate",
-    "dynamic": None,
-    "dynamic-per-channel": None,
-    "dynamic-fp16": None,
-    "static-cnn": None,
-    "static-cnn-fbgemm": None,
-    "static-cnn-onednn": None,
-    "static-cnn-qnnpack": None,
-    "static-depthwise": None,
-    "static-grouped": None,
-    "static-conv1d": None,
-    "static-conv1d-fbgemm": None,
-    "hostile-ring": None,
-    "nan-weights": None,
-    "jit-trace": None,
-    "jit-script": None,
-    "jit-load": None,
-    "ort": "onnxruntime",
-}
+    "compile": None, "compile-method": None, "torchao-int8": "torchao", "quanto-int8": "optimum.quanto",
+    "bnb-8bit": "bitsandbytes", "bnb-4bit": "bitsandbytes", "several": "torchao", "offload-cpu": "accelerate",
+    "offload-disk": "accelerate", "dynamic": None, "dynamic-per-channel": None, "dynamic-fp16": None, "static-cnn": None,
+    "static-cnn-fbgemm": None, "static-cnn-onednn": None, "static-cnn-qnnpack": None, "static-depthwise": None,
+    "static-grouped": None, "static-conv1d": None, "static-conv1d-fbgemm": None, "static-embedding": None,
+    "hostile-ring": None, "nan-weights": None, "jit-trace": None, "jit-script": None, "jit-load": None, "ort": "onnxruntime",
+}  # fmt: skip
 
 
 def _have(mod: str | None) -> bool:
@@ -378,6 +358,20 @@ def test_static_quantized_models_are_read_from_each_engines_objects(form_images,
     lin = records[f"{key}.weight"]["quantization"]
     assert (lin["scale"], lin["zero_point"], lin["packed"]["engine"]) == (w["scale"], w["zero_point"], engine or "fbgemm")
     got = _rebuilt(workdir, case, form, t)
+    assert got["equal"] and got["max_abs_diff"] == 0 and got["state_equal"], got
+
+
+def test_a_quantized_embedding_table_is_read_from_its_packed_object(form_images, workdir):
+    """Weight-only quantized EmbeddingBag (issue 48): its table lives only in fbgemm's PackedEmbeddingBagWeight (8-bit
+    fused rows, each followed by its float scale and bias, and the per-row float qparams). Complete, the table
+    bit-exact under the state_dict's `_packed_weight` key with its qparams, and the rebuilt model identical."""
+    res, case, manifest, t = _recover(form_images, "static-embedding", workdir)
+    assert res.returncode == 0 and manifest["status"] == "complete", manifest["problems"]
+    want, key = t.truth["state"]["0._packed_params._packed_weight"], "0._packed_params._packed_weight"
+    q = {r["key"]: r for r in json.loads((case / "mr.json").read_text())["tensors"]}[key]["quantization"]
+    assert _digest(load_file(case / "weights.safetensors")[key]) == want["sha256"]
+    assert (q["dtype"], q["scale"], q["zero_point"]) == ("quint8", want["scale"], want["zero_point"]), q
+    got = _rebuilt(workdir, case, "static-embedding", t)
     assert got["equal"] and got["max_abs_diff"] == 0 and got["state_equal"], got
 
 

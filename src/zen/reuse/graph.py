@@ -181,7 +181,7 @@ def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool 
             continue
         where = f"model.{m.path}" if m.path else "model"
         for name, enc in m.state.items():
-            if name == "_packed_params" and m.path in packed:
+            if name in ("_packed_params", "_packed_weight") and m.path in packed:  # packed again below
                 continue
             d[name] = dec.decode(enc, f"{where}.{name}")
         for name in HOOK_DICTS:

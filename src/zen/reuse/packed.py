@@ -1,5 +1,6 @@
-"""Packed quantized Linears, Conv2ds and Conv1ds rebuilt with PyTorch's own packing (`set_weight_bias`: `linear_prepack`,
-`conv2d_prepack` with the module's own stride, padding, dilation and groups).
+"""Packed quantized Linears, Conv2ds, Conv1ds and embedding tables rebuilt with PyTorch's own packing
+(`set_weight_bias`: `linear_prepack`, `conv2d_prepack` with the module's own stride, padding, dilation and groups;
+an embedding table's `set_weight`: `embedding_bag_prepack`).
 
 zen reads the int8 weight, its scales and zero points and the bias out of fbgemm's packed Linear or the weight
 oneDNN's packed convolution keeps (`frontends/pytorch/quantized`); the runnable copy packs them again the way the
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 SUFFIX = "._packed_params.weight"
+TABLE = "._packed_weight"  # a quantized Embedding's or EmbeddingBag's table, under its EmbeddingPackedParams
 CONVS = ("conv2d", "conv1d")  # a Conv1d's set_weight_bias unsqueezes its 3-d weight and packs it as PyTorch did
 
 
@@ -23,7 +25,9 @@ def packed_paths(mr) -> dict[str, Any]:
         packed = t.quantization.get("packed") if t.quantization else None
         if not packed:
             continue
-        if packed.get("kind") in CONVS and t.key.endswith("weight"):
+        if packed.get("kind") == "embedding" and t.key.endswith(TABLE):
+            out[t.key[: -len(TABLE)]] = t
+        elif packed.get("kind") in CONVS and t.key.endswith("weight"):
             out[t.key[: -len(".weight")] if "." in t.key else ""] = t
         elif t.key.endswith(SUFFIX):
             out[t.key[: -len(SUFFIX)]] = t
@@ -44,6 +48,10 @@ def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str]
     for path, rec in records.items():
         q = rec.quantization
         data = tensor(rec.key)
+        if q["packed"].get("kind") == "embedding":  # 8-bit rows with float scales and zero points: prepacked again
+            scales, zps = (torch.tensor(q[k], dtype=torch.float32) for k in ("scale", "zero_point"))
+            objs[path].set_weight(torch._make_per_channel_quantized_tensor(data, scales, zps, 0))
+            continue
         if q.get("dtype") == "float16":  # dynamic float16: the float32 weight, packed to float16 again by prepack
             weight = data
         elif q["qscheme"] == "per_channel_affine":

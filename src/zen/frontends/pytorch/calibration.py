@@ -199,6 +199,8 @@ class TorchCalibrator(CalibratorBase):
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
             self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")
             self.optional("fbgemm float16 Linears", "zen.frontends.pytorch.quantized.calibration", "measure_packed_fp16")
+            self.optional("fbgemm embedding tables", "zen.frontends.pytorch.quantized.embedding_calibration",
+                          "measure_embedding_bag")  # fmt: skip
         self.optional("quantizers", "zen.frontends.pytorch.quantized.kept_calibration", "measure_quantizer")
         if "jitobject" in self.structs and "qtensorimpl" in self.structs:  # packed objects that keep their weight
             for engine, kind in (("onednn", "conv"), ("onednn", "linear"), ("qnnpack", "conv"), ("qnnpack", "linear")):

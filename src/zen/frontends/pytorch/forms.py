@@ -46,6 +46,7 @@ MAX_LISTED = 8  # attribute names listed in one problem
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
 QUANTIZED_LINEAR = "torch.ao.nn.quantized.modules.linear.Linear"
 QUANTIZED_CONV = "torch.ao.nn.quantized.modules.conv._ConvNd"  # its state_dict: weight, bias, scale, zero_point
+EMBEDDING_PACKED = "torch.ao.nn.quantized.modules.embedding_ops.EmbeddingPackedParams"  # dtype, _packed_weight
 # classes whose `_save_to_state_dict` adds only tensors made from plain attributes the reader records (read in
 # torch's source): quantized add/mul/cat modules write `scale` and `zero_point` from their float and int attributes
 PLAIN_ATTRIBUTES = frozenset({"torch.ao.nn.quantized.modules.functional_modules.QFunctional"})
@@ -119,7 +120,7 @@ def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, i
     if definer in PLAIN_ATTRIBUTES:
         definer = None  # its extra entries are its plain attributes, recorded with the module
     if (definer == PACKED_PARAMS and path in packed) or (definer == QUANTIZED_LINEAR and _at(path, "_packed_params") in packed) \
-            or (definer == QUANTIZED_CONV and path in packed):  # fmt: skip
+            or (definer in (QUANTIZED_CONV, EMBEDDING_PACKED) and path in packed):  # fmt: skip
         definer = None  # the packed weight and bias, read (quantized.packed/.conv), and plain attributes (scale, zero_point)
     if definer is not None:
         out.append(Unread(path, t.full_name, addr, f"its class writes its own state_dict ({definer}._save_to_state_dict): "
@@ -132,9 +133,9 @@ def _module_unread(ip, index: ModuleIndex, look: ClassLookup, path: str, node, i
                               "code in the image that may add or change entries; zen runs no recovered code"))  # fmt: skip
     for name, v in node.attrs.items():
         tn = _type_name(ip, v)
-        if name == "_packed_params" and path in failed:
+        if name in ("_packed_params", "_packed_weight") and path in failed:
             out.append(Unread(_at(path, name), tn, f"{v:#x}", failed[path]))
-        elif name == "_packed_params" and path in packed:
+        elif name in ("_packed_params", "_packed_weight") and path in packed:
             continue
         elif tn in CPP_OBJECTS:
             out.append(Unread(_at(path, name), tn, f"{v:#x}", "a C++ object (TorchScript or packed quantized weights): "

@@ -37,6 +37,7 @@ STRUCTS = ("pybind", "jitmodule", "jitobject", "ivalue", "packedlinear", "packb"
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
 QUANTIZED_CONV2D = "torch.ao.nn.quantized.modules.conv.Conv2d"
 QUANTIZED_CONV1D = "torch.ao.nn.quantized.modules.conv.Conv1d"  # packed as a Conv2d of kernel (1, k): read as one
+EMBEDDING_PACKED = "torch.ao.nn.quantized.modules.embedding_ops.EmbeddingPackedParams"  # its `_packed_weight`
 MAX_DIM = 1 << 20  # rows or columns of one weight
 MAX_PACKED = 1 << 30  # bytes of one packed buffer (a 32k x 32k int8 weight; read whole, so bounded)
 BAND = 256  # rows of B unpacked at once
@@ -53,6 +54,7 @@ class PackedLinear:
     zero_points: list[int]
     bias_impl: int
     packing: dict
+    name: str = "weight"  # its state_dict name under the module's prefix (an embedding table: `_packed_weight`)
 
 
 def has_packed_layout(tp: TorchProfile) -> bool:
@@ -106,6 +108,31 @@ class PackedReader:
         bias = ip.ptr(plw + P.bias) if ip.space.read(plw + P.bias_engaged, 1)[0] == 1 else 0
         packing.update(engine="fbgemm", object=f"{plw:#x}", **({"kind": kind} if kind != "linear" else {}))
         return PackedLinear(weight, scheme, scales, zps, bias, packing)
+
+    def read_embedding(self, obj: int, addr: int, reader) -> PackedLinear:
+        """The table of fbgemm's `PackedEmbeddingBagWeight` at `obj`: its 8-bit fused rows (each row's bytes, then a
+        float scale and bias) less the trailing 8 bytes, with the per-row float scales and zero points it keeps
+        (`w_scale`, `w_zp`), which are what `embedding_bag_unpack` returns (checked by `zen profile torch`)."""
+        ip, S = self.ip, self.tp.packedembedding
+        rate = struct.unpack("<q", ip.space.read(obj + S.bit_rate, 8))[0]
+        if rate != 8:
+            raise ObjectError(addr, f"a {rate}-bit packed embedding table, a layout zen does not read yet (8-bit only)")
+        impl = ip.ptr(obj + S.packed_w)
+        meta = reader.impl_meta(impl, impl)
+        if meta.dtype != "uint8" or len(meta.shape) != 2 or not meta.on_cpu or meta.shape[1] <= 8:
+            raise ObjectError(addr, f"packed rows of {meta.dtype} {list(meta.shape)}, not fbgemm's fused 8-bit rows")
+        rows, width = meta.shape
+        if rows > MAX_DIM * 64 or width > MAX_DIM or rows * width > MAX_PACKED or tuple(meta.stride) != (width, 1):
+            raise ObjectError(addr, f"packed rows {rows} x {width} (strides {list(meta.stride)}): beyond zen's bounds or "
+                              "not contiguous")  # fmt: skip
+        fused = np.frombuffer(ip.space.read(meta.data_ptr, rows * width), dtype=np.uint8).reshape(rows, width)
+        table = np.ascontiguousarray(fused[:, : width - 8])
+        scales = self._vector(obj + S.w_scale, "<f", rows, addr)
+        zps = self._vector(obj + S.w_zp, "<f", rows, addr)
+        if len(scales) != rows or len(zps) != rows:
+            raise ObjectError(addr, f"{len(scales)} scales and {len(zps)} zero points for {rows} rows")
+        packing = {"engine": "fbgemm", "object": f"{obj:#x}", "kind": "embedding", "bit_rate": 8}
+        return PackedLinear(table, "per_channel_affine_float_qparams", scales, zps, 0, packing, "_packed_weight")
 
     def _vector(self, at: int, fmt: str, most: int, owner: int) -> list:
         begin, end = self.ip.space.u64(at), self.ip.space.u64(at + 8)
@@ -219,6 +246,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
             targets.append((p, n, "conv2d", f"{p}." if p else ""))
         elif "_packed_params" in n.attrs and QUANTIZED_CONV1D in mro:
             targets.append((p, n, "conv1d", f"{p}." if p else ""))
+        elif "_packed_weight" in n.attrs and EMBEDDING_PACKED in mro:
+            targets.append((p, n, "embedding", f"{p}." if p else ""))
     if not targets:
         return [], set(), {}
     recalibrate = "recalibrate it with `zen profile torch --python PYTHON_WITH_THAT_TORCH`"
@@ -231,14 +260,21 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
     kept_out: list = []
     kept_paths: set[str] = set()
     for path, node, kind, prefix in targets:  # the engine's class, from the object's RTTI, says which layout holds it
-        addr = node.attrs["_packed_params"]
-        what = "weight" if kind == "linear" else "convolution"
+        addr = node.attrs["_packed_weight" if kind == "embedding" else "_packed_params"]
+        what = {"linear": "weight", "embedding": "table"}.get(kind, "convolution")
         try:
             obj = capsule_payload(ip, reader.tp, addr)
             cls = cpp_class(ip, obj)
             kc = kept_class(cls)
             fbgemm = "PackedLinearWeight" if kind == "linear" else "PackedConvWeight"
-            if kc is not None:
+            if kind == "embedding":
+                if "PackedEmbeddingBagWeight" not in cls:
+                    raise ObjectError(addr, f"a packed embedding table of class {cls or 'unknown'}, not fbgemm's")
+                if pr is None or "packedembedding" not in reader.tp.structs:
+                    raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm embedding "
+                                      f"layout; {recalibrate}")  # fmt: skip
+                got.append((path, prefix, pr.read_embedding(obj, addr, reader)))
+            elif kc is not None:
                 if not has_kept_layout(reader.tp, kc):
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no {kc} layout; {recalibrate}")
                 kept = read_kept(ip, reader, obj, addr, kc, 2 if kind == "linear" else 4)
@@ -277,7 +313,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
         regions.append(Region(at, at + max(w.nbytes, 1), "r--p", f"unpacked {path}"))
         owner = int(pl.packing["object"], 16)
         strides = tuple(int(x) // w.itemsize for x in w.strides)
-        dtype, st, was = ("float32", "F32", "float16") if w.dtype == np.float32 else ("int8", "I8", "qint8")
+        dtype, st, was = {np.dtype(np.float32): ("float32", "F32", "float16"), np.dtype(np.uint8): ("uint8", "U8", "quint8")}.get(
+            w.dtype, ("int8", "I8", "qint8"))  # fmt: skip
         metas.append(TensorMeta(owner, owner, dtype, w.itemsize, st, tuple(w.shape), strides, 0, w.size, "unpacked", False,
                                 0, at, w.nbytes, f"torch.{was} (fbgemm packed weight)"))  # fmt: skip
         at += (w.nbytes + 4095) // 4096 * 4096 + 4096
@@ -285,15 +322,18 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
         ip.space.attach_device("unpacked", AddressSpace(regions, chunks, description="weights zen unpacked"))
     slots = []
     for (path, prefix, pl), meta in zip(got, metas):
-        rec = tensor_record(f"{prefix}weight", "packed", meta.addr, meta, reader=reader)
+        rec = tensor_record(f"{prefix}{pl.name}", "packed", meta.addr, meta, reader=reader)
         rec.device, rec.dtype = "cpu", meta.dtype
         if pl.qscheme == "float16":  # the weight PyTorch's unpack gives: float32 widened from the packed float16
             rec.quantization = {"dtype": "float16", "packed": pl.packing}
             rec.note = "unpacked by zen from fbgemm's float16 packed matrix, widened to float32 as PyTorch's unpack does"
         else:
-            rec.quantization = {"dtype": "qint8", "qscheme": pl.qscheme, "scale": pl.scales, "zero_point": pl.zero_points,
-                                **({"axis": 0} if pl.qscheme == "per_channel_affine" else {}), "packed": pl.packing}  # fmt: skip
+            axis = {"axis": 0} if pl.qscheme.startswith("per_channel") else {}
+            rec.quantization = {"dtype": "quint8" if w.dtype == np.uint8 else "qint8", "qscheme": pl.qscheme,
+                                "scale": pl.scales, "zero_point": pl.zero_points, **axis, "packed": pl.packing}  # fmt: skip
             rec.note = "unpacked by zen from fbgemm's depthwise packing"
+            if pl.packing.get("kind") == "embedding":
+                rec.note = "the table's rows read from fbgemm's fused 8-bit rows (each row's float scale and bias follow it)"
             if "row_interleave" in pl.packing:
                 rec.note = (f"unpacked by zen from fbgemm's packed buffer (blocks {pl.packing['block_rows']}x"
                             f"{pl.packing['block_cols']}, row interleave {pl.packing['row_interleave']})")  # fmt: skip
