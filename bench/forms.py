@@ -165,6 +165,8 @@ NOTES = """How to read the rows:
   static-depthwise: fbgemm's depthwise packing, unpacked. static-grouped: a grouped convolution fbgemm packs in
   groups, not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
   models (fused, x86 qconfig, random weights), MobileNet's depthwise layers with more than 100 groups go to fbgemm.
+  static-conv1d(-fbgemm): Conv1ds, packed as Conv2ds of kernel (1, k) and read as such. static-embedding: a
+  weight-only quantized EmbeddingBag (fbgemm's 8-bit fused rows). static-convtranspose: not read yet, named.
 - several: a float reference beside the served torchao model; the served one is chosen (see README, "Several models").
 - ort: no case; zen names the ONNX Runtime session and the model file it loaded (exit 6).
 - Every image holds the interpreter, torch and each form's library: recovery time is mostly the heap and code work
