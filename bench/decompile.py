@@ -88,6 +88,7 @@ def main() -> int:
     ap.add_argument("models", nargs="*")
     ap.add_argument("--arch", choices=["x86_64", "aarch64"], default="x86_64")
     ap.add_argument("-o", "--output", type=Path)
+    ap.add_argument("--no-strip", action="store_true", help="skip the stripped copies (stripping changes nothing measured)")
     args = ap.parse_args()
     arm = args.arch == "aarch64"
     args.models = args.models or (ARM_DEFAULT if arm else DEFAULT)
@@ -105,7 +106,7 @@ def main() -> int:
                 failed.append((spec, (b.stderr.strip().splitlines() or ["?"])[-1][:200]))
                 print(f"build {spec} failed: {failed[-1][1]}", flush=True)
         libs = sorted(tmp.glob("*.so"))
-        if shutil.which(strip):
+        if shutil.which(strip) and not args.no_strip:
             for lib in list(libs):
                 s = tmp / f"{lib.stem}_stripped.so"
                 subprocess.run([strip, "--strip-all", "-o", str(s), str(lib)], check=True)
