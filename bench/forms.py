@@ -32,8 +32,9 @@ FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "
          "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-fp16", "dynamic-bert", "static-cnn",
          "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
          "static-conv1d", "static-conv1d-fbgemm", "static-convtranspose", "static-embedding",
-         "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-load", "ort"]  # fmt: skip
-TORCHVISION = ("static-resnet18", "static-mobilenet-v2")  # torchvision from bench/zoo.py's side directory
+         "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-script-cnn", "jit-script-resnet18",
+         "jit-load", "ort"]  # fmt: skip
+TORCHVISION = ("static-resnet18", "static-mobilenet-v2", "jit-script-resnet18")  # torchvision from bench/zoo.py's side directory
 QUANTIZED = ("torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit")
 RUNS = 3  # recoveries per form; the median is reported (each is ~1 s on these small images)
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from conftest import TARGETS, start_target, zen, zen_command
+from core_edit import peek as _peek
+from core_edit import poke as _poke
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
@@ -29,7 +31,8 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "offload-disk": "accelerate", "dynamic": None, "dynamic-per-channel": None, "dynamic-fp16": None, "static-cnn": None,
     "static-cnn-fbgemm": None, "static-cnn-onednn": None, "static-cnn-qnnpack": None, "static-depthwise": None,
     "static-grouped": None, "static-conv1d": None, "static-conv1d-fbgemm": None, "static-embedding": None,
-    "hostile-ring": None, "nan-weights": None, "jit-trace": None, "jit-script": None, "jit-load": None, "ort": "onnxruntime",
+    "hostile-ring": None, "nan-weights": None, "jit-trace": None, "jit-script": None, "jit-script-cnn": None,
+    "jit-load": None, "ort": "onnxruntime",
 }  # fmt: skip
 
 
@@ -275,7 +278,9 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
     """TorchScript (issue 48): the served ScriptModule's C++ tree is read through its `_c`: complete, every state_dict
     tensor bit-exact under PyTorch's own keys, the module tree with the eager class names (TorchScript's mangled
     names demangled), one root (the wrappers of its submodules are not models of their own, a traced module's
-    inner script module neither); `zen reuse` refuses clearly (no TorchScript archive yet) and writes nothing."""
+    inner script module neither). Scripted in the process: every module linked to the Python class it was compiled
+    from (torch's concrete type store), and `zen reuse` rebuilds it: outputs bit-identical. Traced or jit.load'ed:
+    no such link, so `zen reuse` refuses clearly (no TorchScript archive yet) and writes nothing."""
     res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0, res.stderr
     assert manifest["status"] == "complete" and manifest["model"]["class"] == "__main__.Net", manifest["problems"]
@@ -291,9 +296,35 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
     assert all(m["training"] is False for m in mr["modules"])  # the target serves in eval()
     scripted_roots = [r for r in mr["roots"] if r["cls"] != "__main__.Net"]
     assert scripted_roots == [], scripted_roots
+    eager = mr["deployment"]["eager"]
+    if form == "jit-script":
+        assert eager["complete"] and eager["classes"][""] == "__main__:Net" and len(eager["classes"]) == 5, eager
+        got = _rebuilt(workdir, case, form, t)
+        assert got["equal"] and got["state_equal"], got
+        return
+    assert not eager["complete"] and eager["missing_count"] == 5, eager
     pkg = workdir / f"refused_{form.replace('-', '_')}"
     refused = zen("reuse", case, "-o", pkg, check=False)
     assert refused.returncode == 5 and "TorchScript" in refused.stderr and not pkg.exists(), refused.stderr
+
+
+def test_a_scripted_cnn_keeps_its_constants_and_tuples_in_its_classes(form_images, workdir):
+    """A scripted CNN (issue 48): strides, paddings, padding modes and BatchNorm's eps and momentum are TorchScript
+    class constants, tuples and strings, read with the layout `zen profile torch` measured; the rebuilt model
+    (the classes it was scripted from, given those values) gives the deployed outputs bit for bit."""
+    res, case, manifest, t = _recover(form_images, "jit-script-cnn", workdir)
+    assert res.returncode == 0 and manifest["status"] == "complete", res.stderr
+    mr = json.loads((case / "mr.json").read_text())
+    conv, bn, pool = (next(m for m in mr["modules"] if m["path"] == p) for p in ("0", "1", "5"))
+    assert conv["hyperparameters"]["stride"] == "(2, 2)" and conv["hyperparameters"]["padding"] == "(1, 1)", conv
+    assert conv["state"]["kernel_size"] == {"tuple": [{"lit": "3"}, {"lit": "3"}]}, conv["state"]
+    assert bn["hyperparameters"]["eps"] == "1e-05" and bn["hyperparameters"]["momentum"] == "0.1", bn
+    assert pool["hyperparameters"]["output_size"] == "(2, 2)", pool
+    assert next(m for m in mr["modules"] if m["path"] == "4")["hyperparameters"]["padding_mode"] == "'reflect'"
+    weights = load_file(case / "weights.safetensors")
+    assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items()) and len(weights) == 11
+    got = _rebuilt(workdir, case, "jit-script-cnn", t)
+    assert got["equal"] and got["state_equal"], got
 
 
 @pytest.mark.parametrize("form", ["dynamic", "dynamic-per-channel", "dynamic-fp16"])
@@ -412,36 +443,6 @@ def test_packed_and_scripted_state_without_a_measured_layout_is_partial(form_ima
         assert manifest["status"] == "partial" and says in text and "zen profile torch" in text, text
         refused = zen_command("reuse", case, "-o", tmp_path / f"pkg_{form.replace('-', '_')}", cwd=tmp_path, check=False)
         assert refused.returncode == 5 and "did not read" in refused.stderr, refused.stderr
-
-
-def _segment(fh, addr: int, n: int) -> int:
-    """File offset of virtual address `addr` in an ELF core (its PT_LOAD segment must hold n bytes there)."""
-    from elftools.elf.elffile import ELFFile
-
-    for seg in ELFFile(fh).iter_segments():
-        h = seg.header
-        if h.p_type == "PT_LOAD" and h.p_vaddr <= addr and addr + n <= h.p_vaddr + h.p_filesz:
-            return h.p_offset + addr - h.p_vaddr
-    raise AssertionError(f"{addr:#x} is not in the image's data")
-
-
-def _peek(img: Path, addr: int) -> int:
-    import struct
-
-    with open(img, "rb") as fh:
-        fh.seek(_segment(fh, addr, 8))
-        return struct.unpack("<Q", fh.read(8))[0]
-
-
-def _poke(img: Path, out: Path, addr: int, data: bytes) -> Path:
-    """A copy of an ELF core with `data` written at virtual address `addr` (a hand-built hostile image)."""
-    import shutil
-
-    shutil.copyfile(img, out)
-    with open(out, "r+b") as fh:
-        fh.seek(_segment(fh, addr, len(data)))
-        fh.write(data)
-    return out
 
 
 def test_hostile_cpp_objects_are_bounded_and_named(form_images, workdir, tmp_path):

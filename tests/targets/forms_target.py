@@ -175,7 +175,7 @@ def build(form: str, outdir: str, backend: str = "inductor"):
                                     intermediate_size=128, max_position_embeddings=64)).eval()  # fmt: skip
         ids = torch.randint(0, 512, (2, 16))
         return torch.ao.quantization.quantize_dynamic(bert, {nn.Linear}, dtype=torch.qint8), None, ids
-    if form in ("static-resnet18", "static-mobilenet-v2"):  # torchvision's quantizable models (bench only: the zoo site)
+    if form in ("static-resnet18", "static-mobilenet-v2", "jit-script-resnet18"):  # torchvision (bench only: zoo site)
         site = os.environ.get("ZEN_ZOO_SITE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                                               os.path.expanduser("~/.cache"), "zen", "zoo-site")  # fmt: skip
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -186,6 +186,10 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         from torch.ao.quantization import convert, get_default_qconfig, prepare
 
         torch.manual_seed(0)
+        if form == "jit-script-resnet18":  # torchvision's ResNet-18 scripted (random weights)
+            import torchvision.models as tm
+
+            return torch.jit.script(tm.resnet18(weights=None).eval()), None, torch.randn(2, 3, 64, 64)
         net = (tq.resnet18 if form == "static-resnet18" else tq.mobilenet_v2)(weights=None, quantize=False).eval()
         net.fuse_model()
         net.qconfig = get_default_qconfig("x86")
@@ -248,6 +252,14 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         from torch.ao.quantization import per_channel_dynamic_qconfig
 
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}), None, x
+    if form == "jit-script-cnn":  # constants (strides, paddings, eps) and tuples live in the scripted classes
+        torch.manual_seed(0)
+        cnn = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(8, 8, 3, padding="same", padding_mode="reflect"), nn.AdaptiveAvgPool2d((2, 2)),
+                            nn.Flatten(), nn.Dropout(0.1), nn.Linear(32, 10))  # fmt: skip
+        for _ in range(3):  # running statistics and num_batches_tracked of a trained BatchNorm
+            cnn(torch.randn(4, 3, 16, 16))
+        return torch.jit.script(cnn.eval()), None, torch.randn(2, 3, 16, 16)
     if form == "jit-trace":
         return torch.jit.trace(model, x), None, x
     if form == "jit-script":

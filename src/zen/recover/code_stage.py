@@ -77,8 +77,12 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
     if (mr.deployment or {}).get("form") == "torchscript":  # the Python classes it was scripted from, if alive
         from zen.frontends.pytorch.torchscript.models import eager_classes
 
-        by_name = eager_classes(rt, mr)
-        nodes = [(m.path, by_name[m.cls]) for m in mr.modules if m.cls in by_name]
+        eager = mr.deployment.get("eager") or {}
+        if eager.get("complete"):  # scripted here: the classes the process compiled it from (torchscript.eager)
+            nodes = [(p, int(a, 16)) for p, a in eager.get("addresses", {}).items()]
+        else:
+            by_name = eager_classes(rt, mr)
+            nodes = [(m.path, by_name[m.cls]) for m in mr.modules if m.cls in by_name]
     else:
         nodes = [(path, node.type.addr) for path, node in index.walk(int(mr.root.address, 16))]
     seeds = sorted({t for _, t in nodes})

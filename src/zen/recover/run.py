@@ -181,7 +181,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
                 )
             chosen, how = sub, f"--model {model}"
         if scripted is not None and int(chosen.address, 16) in scripted.objects:  # TorchScript: the C++ tree
-            mr, slots, deployed = script_mr(ip, scripted, chosen, roots, bounds[1])
+            mr, slots, deployed = script_mr(ip, scripted, chosen, roots, bounds[1], heap.sys_modules())
         else:
             chosen, how, deployed = deployment.unwrap_form(ip, index, reader, chosen, how, refs)
             mr, slots = build_mr(ip, index, reader, chosen, roots, tensor_types, bounds[1])

@@ -174,11 +174,14 @@ def rebuild(mr: ModelMR, resolver: Resolver, case_dir: Path, *, eval_mode: bool 
 
     dec = tensors.decoder = Decoder(resolver, Tensors(), objs)
     packed = packed_paths(mr)  # quantized Linears whose packed C++ weight is made again below (reuse.packed)
+    scripted = (getattr(mr, "deployment", None) or {}).get("form") == "torchscript"
     for m in mr.modules:
         obj = objs[m.path]
         d = obj.__dict__
         if d:  # shared module already filled
             continue
+        if scripted:  # a TorchScript module's state is its C++ attributes: nn.Module's own dicts come from torch
+            torch.nn.Module.__init__(obj)
         where = f"model.{m.path}" if m.path else "model"
         for name, enc in m.state.items():
             if name in ("_packed_params", "_packed_weight") and m.path in packed:  # packed again below

@@ -143,11 +143,18 @@ def require_rebuildable(mr, where: Path) -> None:
     missing = [f"{u.get('where') or 'the root'} ({u.get('type')}): {u.get('why')}" for u in mr.unread]
     missing += [f"{t.key}: {t.note}" for t in mr.tensors if t.status in ("subclass", "offloaded")
                 or (t.device == "meta" and t.status != "ok")]  # fmt: skip
-    if not missing and (getattr(mr, "deployment", None) or {}).get("form") == "torchscript":
-        raise StateNotRead(f"{where}: a TorchScript model ({mr.deployment.get('script_class')}): its module tree and every "
-                           "tensor were read (mr.json, weights.safetensors), but zen does not yet write a TorchScript "
-                           "archive, and a package built from the eager code would not be the deployed model",
-                           "load weights.safetensors into the eager model's class with load_state_dict (same keys)")  # fmt: skip
+    deployed = getattr(mr, "deployment", None) or {}
+    if not missing and deployed.get("form") == "torchscript":
+        eager = deployed.get("eager") or {}
+        if not eager.get("complete"):
+            raise StateNotRead(f"{where}: a TorchScript model ({deployed.get('script_class')}): its module tree and every "
+                               "tensor were read (mr.json, weights.safetensors), but zen does not yet write a TorchScript "
+                               "archive, and the Python classes it was compiled from are not proven for "
+                               f"{eager.get('missing_count', 'its')} module(s) ({eager.get('why') or 'no link'})",
+                               "load weights.safetensors into the eager model's class with load_state_dict "
+                               "(same keys)")  # fmt: skip
+        missing = [f"{m.path or 'the root'}.{k}: {v['unsupported']}" for m in mr.modules for k, v in m.state.items()
+                   if isinstance(v, dict) and "unsupported" in v]  # fmt: skip
     if missing:
         more = f" (and {len(missing) - 1} more; mr.json's `unread` and tensors list them)" if len(missing) > 1 else ""
         raise StateNotRead(f"{where}: the model holds state zen did not read, so no runnable copy is written: {missing[0]}{more}",

@@ -90,9 +90,10 @@ class TorchCalibrator(CalibratorBase):
     def optional(self, what: str, module: str, name: str) -> None:
         """Measure a part only some images need (TorchScript, packed weights): when it fails on this torch, the
         profile is still written without it (and says why), and zen names such state unread instead of guessing."""
+        import copy
         import importlib
 
-        before = (dict(self.structs), dict(self.constants), len(self.checks), dict(self.provenance))
+        before = (copy.deepcopy(self.structs), dict(self.constants), len(self.checks), dict(self.provenance))
         try:
             getattr(importlib.import_module(module), name)(self)
         except (CalibrationFailed, AttributeError, RuntimeError, ImportError) as exc:
@@ -195,6 +196,9 @@ class TorchCalibrator(CalibratorBase):
     def run(self) -> dict:
         self.tensor_impl()
         self.optional("TorchScript modules", "zen.frontends.pytorch.torchscript.calibration", "measure_jit")
+        if "jitobject" in self.structs:
+            self.optional("TorchScript constants and containers", "zen.frontends.pytorch.torchscript.calibration",
+                          "measure_jit_values")  # fmt: skip
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
             self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")

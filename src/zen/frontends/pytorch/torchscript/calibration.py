@@ -199,3 +199,125 @@ def _slots(cal, m, obj: int, names: list[str], sm, sub_obj: int) -> None:
     text = struct.unpack_from("<Q", raw["s0"], 0)[0]
     cal.field("conststring", "str", one("ConstantString.str_", [o] if (o := _string_at(m, text, LONG_TEXT)) is not None
                                         else []), "ptr")  # fmt: skip
+
+
+K_INT = 0x5A5A4321  # a module constant (`__constants__`): kept by the ClassType, not in the Object's slots
+K_TUPLE = (0x5A5A0003, 0x5A5A0004)
+T_LONG = (0x5A5A0011, 0x5A5A0012, 0x5A5A0013, 0x5A5A0014)  # longer than a tuple's inline storage (3)
+L_VALUES = [0x5A5A0021, 0x5A5A0022, 0x5A5A0023]
+
+
+def _values_module(torch):
+    """A module with constants, a short and a long tuple and a list of known ints (scripted from this file)."""
+
+    class CalibValues(torch.nn.Module):
+        __constants__ = ["k0", "kt"]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.k0 = K_INT
+            self.kt = K_TUPLE
+            self.t2 = (T_LONG[0], T_LONG[1])
+            self.t4 = T_LONG
+            self.l3 = list(L_VALUES)
+
+        def forward(self, x):
+            return x + self.k0 + self.kt[0] + self.t2[0] + self.t4[0] + self.l3[0]
+
+    return torch.jit.script(CalibValues())
+
+
+def measure_jit_values(cal) -> None:
+    """The ClassType's constants (`__constants__`: a name vector and an IValue vector) and the tuple and list
+    IValues' element storage. A tuple keeps up to 3 elements inline (a count, then the IValues) and more in a
+    vector (count 0): a scripted module's tuples were seen in the vector form and a `jit.load`ed module's short
+    tuples inline, so both are measured, the second on the module saved and loaded again."""
+    import io
+
+    torch, m = cal.torch, cal.m
+    size, tag_off = cal.constants["IVALUE_SIZE"], cal.off("ivalue", "tag")
+    t_int, t_tuple = cal.constants["IVALUE_TAG_INT"], cal.constants["IVALUE_TAG_TUPLE"]
+    sm = _values_module(torch)
+    buf = io.BytesIO()
+    torch.jit.save(sm, buf)
+    buf.seek(0)
+    loaded = torch.jit.load(buf)
+    value = cal.off("pybind", "value")
+
+    def obj_of(s) -> int:
+        return m.word(m.word(id(s._c) + value) + cal.off("jitmodule", "object"))
+
+    def ivalues(begin: int, n: int) -> list[tuple[int, int]]:
+        raw = m.raw(begin, n * size)
+        return [(struct.unpack_from("<Q", raw, i * size)[0], struct.unpack_from("<I", raw, i * size + tag_off)[0])
+                for i in range(n)]  # fmt: skip
+
+    objs = [obj_of(sm), obj_of(loaded)]
+    cts = [m.word(o + cal.off("jitobject", "type")) for o in objs]
+
+    def names_at(ct: int, off: int) -> list[str] | None:
+        b, e, cap = m.words(ct + off, 3)
+        if not (b and b <= e <= cap and 0 < e - b <= 32 * 16 and (e - b) % 32 == 0):
+            return None
+        got = [_identifier(m, b + i * 32) for i in range((e - b) // 32)]
+        return got if all(got) else None  # type: ignore[return-value]
+
+    names_off = common("ClassType.constantNames_", *[[o for o in range(0, 512, 8) if (names_at(ct, o) or []) and
+                                                      sorted(names_at(ct, o) or []) == ["k0", "kt"]] for ct in cts])  # fmt: skip
+    cal.field("classtype", "constant_names", names_off, "ptr")
+    cal.constants["STDSTRING_SIZE"] = 32
+    cal.provenance["constants.STDSTRING_SIZE"] = "measured: the constant name vector's element size (two names)"
+
+    def values_at(ct: int, off: int) -> list[tuple[int, int]] | None:
+        b, e, cap = m.words(ct + off, 3)
+        if not (b and b <= e <= cap and e - b == 2 * size and m.readable(b, e - b)):
+            return None
+        return ivalues(b, 2)
+
+    def constants(ct: int, off: int) -> dict[str, tuple[int, int]]:
+        return dict(zip(names_at(ct, names_off) or [], values_at(ct, off) or []))
+
+    values_off = common("ClassType.constantValues_", *[[o for o in range(0, 512, 8) if o != names_off
+                                                        and constants(ct, o).get("k0") == (K_INT, t_int)
+                                                        and constants(ct, o).get("kt", (0, 0))[1] == t_tuple]
+                                                       for ct in cts])  # fmt: skip
+    cal.field("classtype", "constant_values", values_off, "ptr")
+    slots = {}
+    for o, ct, s in zip(objs, cts, (sm, loaded)):
+        attrs = _attribute_names_of(cal, m, ct)
+        b = m.word(o + cal.off("jitobject", "slots"))
+        slots[s is sm] = dict(zip(attrs, ivalues(b, len(attrs))))
+    # a tuple: an intrusive_ptr target (vtable, counts), then the inline count (0: the elements are in a vector)
+    scripted_t4 = slots[True]["t4"][0]
+    vec = [o for o in range(16, 64, 8) if m.word(scripted_t4 + o - 8) == 0
+           and _ivalue_vector(m, scripted_t4 + o, size, tag_off) == [(v, t_int) for v in T_LONG]]  # fmt: skip
+    elements = cal.field("ivaluetuple", "elements", one("ivalue::Tuple elements", vec[:1]), "ptr")
+    cal.field("ivaluetuple", "inline_size", elements - 8, "u64", "measured: 0 before a tuple's element vector")
+    cal.constants["TUPLE_INLINE_MAX"] = 3
+    cal.provenance["constants.TUPLE_INLINE_MAX"] = "ATen/core/ivalue_inl.h TupleElements: 3 IValues inline"
+    short = [slots[s]["t2"][0] for s in (True, False)] + [constants(ct, values_off)["kt"][0] for ct in cts]
+    want = {(T_LONG[0], T_LONG[1]), K_TUPLE}
+    for t in short:  # each short tuple, inline or not, reads back as its ints
+        n = m.word(t + elements - 8)
+        got = ivalues(t + elements, n) if 0 < n <= 3 else _ivalue_vector(m, t + elements, size, tag_off)
+        cal.check(tuple(v for v, _ in got) in want and all(k == t_int for _, k in got), "a short tuple's ints")
+    cal.check(any(0 < m.word(t + elements - 8) <= 3 for t in short), "a loaded short tuple is stored inline")
+    lists = [slots[s]["l3"][0] for s in (True, False)]
+    cands = [[o for o in range(16, 64, 8) if _ivalue_vector(m, lst + o, size, tag_off) == [(v, t_int) for v in L_VALUES]]
+             for lst in lists]  # fmt: skip
+    cal.field("ivaluelist", "elements", common("c10::detail::ListImpl.list", *cands), "ptr")
+
+
+def _ivalue_vector(m, addr: int, size: int, tag_off: int) -> list[tuple[int, int]] | None:
+    b, e, cap = m.words(addr, 3)
+    if not (b and b <= e <= cap and 0 < e - b <= 64 * size and (e - b) % size == 0 and m.readable(b, e - b)):
+        return None
+    raw = m.raw(b, e - b)
+    return [(struct.unpack_from("<Q", raw, i)[0], struct.unpack_from("<I", raw, i + tag_off)[0])
+            for i in range(0, e - b, size)]  # fmt: skip
+
+
+def _attribute_names_of(cal, m, ct: int) -> list[str]:
+    b, e = m.words(ct + cal.off("classtype", "attributes"), 2)
+    size, name = cal.constants["CLASSATTR_SIZE"], cal.off("classattr", "name")
+    return [m.raw(*m.words(b + i * size + name, 2)).decode() for i in range((e - b) // size)]

@@ -19,6 +19,7 @@ from zen.frontends.pytorch.mr import ModelLimits, build_mr, root_record
 from zen.frontends.pytorch.profile import TorchProfile
 from zen.frontends.pytorch.subclasses import ClassLookup
 from zen.frontends.pytorch.tensors import TensorReader
+from zen.frontends.pytorch.torchscript.eager import eager_link
 from zen.frontends.pytorch.torchscript.reader import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
 from zen.runtime.errors import ZenError
 
@@ -31,6 +32,7 @@ class ScriptModels:
     index: JitIndex | None
     tensors: ImplReader
     objects: dict[int, int] = field(default_factory=dict)
+    wrappers: dict[int, int] = field(default_factory=dict)  # C++ Object -> its Python wrapper (every scripted module)
     problems: list[str] = field(default_factory=list)  # scripted roots that could not be read, and why
 
 
@@ -56,6 +58,14 @@ def script_models(ip: Interpreter, index: ModuleIndex, tensors: TensorReader, tp
             out.objects[a] = out.reader.object_of(a)
         except ZenError as exc:
             out.problems.append(f"TorchScript module at {a:#x}: its C++ module could not be read: {exc}")
+    for a in index.nodes:  # every wrapper, submodules' too: `eager.link_classes` needs them
+        if a in out.objects or not is_scripted(ip, index, a):
+            continue
+        try:
+            out.wrappers.setdefault(out.reader.object_of(a), a)
+        except ZenError:
+            pass  # a wrapper whose module cannot be read links nothing; its module is judged by the C++ walk
+    out.wrappers.update({obj: a for a, obj in out.objects.items()})
     out.index = JitIndex(out.reader, list(out.objects.values()))
     for a, obj in list(out.objects.items()):  # a root whose own Object is unreadable stays unread (the audit names it)
         if obj not in out.index.nodes:
@@ -88,15 +98,21 @@ def script_roots(sm: ScriptModels, roots: list, refs: dict[int, list[str]]) -> l
     return out
 
 
-def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: ModelLimits) -> tuple:
+def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: ModelLimits,
+              sys_modules: dict[str, int]) -> tuple:  # fmt: skip
     """(mr, slots, deployment) of a scripted root: the eager MR builder over the C++ tree, then what only the C++ tree
-    says (training flags, plain attributes, what was not read)."""
+    says (training flags, plain attributes and constants as each module's state, what was not read), and the Python
+    classes it was scripted from where the process proves them (`eager`)."""
     obj = sm.objects[int(chosen.address, 16)]
     inner = root_record(sm.index, sm.tensors, obj, chosen.referenced_from)
     inner.rank, inner.served_by = chosen.rank, chosen.served_by
     mr, slots = build_mr(ip, sm.index, sm.tensors, inner, roots, set(), limits)
     mr.root = chosen  # the Python wrapper: what the process serves and references
     walk = dict(sm.index.walk(obj))
+    paths = {n.addr: p for p, n in walk.items()}
+    state_key: dict[int, str] = {}
+    for s in slots:
+        state_key.setdefault(s.addr, s.key)  # a tied tensor keeps its first key
     unread: list[Unread] = []
     containers: dict[str, str] = {}
     for rec in mr.modules:
@@ -105,7 +121,13 @@ def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: Mo
             continue
         training = node.values.get("training")
         rec.training = training if isinstance(training, bool) else None
-        rec.hyperparameters = {k: repr(v) for k, v in node.values.items() if not k.startswith("_") and k != "training"}
+        plain = {**node.values, **node.constants}
+        rec.hyperparameters = {k: repr(v) for k, v in plain.items() if not k.startswith("_") and k != "training"}
+        rec.state = {k: _encode(v) for k, v in plain.items()}
+        rec.parameter_keys = {n: state_key.get(a) if a else None for n, a in node.parameters}
+        rec.buffer_keys = {n: state_key.get(a) if a else None for n, a in node.buffers}
+        rec.child_paths = {n: paths.get(c) if c else None for n, c in node.children}
+        rec.state.update({k: {"unsupported": why} for k, why in {**node.containers, **node.other}.items()})
         rec.unregistered_tensors = list(node.unregistered)
         containers.update({_at(rec.path, k): v for k, v in node.containers.items()})
         unread += [Unread(_at(rec.path, k), node.type.script_name, f"{node.addr:#x}", f"{why}: it may hold state zen "
@@ -118,7 +140,23 @@ def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: Mo
     root_node = walk[""]
     deployed = {"form": "torchscript", "script_class": root_node.type.script_name, "object": f"{obj:#x}",
                 "wrapper": chosen.address, "containers_not_decoded": dict(sorted(containers.items())[:200])}  # fmt: skip
+    mr.deployment = deployed
+    objects = {path: n.addr for path, n in walk.items() if isinstance(n, JitNode)}
+    links = eager_link(ip, sm.wrappers, objects, sys_modules, mr)
+    if links and not sm.reader.decodes:  # constants unread: a rebuilt Conv2d would have no stride
+        deployed["eager"].update(complete=False, why="the torch layout profile has no TorchScript constants and "
+                                 "tuples layout: recalibrate it with `zen profile torch`")  # fmt: skip
+    deployed["eager"]["addresses"] = {p: f"{a:#x}" for p, a in sorted(links.items())[:1000]}
     return mr, slots, deployed
+
+
+def _encode(v: object) -> dict:
+    """A decoded TorchScript value in the state encoding (`zen.cpython.encode.snapshot`) the rebuild decodes."""
+    if isinstance(v, tuple):
+        return {"tuple": [_encode(x) for x in v]}
+    if isinstance(v, list):
+        return {"list": [_encode(x) for x in v]}
+    return {"lit": repr(v)}
 
 
 def _at(path: str, name: str) -> str:

@@ -29,7 +29,14 @@ MAX_TEXT = 1 << 20  # bytes of a string attribute
 MAX_NODES = 200_000  # TorchScript modules below one root
 SCRIPT_MODULE = "torch.jit._script.ScriptModule"
 PLAIN_TAGS = ("NONE", "BOOL", "INT", "DOUBLE", "STRING")
-CONTAINER_TAGS = ("TUPLE", "LIST", "DICT")  # hyper-parameters (kernel sizes, paddings): not state, not decoded yet
+CONTAINER_TAGS = ("TUPLE", "LIST", "DICT")  # hyper-parameters (kernel sizes, paddings); dicts are not decoded yet
+MAX_ITEMS = 4096  # elements of one tuple or list attribute
+MAX_NEST = 4  # tuples and lists inside each other
+VALUE_STRUCTS = ("ivaluetuple", "ivaluelist")  # and classtype.constant_names/constant_values (`zen profile torch`)
+
+
+class NotDecoded(ObjectError):
+    """A value of a kind zen does not decode (a dict, an object, a tensor inside a tuple): named, never guessed."""
 
 
 class JitLayoutMissing(ZenError):
@@ -53,7 +60,8 @@ class JitType:
 class JitNode(ModuleNode):
     """A TorchScript module: `ModuleNode`'s fields (tensors are TensorImpl addresses) plus what its slots held."""
 
-    values: dict[str, object] = field(default_factory=dict)  # plain attributes: name -> value
+    values: dict[str, object] = field(default_factory=dict)  # plain attributes (tuples and lists too): name -> value
+    constants: dict[str, object] = field(default_factory=dict)  # the class's `__constants__`: name -> value
     unregistered: list[str] = field(default_factory=list)  # plain attributes holding tensors
     containers: dict[str, str] = field(default_factory=dict)  # tuple, list and dict attributes: name -> kind
     other: dict[str, str] = field(default_factory=dict)  # attributes that may hold state zen did not read: name -> what
@@ -87,6 +95,9 @@ class JitReader:
                      if f"IVALUE_TAG_{k}" in self.c}  # fmt: skip
         self.kinds = {self.c[f"ATTR_KIND_{k}"]: k.lower() for k in ("PARAMETER", "BUFFER", "REGULAR")}
         self._types: dict[int, tuple[JitType, list[tuple[str, str]]]] = {}
+        self._constants: dict[int, dict[str, object]] = {}
+        self.decodes = all(s in tp.structs for s in VALUE_STRUCTS) and all(
+            f in tp.structs["classtype"]._fields for f in ("constant_names", "constant_values"))  # fmt: skip
         self.inner_wrappers: set[int] = set()  # a traced module's `_actual_script_module`: the same model, not a root
 
     # -- Python side: the wrapper's `_c` -----------------------------------------------------
@@ -154,7 +165,13 @@ class JitReader:
             out.append((self.tags.get(tag, tag), payload))
         return out
 
-    def value(self, tag: str, payload: int) -> object:
+    def value(self, tag: str | int, payload: int, depth: int = 0) -> object:
+        """A plain IValue (None, bool, int, float, str) or a tuple or list of them, bounded; NotDecoded otherwise."""
+        if tag in ("TUPLE", "LIST") and self.decodes and depth < MAX_NEST:
+            items = [self.value(t, p, depth + 1) for t, p in self._elements(tag, payload)]
+            return tuple(items) if tag == "TUPLE" else items
+        if tag not in PLAIN_TAGS:
+            raise NotDecoded(payload, f"a value of IValue tag {tag}" + (" nested too deep" if depth >= MAX_NEST else ""))
         if tag == "NONE":
             return None
         if tag == "BOOL":
@@ -164,6 +181,56 @@ class JitReader:
         if tag == "DOUBLE":
             return struct.unpack("<d", struct.pack("<Q", payload))[0]
         return self.string(payload + self.tp.conststring.str, MAX_TEXT)  # STRING
+
+    def _elements(self, tag: str, addr: int) -> list[tuple[str | int, int]]:
+        """(tag, payload) of a tuple's or list's elements: a tuple keeps up to 3 inline (after their count), more in
+        a vector (count 0); a list always in a vector."""
+        if tag == "TUPLE":
+            T = self.tp.ivaluetuple
+            n = self.ip.space.u64(addr + T.inline_size)
+            if n > self.c.get("TUPLE_INLINE_MAX", 3):
+                raise ObjectError(addr, f"tuple with an inline count of {n:,}")
+            if n:
+                return self._ivalues(addr + T.elements, n)
+            at = addr + T.elements
+        else:
+            at = addr + self.tp.ivaluelist.elements
+        begin, end = self.ip.space.u64(at), self.ip.space.u64(at + 8)
+        size = self.c["IVALUE_SIZE"]
+        n, rest = divmod(end - begin, size)
+        if rest or not 0 <= n <= MAX_ITEMS:
+            raise ObjectError(addr, f"{tag.lower()} with an implausible element vector ({end - begin:,} bytes)")
+        return self._ivalues(begin, n)
+
+    def _ivalues(self, begin: int, n: int) -> list[tuple[str | int, int]]:
+        size, V = self.c["IVALUE_SIZE"], self.tp.ivalue
+        raw = self.ip.space.read(begin, n * size) if n else b""
+        return [(self.tags.get(t := struct.unpack_from("<I", raw, i * size + V.tag)[0], t),
+                 struct.unpack_from("<Q", raw, i * size + V.payload)[0]) for i in range(n)]  # fmt: skip
+
+    def constants_of(self, obj: int) -> dict[str, object]:
+        """The class's constants (`__constants__`: kernel sizes, strides, eps): name -> value, read once per
+        ClassType; a constant zen does not decode maps to a NotDecoded."""
+        ct = self.ip.ptr(obj + self.tp.jitobject.type)
+        got = self._constants.get(ct)
+        if got is not None:
+            return got
+        C, size = self.tp.classtype, self.c["IVALUE_SIZE"]
+        nb, ne = self.ip.space.u64(ct + C.constant_names), self.ip.space.u64(ct + C.constant_names + 8)
+        vb, ve = self.ip.space.u64(ct + C.constant_values), self.ip.space.u64(ct + C.constant_values + 8)
+        ssize = self.c.get("STDSTRING_SIZE", 32)
+        n, rest = divmod(ne - nb, ssize)
+        if rest or not 0 <= n <= MAX_SLOTS or ve - vb != n * size:
+            raise ObjectError(ct, f"ClassType with {ne - nb:,} bytes of constant names for {ve - vb:,} of values")
+        got = {}
+        for i, (tag, payload) in enumerate(self._ivalues(vb, n)):
+            name = self.string(nb + i * ssize)
+            try:
+                got[name] = self.value(tag, payload)
+            except ZenError as exc:
+                got[name] = NotDecoded(payload, str(exc))
+        self._constants[ct] = got
+        return got
 
     def node(self, obj: int) -> JitNode:
         jt, attrs = self.class_of(obj)
@@ -179,17 +246,23 @@ class JitReader:
                 node.unregistered.append(name)
             elif kind in ("parameter", "buffer"):
                 node.other[name] = f"a {kind} slot holding IValue tag {tag}, not a tensor"
-            elif tag in PLAIN_TAGS:
+            elif tag in PLAIN_TAGS or (tag in ("TUPLE", "LIST") and self.decodes):
                 try:
                     node.values[name] = self.value(tag, payload)
                 except ZenError as exc:
-                    node.containers[name] = f"unreadable {tag.lower()}: {exc}"
+                    node.containers[name] = f"unreadable {str(tag).lower()}: {exc}"
             elif tag in CONTAINER_TAGS:
                 node.containers[name] = tag.lower()
             elif tag == "OBJECT":
                 node.other[name] = f"an instance of TorchScript class {self._class_name(payload)}"
             else:
                 node.other[name] = f"a C++ value of IValue tag {tag} (custom class, capsule or other)"
+        if self.decodes:
+            for name, v in self.constants_of(obj).items():
+                if isinstance(v, NotDecoded):
+                    node.containers[name] = f"constant not decoded: {v.reason}"
+                else:
+                    node.constants[name] = v
         return node
 
     def _class_name(self, obj: int) -> str:
