@@ -31,10 +31,16 @@ TARGETS = ROOT / "tests" / "targets"
 FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit",
          "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-fp16", "dynamic-bert", "static-cnn",
          "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
-         "static-conv1d", "static-conv1d-fbgemm", "static-convtranspose", "static-embedding",
+         "static-conv1d", "static-conv1d-fbgemm", "static-convtranspose", "static-convtranspose1d", "static-conv3d",
+         "static-conv3d-fbgemm", "static-embedding",
          "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-script-cnn", "jit-script-resnet18",
-         "jit-load", "ort"]  # fmt: skip
-TORCHVISION = ("static-resnet18", "static-mobilenet-v2", "jit-script-resnet18")  # torchvision from bench/zoo.py's side directory
+         "jit-load", "jit-load-cnn", "jit-load-trace", "jit-load-resnet18", "ort"]  # fmt: skip
+TORCHVISION = (
+    "static-resnet18",
+    "static-mobilenet-v2",
+    "jit-script-resnet18",
+    "jit-load-resnet18",
+)  # torchvision from bench/zoo.py's side directory
 QUANTIZED = ("torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit")
 RUNS = 3  # recoveries per form; the median is reported (each is ~1 s on these small images)
 
@@ -152,8 +158,12 @@ NOTES = """How to read the rows:
   model's own state_dict, which runs that serialization, equals the deployed one entry by entry.
 - offload-disk without the files is partial (the data is not in the image; each problem names the file accelerate
   would read); the next row gives the files with `--offload` and the case is complete.
-- TorchScript (jit-trace, jit-script, jit-load): the C++ module tree is read through each ScriptModule's `_c`
-  (issue 48); complete and bit-exact, but `zen reuse` writes no TorchScript archive yet, so it refuses (exit 5).
+- TorchScript: the C++ module tree is read through each ScriptModule's `_c` (issue 48), with the classes'
+  constants and tuples. jit-script*: scripted in the process; each module linked to the Python class torch compiled
+  it from (its concrete type store) and rebuilt from it. jit-load*: only what torch.jit.load read from an archive
+  (-trace: a traced model saved and loaded; -resnet18: torchvision's, scripted); its TorchScript code is read from
+  the image and `zen reuse` writes a TorchScript archive that torch.jit.load runs. jit-trace: traced in the process,
+  graphs and no code text: complete and bit-exact, but `zen reuse` refuses (exit 5), naming why.
 - dynamic*: fbgemm's packed weights are unpacked (issue 48; dynamic-fp16: float16 blocks, widened to the float32
   weight PyTorch's unpack gives) and packed again by the rebuilt model. exact/total
   counts by content the `scale` and `zero_point` entries too, which PyTorch's `_save_to_state_dict` makes at
@@ -167,7 +177,8 @@ NOTES = """How to read the rows:
   groups, not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
   models (fused, x86 qconfig, random weights), MobileNet's depthwise layers with more than 100 groups go to fbgemm.
   static-conv1d(-fbgemm): Conv1ds, packed as Conv2ds of kernel (1, k) and read as such. static-embedding: a
-  weight-only quantized EmbeddingBag (fbgemm's 8-bit fused rows). static-convtranspose: not read yet, named.
+  weight-only quantized EmbeddingBag (fbgemm's 8-bit fused rows). static-convtranspose(1d): transposed
+  convolutions, which fbgemm does not pack: oneDNN's object keeps the weight, read as stored.
 - several: a float reference beside the served torchao model; the served one is chosen (see README, "Several models").
 - ort: no case; zen names the ONNX Runtime session and the model file it loaded (exit 6).
 - Every image holds the interpreter, torch and each form's library: recovery time is mostly the heap and code work

@@ -1,8 +1,7 @@
 """Session fixtures: real target processes, imaged once per session, with their ground truth.
 
-Target processes write what they know about themselves (ids, reprs, marshalled code) to a
-directory and wait on stdin. Images are made once per session under a temp dir and deleted at
-the end; nothing here is ever committed.
+Target processes write what they know about themselves (ids, reprs, marshalled code) to a directory and wait on
+stdin. Images are made once per session under a temp dir and deleted at the end; nothing here is ever committed.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ HERE = Path(__file__).parent
 TARGETS = HERE / "targets"
 BENCH = HERE.parent / "bench"  # bench/families: the evaluation scenario set the tests also use
 sys.path.insert(0, str(BENCH))
+pytest_plugins = ["forms_fixtures"]  # the deployment-form targets, shared by test_forms and test_torchscript
 
 
 class Target:

@@ -33,3 +33,9 @@ def poke(img: Path, out: Path, addr: int, data: bytes) -> Path:
         fh.seek(segment(fh, addr, len(data)))
         fh.write(data)
     return out
+
+
+def read(img: Path, addr: int, n: int) -> bytes:
+    with open(img, "rb") as fh:
+        fh.seek(segment(fh, addr, n))
+        return fh.read(n)

@@ -175,7 +175,7 @@ def build(form: str, outdir: str, backend: str = "inductor"):
                                     intermediate_size=128, max_position_embeddings=64)).eval()  # fmt: skip
         ids = torch.randint(0, 512, (2, 16))
         return torch.ao.quantization.quantize_dynamic(bert, {nn.Linear}, dtype=torch.qint8), None, ids
-    if form in ("static-resnet18", "static-mobilenet-v2", "jit-script-resnet18"):  # torchvision (bench only: zoo site)
+    if form in ("static-resnet18", "static-mobilenet-v2", "jit-script-resnet18", "jit-load-resnet18"):  # bench only
         site = os.environ.get("ZEN_ZOO_SITE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                                               os.path.expanduser("~/.cache"), "zen", "zoo-site")  # fmt: skip
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -186,10 +186,12 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         from torch.ao.quantization import convert, get_default_qconfig, prepare
 
         torch.manual_seed(0)
-        if form == "jit-script-resnet18":  # torchvision's ResNet-18 scripted (random weights)
+        if form in ("jit-script-resnet18", "jit-load-resnet18"):  # torchvision's ResNet-18 scripted (random weights)
             import torchvision.models as tm
 
-            return torch.jit.script(tm.resnet18(weights=None).eval()), None, torch.randn(2, 3, 64, 64)
+            net = torch.jit.script(tm.resnet18(weights=None).eval())
+            net = _saved_and_loaded(torch, net, outdir) if form == "jit-load-resnet18" else net
+            return net, None, torch.randn(2, 3, 64, 64)
         net = (tq.resnet18 if form == "static-resnet18" else tq.mobilenet_v2)(weights=None, quantize=False).eval()
         net.fuse_model()
         net.qconfig = get_default_qconfig("x86")
@@ -197,15 +199,28 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         img = torch.randn(2, 3, 64, 64)
         net(img)  # calibration
         return convert(net), None, img
-    if form == "static-convtranspose":  # a quantized ConvTranspose2d: a packed object zen does not read yet (named)
+    if form.startswith("static-conv3d"):  # quantized Conv3ds: oneDNN (x86 on VNNI) keeps the weight, fbgemm packs it
+        from torch.ao.quantization import convert, get_default_qconfig, prepare
+
+        torch.backends.quantized.engine = "x86" if form == "static-conv3d" else form.rsplit("-", 1)[-1]
+        net = nn.Sequential(torch.ao.quantization.QuantStub(), nn.Conv3d(3, 4, 3), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(4 * 4 * 4 * 4, 10), torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
+        net.qconfig = get_default_qconfig(torch.backends.quantized.engine)
+        prepare(net, inplace=True)
+        vol = torch.randn(2, 3, 6, 6, 6)
+        net(vol)  # calibration
+        return convert(net), None, vol
+    if form in ("static-convtranspose", "static-convtranspose1d"):  # quantized ConvTranspose: oneDNN keeps the weight
         from torch.ao.quantization import convert, default_qconfig, prepare
 
         torch.backends.quantized.engine = "x86"
-        net = nn.Sequential(torch.ao.quantization.QuantStub(), nn.ConvTranspose2d(3, 4, 3), nn.Flatten(),
-                            nn.Linear(4 * 10 * 10, 10), torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
+        one = form.endswith("1d")
+        ct = nn.ConvTranspose1d(3, 4, 3, stride=2) if one else nn.ConvTranspose2d(3, 4, 3)
+        net = nn.Sequential(torch.ao.quantization.QuantStub(), ct, nn.Flatten(), nn.Linear(4 * 17 if one else 4 * 10 * 10, 10),
+                            torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
         net.qconfig = default_qconfig
         prepare(net, inplace=True)
-        img = torch.randn(2, 3, 8, 8)
+        img = torch.randn(2, 3, 8) if one else torch.randn(2, 3, 8, 8)
         net(img)  # calibration
         return convert(net), None, img
     if form == "static-embedding":  # a quantized EmbeddingBag: its packed table is not read yet (named)
@@ -252,26 +267,24 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         from torch.ao.quantization import per_channel_dynamic_qconfig
 
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}), None, x
-    if form == "jit-script-cnn":  # constants (strides, paddings, eps) and tuples live in the scripted classes
+    if form in ("jit-script-cnn", "jit-load-cnn"):  # constants (strides, paddings, eps) and tuples in the classes
         torch.manual_seed(0)
         cnn = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                             nn.Conv2d(8, 8, 3, padding="same", padding_mode="reflect"), nn.AdaptiveAvgPool2d((2, 2)),
                             nn.Flatten(), nn.Dropout(0.1), nn.Linear(32, 10))  # fmt: skip
         for _ in range(3):  # running statistics and num_batches_tracked of a trained BatchNorm
             cnn(torch.randn(4, 3, 16, 16))
+        if form == "jit-load-cnn":
+            return _saved_and_loaded(torch, torch.jit.script(cnn.eval()), outdir), None, torch.randn(2, 3, 16, 16)
         return torch.jit.script(cnn.eval()), None, torch.randn(2, 3, 16, 16)
     if form == "jit-trace":
         return torch.jit.trace(model, x), None, x
     if form == "jit-script":
         return torch.jit.script(model), None, x
-    if form == "jit-load":  # TorchServe-like: the process holds only what torch.jit.load read from the archive
-        import gc
-
-        path = os.path.join(outdir, "model.pt")
-        torch.jit.save(torch.jit.script(model), path)
+    if form in ("jit-load", "jit-load-trace"):  # TorchServe-like: the process holds only what jit.load read
+        scripted = torch.jit.script(model) if form == "jit-load" else torch.jit.trace(model, x)
         del model
-        gc.collect()
-        return torch.jit.load(path), None, x
+        return _saved_and_loaded(torch, scripted, outdir), None, x
     if form == "ort":
         import onnxruntime as ort
 
@@ -281,6 +294,17 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         LEFTOVER.append(torch.fx.symbolic_trace(nn.ReLU()))
         return ort.InferenceSession(path, providers=["CPUExecutionProvider"]), None, x
     raise SystemExit(f"unknown form {form}")
+
+
+def _saved_and_loaded(torch, scripted, outdir: str):
+    """The module saved with torch.jit.save and loaded back; nothing of the original is kept alive."""
+    import gc
+
+    path = os.path.join(outdir, "model.pt")
+    torch.jit.save(scripted, path)
+    del scripted
+    gc.collect()
+    return torch.jit.load(path)
 
 
 def main(outdir: str, form: str, backend: str = "inductor") -> None:

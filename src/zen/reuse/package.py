@@ -125,13 +125,19 @@ def _place(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-PACKAGE_FILES = ("__init__.py", "patch.json", case.MR_FILE, case.WEIGHTS, case.EXTRA, "reuse.json")
+PACKAGE_FILES = ("__init__.py", "patch.json", case.MR_FILE, case.WEIGHTS, case.EXTRA, "reuse.json", "model.pt")
 
 
 def package_hashes(pkg: Path) -> dict[str, str]:
     """sha256 of the files that decide what a package rebuilds: `zen verify` records them so a
     report can tell whether the package it cites is the one that was verified."""
     return {name: case.file_sha256(pkg / name) for name in PACKAGE_FILES if (pkg / name).is_file()}
+
+
+def is_archive(mr) -> bool:
+    """A TorchScript model whose Python classes are not proven: rebuilt as a TorchScript archive."""
+    deployed = getattr(mr, "deployment", None) or {}
+    return deployed.get("form") == "torchscript" and not (deployed.get("eager") or {}).get("complete")
 
 
 def require_rebuildable(mr, where: Path) -> None:
@@ -146,10 +152,13 @@ def require_rebuildable(mr, where: Path) -> None:
     deployed = getattr(mr, "deployment", None) or {}
     if not missing and deployed.get("form") == "torchscript":
         eager = deployed.get("eager") or {}
-        if not eager.get("complete"):
+        from zen.reuse.torchscript_archive import archive_problems
+
+        why = archive_problems(mr) if not eager.get("complete") else []
+        if why:
             raise StateNotRead(f"{where}: a TorchScript model ({deployed.get('script_class')}): its module tree and every "
-                               "tensor were read (mr.json, weights.safetensors), but zen does not yet write a TorchScript "
-                               "archive, and the Python classes it was compiled from are not proven for "
+                               "tensor were read (mr.json, weights.safetensors), but no TorchScript archive can be written "
+                               f"({why[0]}), and the Python classes it was compiled from are not proven for "
                                f"{eager.get('missing_count', 'its')} module(s) ({eager.get('why') or 'no link'})",
                                "load weights.safetensors into the eager model's class with load_state_dict "
                                "(same keys)")  # fmt: skip
@@ -180,11 +189,19 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
     shutil.copyfile(case_dir / case.MR_FILE, out / case.MR_FILE)
     for name in (case.WEIGHTS, case.EXTRA, case.INPUTS):
         _place(case_dir / name, out / name)
+    mr = case.load_mr(case_dir)
+    (out / "model.pt").unlink(missing_ok=True)
+    if is_archive(mr):  # traced or jit.load'ed: rebuilt as TorchScript, from its own code (reuse.torchscript_archive)
+        from zen.reuse.torchscript_archive import write_archive
+
+        write_archive(mr, case_dir / case.WEIGHTS, out)
     info = {"kind": "zen-reuse", "format": 1, "tool": f"zen {__version__}", "case": str(case_dir.resolve()),
             "evidence_sha256": sha, "mode": patch["mode"], "base": patch["base"], "python": patch["python"],
             "patch_sha256": patch["content_sha256"], "diff": diff_summary,
             "executes_recovered_code": True, "dequantize": bool(dequantize)}  # fmt: skip
-    info["problems"] = value_problems(case.load_mr(case_dir))
+    info["problems"] = value_problems(mr)
+    if is_archive(mr):
+        info["torchscript_archive"] = "model.pt: the deployed TorchScript code and values; load() runs torch.jit.load"
     (out / "reuse.json").write_text(json.dumps(info, indent=1) + "\n")
     return out
 

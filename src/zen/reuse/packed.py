@@ -14,7 +14,7 @@ from typing import Any
 
 SUFFIX = "._packed_params.weight"
 TABLE = "._packed_weight"  # a quantized Embedding's or EmbeddingBag's table, under its EmbeddingPackedParams
-CONVS = ("conv2d", "conv1d")  # a Conv1d's set_weight_bias unsqueezes its 3-d weight and packs it as PyTorch did
+CONVS = ("conv2d", "conv1d", "conv3d", "convtranspose2d", "convtranspose1d")  # 1-d: set_weight_bias unsqueezes
 
 
 def packed_paths(mr) -> dict[str, Any]:

@@ -30,6 +30,8 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu", 
     from zen.reuse.graph import rebuild
 
     pkg_dir = Path(pkg_dir)
+    if (pkg_dir / "model.pt").is_file():  # a TorchScript archive (reuse.torchscript_archive): torch compiles its code
+        return _load_archive(pkg_dir, eval_mode, device, dequantize)
     patch = read_patch(pkg_dir / "patch.json")
     applied = apply_patch(patch)
     mr = package_mr(pkg_dir)
@@ -49,6 +51,23 @@ def load_package(pkg_dir: Path, *, eval_mode: bool = True, device: str = "cpu", 
                       + "; ".join(problems[:5]) + more, stacklevel=3)  # fmt: skip
     report = {"patch": applied.to_json(), "graph": graph.to_json(), "problems": problems, "device": placed}
     return model, ({**report, "dequantized": dequantized} if dequantize else report)
+
+
+def _load_archive(pkg_dir: Path, eval_mode: bool, device: str, dequantize: bool) -> tuple[Any, dict]:
+    import torch
+
+    from zen.reuse.package import is_archive
+
+    if dequantize:
+        raise ZenError("--dequantize applies to quantized Python models, not to a TorchScript archive")
+    if not is_archive(package_mr(pkg_dir)):
+        raise ZenError(f"{pkg_dir}: model.pt does not belong to this package's model", "write the package again with zen reuse")
+    model = torch.jit.load(str(pkg_dir / "model.pt"), map_location=device)
+    if eval_mode:
+        model.eval()
+    report = {"patch": {"warnings": [], "torchscript_archive": "model.pt"}, "graph": {"torchscript_archive": "model.pt"},
+              "problems": [], "device": {"moved_to": str(device)}}  # fmt: skip
+    return model, report
 
 
 def _accelerator(device: str) -> str | None:

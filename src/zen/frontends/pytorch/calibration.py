@@ -96,7 +96,7 @@ class TorchCalibrator(CalibratorBase):
         before = (copy.deepcopy(self.structs), dict(self.constants), len(self.checks), dict(self.provenance))
         try:
             getattr(importlib.import_module(module), name)(self)
-        except (CalibrationFailed, AttributeError, RuntimeError, ImportError) as exc:
+        except (CalibrationFailed, AttributeError, RuntimeError, ImportError, TypeError, ValueError, IndexError, KeyError) as exc:
             self.structs, self.constants, self.provenance = before[0], before[1], before[3]
             del self.checks[before[2] :]
             self.provenance[f"not measured: {what}"] = str(exc)[:300]
@@ -199,6 +199,8 @@ class TorchCalibrator(CalibratorBase):
         if "jitobject" in self.structs:
             self.optional("TorchScript constants and containers", "zen.frontends.pytorch.torchscript.calibration",
                           "measure_jit_values")  # fmt: skip
+            self.optional("TorchScript code of loaded modules", "zen.frontends.pytorch.torchscript.source_calibration",
+                          "measure_jit_source")  # fmt: skip
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
             self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")

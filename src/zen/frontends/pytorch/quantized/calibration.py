@@ -220,8 +220,16 @@ def measure_packed_conv(cal) -> None:
         im = holders(convs["im2col"][1], KH * KW * IC)
         pt = holders(convs["pointwise"][1], IC)
         cal.field("packedconv", "w", common("PackedConvWeight.w", [a for a, _ in im], [a for a, _ in pt]), "ptr")
-        cal.field("convpack", "im2col", one("PackWeightsForConv.W_im2col_packed_", [b for _, b in im]), "ptr")
-        cal.field("convpack", "pointwise", one("PackWeightsForConv.W_pointwise_packed_", [b for _, b in pt]), "ptr")
+        # one convolution keeps one packing: its other packings' pointers are null. A word past the object that
+        # happens to point at a matching matrix (seen under load, beyond 256 bytes) is not null in the other one.
+        w_off = cal.off("packedconv", "w")
+        packs = {n: m.word(convs[n][1] + w_off) for n in ("im2col", "pointwise")}
+
+        def only(cands: list[tuple[int, int]], other: str) -> list[int]:
+            return [b for a, b in cands if a == w_off and m.word(packs[other] + b) == 0]
+
+        cal.field("convpack", "im2col", one("PackWeightsForConv.W_im2col_packed_", only(im, "pointwise")), "ptr")
+        cal.field("convpack", "pointwise", one("PackWeightsForConv.W_pointwise_packed_", only(pt, "im2col")), "ptr")
         unpacked = {n: torch.ops.quantized.conv2d_unpack(c._packed_params) for n, (c, _, _, _) in convs.items()}
         p = convs["im2col"][1]
         cal.field("packedconv", "bias", one("PackedConvWeight.bias", m.find_word(p, 64, unpacked["im2col"][1]._cdata)), "ptr")

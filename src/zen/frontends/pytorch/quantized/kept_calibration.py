@@ -55,8 +55,11 @@ def measure_quantizer(cal) -> None:
     cal.field("perchannelquantizer", "scales", one("PerChannelAffineQuantizer.scales_", sc), "ptr")
     zs = [o for o in range(16, 64, 8) if m.word(qpc + o) == pc.q_per_channel_zero_points()._cdata]
     cal.field("perchannelquantizer", "zero_points", one("PerChannelAffineQuantizer.zero_points_", zs), "ptr")
-    zero, one_ = struct.pack("<q", 0), struct.pack("<q", 1)
-    axis = [o for o in range(16, 72, 8) if m.raw(qpc + o, 8) == zero and m.raw(qpc1 + o, 8) == one_]
+    # axes 0, 1 and 2: a word past the object (a neighbouring chunk's header) once matched 0 and 1 under load
+    pc2 = torch.quantize_per_channel(torch.randn(2, 3, OC, generator=g), scales, torch.arange(OC) % 3, 2, torch.qint8)
+    qpc2 = m.word(pc2._cdata + cal.off("qtensorimpl", "quantizer"))
+    want = [struct.pack("<q", a) for a in (0, 1, 2)]
+    axis = [o for o in range(16, 72, 8) if [m.raw(q + o, 8) for q in (qpc, qpc1, qpc2)] == want]
     cal.field("perchannelquantizer", "axis", one("PerChannelAffineQuantizer.axis_", axis), "i64")
 
 

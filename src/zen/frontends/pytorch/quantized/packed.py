@@ -37,6 +37,12 @@ STRUCTS = ("pybind", "jitmodule", "jitobject", "ivalue", "packedlinear", "packb"
 PACKED_PARAMS = "torch.ao.nn.quantized.modules.linear.LinearPackedParams"
 QUANTIZED_CONV2D = "torch.ao.nn.quantized.modules.conv.Conv2d"
 QUANTIZED_CONV1D = "torch.ao.nn.quantized.modules.conv.Conv1d"  # packed as a Conv2d of kernel (1, k): read as one
+QUANTIZED_CONVT = {
+    "torch.ao.nn.quantized.modules.conv.ConvTranspose2d": "convtranspose2d",
+    "torch.ao.nn.quantized.modules.conv.ConvTranspose1d": "convtranspose1d",  # fbgemm packs none of these
+    "torch.ao.nn.quantized.modules.conv.Conv3d": "conv3d",
+}  # read where the engine keeps the weight
+RANK = {"linear": 2, "conv3d": 5}  # the kept weight's rank (every other convolution: 4, a 1-d one's packed as 2-d)
 EMBEDDING_PACKED = "torch.ao.nn.quantized.modules.embedding_ops.EmbeddingPackedParams"  # its `_packed_weight`
 MAX_DIM = 1 << 20  # rows or columns of one weight
 MAX_PACKED = 1 << 30  # bytes of one packed buffer (a 32k x 32k int8 weight; read whole, so bounded)
@@ -246,6 +252,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
             targets.append((p, n, "conv2d", f"{p}." if p else ""))
         elif "_packed_params" in n.attrs and QUANTIZED_CONV1D in mro:
             targets.append((p, n, "conv1d", f"{p}." if p else ""))
+        elif "_packed_params" in n.attrs and (kt := next((k for c, k in QUANTIZED_CONVT.items() if c in mro), None)):
+            targets.append((p, n, kt, f"{p}." if p else ""))
         elif "_packed_weight" in n.attrs and EMBEDDING_PACKED in mro:
             targets.append((p, n, "embedding", f"{p}." if p else ""))
     if not targets:
@@ -277,8 +285,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
             elif kc is not None:
                 if not has_kept_layout(reader.tp, kc):
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no {kc} layout; {recalibrate}")
-                kept = read_kept(ip, reader, obj, addr, kc, 2 if kind == "linear" else 4)
-                if kind == "conv1d":
+                kept = read_kept(ip, reader, obj, addr, kc, RANK.get(kind, 4))
+                if kind in ("conv1d", "convtranspose1d"):
                     kept.meta = _as_conv1d(kept.meta, addr)
                 kept_out += kept_slots(ip, reader, kept, prefix, obj, kc, kind)
                 kept_paths.add(path)
@@ -287,6 +295,8 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm fp16 layout; "
                                       f"{recalibrate}")  # fmt: skip
                 got.append((path, prefix, PackedReader(ip, reader.tp).read_fp16(obj, addr)))
+            elif fbgemm in cls and kind in QUANTIZED_CONVT.values():
+                raise ObjectError(addr, f"fbgemm packed this {kind} ({cls}), a layout zen does not read yet")
             elif fbgemm in cls and "Fp16" not in cls:  # fbgemm's int8 packed weight: unpacked
                 if pr is None or (kind != "linear" and not all(x in reader.tp.structs for x in ("packedconv", "convpack"))):
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm {fbgemm} "

@@ -257,7 +257,7 @@ def measure_jit_values(cal) -> None:
 
     def names_at(ct: int, off: int) -> list[str] | None:
         b, e, cap = m.words(ct + off, 3)
-        if not (b and b <= e <= cap and 0 < e - b <= 32 * 16 and (e - b) % 32 == 0):
+        if not (b and b <= e <= cap and 0 < e - b <= 32 * 16 and (e - b) % 32 == 0 and m.readable(b, e - b)):
             return None
         got = [_identifier(m, b + i * 32) for i in range((e - b) // 32)]
         return got if all(got) else None  # type: ignore[return-value]

@@ -9,7 +9,8 @@ module runs, and a package rebuilt from it with the C++ module's values is the d
 Nothing else links them. A `torch.jit.load`ed module was compiled from TorchScript code in an archive (its wrapper's
 `_concrete_type` is made from the C++ type, never stored), and a traced one from a recording of one call
 (`torch.jit.trace` does not share types through the store): a Python class of the same name in the image may run
-other code, so those stay unlinked and `zen reuse` refuses them (issue 48: a TorchScript archive is not written yet).
+other code, so those stay unlinked: `zen reuse` rebuilds them as a TorchScript archive from their own code
+(`reuse.torchscript_archive`) where the image holds it, and refuses otherwise.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def eager_link(ip: Interpreter, wrappers: dict[int, int], objects: dict[str, int
         names[rec.path] = f"{t.module}:{t.qualname}"
     missing = [rec.path for rec in mr.modules if rec.path not in links]
     if missing and not why:
-        why = ("not scripted in this process from a Python class (jit.load'ed or traced): its code is TorchScript's, "
-               "which zen does not read yet")  # fmt: skip
+        why = ("not scripted in this process from a Python class (jit.load'ed or traced): it is rebuilt from its "
+               "TorchScript code where the image holds it (deployment.torchscript)")  # fmt: skip
     mr.deployment["eager"] = {
         "complete": not missing and bool(mr.modules),
         "how": "each module's wrapper `_concrete_type` found in torch.jit._recursive.concrete_type_store",

@@ -21,6 +21,7 @@ from zen.frontends.pytorch.subclasses import ClassLookup
 from zen.frontends.pytorch.tensors import TensorReader
 from zen.frontends.pytorch.torchscript.eager import eager_link
 from zen.frontends.pytorch.torchscript.reader import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
+from zen.frontends.pytorch.torchscript.sources import SourceReader, has_source_layout, needed_files
 from zen.runtime.errors import ZenError
 
 
@@ -147,7 +148,25 @@ def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: Mo
         deployed["eager"].update(complete=False, why="the torch layout profile has no TorchScript constants and "
                                  "tuples layout: recalibrate it with `zen profile torch`")  # fmt: skip
     deployed["eager"]["addresses"] = {p: f"{a:#x}" for p, a in sorted(links.items())[:1000]}
+    if not deployed["eager"]["complete"]:
+        deployed["torchscript"] = _code(ip, sm, walk)
     return mr, slots, deployed
+
+
+def _code(ip: Interpreter, sm: ScriptModels, walk: dict) -> dict:
+    """The TorchScript code files the model's classes need (`sources`), with each module's TorchScript class and
+    constants: what `zen reuse` writes a TorchScript archive from. Files not found are listed, never guessed."""
+    nodes = {p: n for p, n in walk.items() if isinstance(n, JitNode)}
+    out: dict = {"classes": {p: n.type.script_name for p, n in nodes.items()},
+                 "constants": {p: sorted(n.constants) for p, n in nodes.items() if n.constants}}  # fmt: skip
+    if not has_source_layout(sm.reader):
+        return {**out, "files": {}, "missing": [], "conflicts": [], "problems": [
+            "the torch layout profile has no TorchScript code layout: recalibrate it with `zen profile torch`"]}  # fmt: skip
+    code = SourceReader(sm.reader).code([ip.ptr(n.addr + sm.reader.tp.jitobject.type) for n in nodes.values()])
+    need = needed_files(sorted(set(out["classes"].values())), code.files)
+    out.update(files={f: code.files[f] for f in need if f in code.files}, missing=[f for f in need if f not in code.files],
+               conflicts=code.conflicts, problems=code.problems)  # fmt: skip
+    return out
 
 
 def _encode(v: object) -> dict:

@@ -1,0 +1,143 @@
+"""TorchScript deployments (issue 48): real processes serving a model scripted, traced or `torch.jit.load`ed.
+
+zen reads the served ScriptModule's C++ module tree (every tensor bit-exact under PyTorch's keys), links a model
+scripted in the process to the Python classes it was compiled from, reads a loaded model's TorchScript code from
+the image, and rebuilds each (from the classes, or as a TorchScript archive) with the deployed outputs bit for bit;
+what it cannot rebuild (a model traced in the process: graphs, no code text) it refuses, naming why. The targets
+are the deployment-form targets (`forms_fixtures`), started and imaged once per session.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import zen
+from core_edit import peek as _peek
+from core_edit import poke as _poke
+from core_edit import read as _read
+from forms_fixtures import digest as _digest
+from forms_fixtures import get_form as _get
+from forms_fixtures import rebuilt as _rebuilt
+from forms_fixtures import recover_form as _recover
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load_file  # noqa: E402
+
+
+@pytest.mark.parametrize("form", ["jit-trace", "jit-script", "jit-load"])
+def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, form):
+    """TorchScript (issue 48): the served ScriptModule's C++ tree is read through its `_c`: complete, every state_dict
+    tensor bit-exact under PyTorch's own keys, the module tree with the eager class names (TorchScript's mangled
+    names demangled), one root (the wrappers of its submodules are not models of their own, a traced module's
+    inner script module neither). Scripted in the process: every module linked to the Python class it was compiled
+    from (torch's concrete type store), and `zen reuse` rebuilds it: outputs bit-identical. jit.load'ed: no such
+    link, but its TorchScript code is in the image: `zen reuse` writes a TorchScript archive (bit-identical through
+    torch.jit.load). Traced here: no link and no code text (only graphs), so `zen reuse` refuses and writes nothing."""
+    res, case, manifest, t = _recover(form_images, form, workdir)
+    assert res.returncode == 0, res.stderr
+    assert manifest["status"] == "complete" and manifest["model"]["class"] == "__main__.Net", manifest["problems"]
+    mr = json.loads((case / "mr.json").read_text())
+    assert mr["deployment"]["form"] == "torchscript" and mr["deployment"]["script_class"].endswith(".Net")
+    assert mr["root"]["address"] == f"{t.truth['served_id']:#x}" and mr["root"]["served_by"]
+    weights = load_file(case / "weights.safetensors")
+    assert sorted(weights) == sorted(t.truth["state"])
+    assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
+    assert {m["path"]: m["cls_module"] + "." + m["cls_qualname"] for m in mr["modules"]} == {
+        "": "__main__.Net", "fc1": "torch.nn.modules.linear.Linear", "act": "torch.nn.modules.activation.ReLU",
+        "fc2": "torch.nn.modules.linear.Linear", "head": "torch.nn.modules.linear.Linear"}  # fmt: skip
+    assert all(m["training"] is False for m in mr["modules"])  # the target serves in eval()
+    scripted_roots = [r for r in mr["roots"] if r["cls"] != "__main__.Net"]
+    assert scripted_roots == [], scripted_roots
+    eager = mr["deployment"]["eager"]
+    if form == "jit-script":
+        assert eager["complete"] and eager["classes"][""] == "__main__:Net" and len(eager["classes"]) == 5, eager
+        got = _rebuilt(workdir, case, form, t)
+        assert got["equal"] and got["state_equal"], got
+        return
+    assert not eager["complete"] and eager["missing_count"] == 5, eager
+    if form == "jit-load":  # its TorchScript code is in the image: rebuilt as an archive torch.jit.load accepts
+        code = mr["deployment"]["torchscript"]
+        assert not code["missing"] and "class Net(Module):" in code["files"]["code/__torch__.py"], code
+        got = _rebuilt(workdir, case, form, t)
+        assert got["equal"] and got["state_equal"] and got["model_class"].endswith("RecursiveScriptModule"), got
+        return
+    pkg = workdir / f"refused_{form.replace('-', '_')}"
+    refused = zen("reuse", case, "-o", pkg, check=False)
+    assert refused.returncode == 5 and "TorchScript" in refused.stderr and not pkg.exists(), refused.stderr
+
+
+@pytest.mark.parametrize("form", ["jit-script-cnn", "jit-load-cnn"])
+def test_a_scripted_cnn_keeps_its_constants_and_tuples_in_its_classes(form_images, workdir, form):
+    """A scripted CNN (issue 48): strides, paddings, padding modes and BatchNorm's eps and momentum are TorchScript
+    class constants, tuples and strings, read with the layout `zen profile torch` measured; the rebuilt model
+    (the classes it was scripted from, given those values; loaded: a TorchScript archive of its code, whose short
+    tuples the loader kept inline) gives the deployed outputs bit for bit."""
+    res, case, manifest, t = _recover(form_images, form, workdir)
+    assert res.returncode == 0 and manifest["status"] == "complete", res.stderr
+    mr = json.loads((case / "mr.json").read_text())
+    conv, bn, pool = (next(m for m in mr["modules"] if m["path"] == p) for p in ("0", "1", "5"))
+    assert conv["hyperparameters"]["stride"] == "(2, 2)" and conv["hyperparameters"]["padding"] == "(1, 1)", conv
+    assert conv["state"]["kernel_size"] == {"tuple": [{"lit": "3"}, {"lit": "3"}]}, conv["state"]
+    assert bn["hyperparameters"]["eps"] == "1e-05" and bn["hyperparameters"]["momentum"] == "0.1", bn
+    assert pool["hyperparameters"]["output_size"] == "(2, 2)", pool
+    assert next(m for m in mr["modules"] if m["path"] == "4")["hyperparameters"]["padding_mode"] == "'reflect'"
+    weights = load_file(case / "weights.safetensors")
+    assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items()) and len(weights) == 11
+    got = _rebuilt(workdir, case, form, t)
+    assert got["equal"] and got["state_equal"], got
+
+
+def _source_of(img, off: dict, obj: int, name: str) -> int:
+    """The Source holding code file `name` of a jit.load'ed model's image, walked the way zen walks it."""
+    cu = _peek(img, _peek(img, obj + off["jitobject.type"]) + off["classtype.compilation_unit"])
+    begin, end = _peek(img, cu + off["compilationunit.functions"]), _peek(img, cu + off["compilationunit.functions"] + 8)
+    for i in range((end - begin) // 8):
+        graph = _peek(img, _peek(img, begin + 8 * i) + off["graphfunction.graph"])
+        block = _peek(img, graph + off["jitgraph.block"])
+        node, last = _peek(img, block + off["jitblock.input"]), _peek(img, block + off["jitblock.output"])
+        for _ in range(1000):
+            src = _peek(img, node + off["jitnode.source"])
+            try:
+                if _read(img, _peek(img, src + off["jitsource.filename"]), len(name)) == name.encode():
+                    return src
+            except AssertionError:  # a stale word: not in the image
+                pass
+            if node == last:
+                break
+            node = _peek(img, node + off["jitnode.next"])
+    raise AssertionError(f"{name} not found")
+
+
+def test_hostile_torchscript_code_is_bounded_and_named(form_images, workdir, tmp_path):
+    """Hand-built hostile images of a jit.load'ed model's code (issue 48): a code file claiming ten million text
+    pieces, a file name claiming a gigabyte, a compilation unit claiming a billion functions. The model's state is
+    still read (complete), the file is named missing, and `zen reuse` refuses naming it: no hang, no huge read."""
+    import struct
+    from importlib import resources
+
+    if not torch.__version__.startswith("2.13"):
+        pytest.skip("offsets from the shipped torch 2.13 profile")
+    profile = json.loads(resources.files("zen.frontends.pytorch").joinpath("profiles", "torch-2.13-x86_64.json").read_text())
+    off = {f"{s}.{f}": v[0] for s, d in profile["structs"].items() for f, v in d["fields"].items()}
+    res, case, _, _ = _recover(form_images, "jit-load", workdir)
+    obj = int(json.loads((case / "mr.json").read_text())["deployment"]["object"], 16)
+    img = _get(form_images, "jit-load")[0]
+    src = _source_of(img, off, obj, "code/__torch__.py")
+    cu = _peek(img, _peek(img, obj + off["jitobject.type"]) + off["classtype.compilation_unit"])
+    fns = cu + off["compilationunit.functions"]
+    hostile = {  # name -> (address, bytes, the file named missing)
+        "pieces": (src + off["jitsource.pieces"] + 8, struct.pack("<Q", _peek(img, src) + 16 * 10**7), "code/__torch__.py"),
+        "filename": (src + off["jitsource.filename"] + 8, struct.pack("<Q", 1 << 30), "code/__torch__.py"),
+        "functions": (fns + 8, struct.pack("<Q", _peek(img, fns) + 8 * 10**9), "code/__torch__.py"),
+    }
+    for name, (addr, data, missing) in hostile.items():
+        bad = _poke(img, tmp_path / f"{name}.core", addr, data)
+        case = tmp_path / f"case-{name}"
+        res = zen("recover", bad, "-o", case, check=False, timeout=300)
+        bad.unlink()
+        assert res.returncode == 0 and "Traceback" not in res.stderr, (name, res.stderr[-2000:])
+        ts = json.loads((case / "mr.json").read_text())["deployment"]["torchscript"]
+        assert missing in ts["missing"], (name, ts["missing"], ts["problems"])
+        refused = zen("reuse", case, "-o", tmp_path / f"pkg_{name}", check=False)
+        assert refused.returncode == 5 and missing in refused.stderr, (name, refused.stderr)
