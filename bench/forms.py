@@ -173,8 +173,9 @@ NOTES = """How to read the rows:
   default qconfig): its Linear packed by fbgemm (unpacked), its Conv2d by oneDNN on this AVX512-VNNI CPU (the
   quantized weight it keeps, read with its quantizer's scales). -fbgemm, -onednn, -qnnpack: the same model under
   that engine (fbgemm's convolution unpacked from its PackBMatrix; QNNPACK keeps its weights like oneDNN).
-  static-depthwise: fbgemm's depthwise packing, unpacked. static-grouped: a grouped convolution fbgemm packs in
-  groups, not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
+  static-depthwise: fbgemm's depthwise packing, unpacked. static-grouped: a grouped convolution fbgemm packs
+  group by group, unpacked. static-conv3d: a Conv3d, kept by oneDNN on this CPU; -fbgemm: fbgemm's 3-d packing,
+  not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
   models (fused, x86 qconfig, random weights), MobileNet's depthwise layers with more than 100 groups go to fbgemm.
   static-conv1d(-fbgemm): Conv1ds, packed as Conv2ds of kernel (1, k) and read as such. static-embedding: a
   weight-only quantized EmbeddingBag (fbgemm's 8-bit fused rows). static-convtranspose(1d): transposed

@@ -238,7 +238,8 @@ def test_transposed_and_3d_quantized_convolutions_are_read_from_the_weight_kept(
 
 @pytest.mark.parametrize("form,engine", [("static-cnn", None), ("static-cnn-fbgemm", "fbgemm"), ("static-depthwise", "fbgemm"),
                                          ("static-cnn-onednn", "onednn"), ("static-cnn-qnnpack", "qnnpack"),
-                                         ("static-conv1d", None), ("static-conv1d-fbgemm", "fbgemm")])  # fmt: skip
+                                         ("static-conv1d", None), ("static-conv1d-fbgemm", "fbgemm"),
+                                         ("static-grouped", "fbgemm")])  # fmt: skip
 def test_static_quantized_models_are_read_from_each_engines_objects(form_images, workdir, form, engine):
     """Static quantization (issue 48): quantized Conv2ds and Linears keep their int8 weights only in C++ objects, a
     different class per engine, told apart by their RTTI. fbgemm's (re-blocked) are unpacked; oneDNN's and QNNPACK's
@@ -247,7 +248,8 @@ def test_static_quantized_models_are_read_from_each_engines_objects(form_images,
     with fbgemm elsewhere; fbgemm packs a depthwise convolution its own way (unpacked too). Each: complete, every
     weight and bias bit-exact under the module's own state_dict keys, the scales and zero points those of the
     deployed state_dict, and the rebuilt model (packed again by PyTorch) gives the deployed outputs bit for bit. A Conv1d
-    is packed as a Conv2d of kernel (1, k): read the same way, its weight 3-d as its state_dict holds it."""
+    is packed as a Conv2d of kernel (1, k): read the same way, its weight 3-d as its state_dict holds it. A grouped
+    convolution: fbgemm packs each group's matrix alone, one after another."""
     vnni = "avx512_vnni" in Path("/proc/cpuinfo").read_text()
     res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0 and manifest["status"] == "complete", manifest["problems"]
@@ -265,6 +267,9 @@ def test_static_quantized_models_are_read_from_each_engines_objects(form_images,
     if form == "static-depthwise":
         assert _digest(weights["3.weight"]) == state["3.weight"]["sha256"] and records["3.weight"]["shape"] == [8, 1, 3, 3]
         assert records["3.weight"]["quantization"]["packed"]["algorithm"] == "depthwise"
+    if form == "static-grouped":  # 4 groups, each group's matrix packed alone
+        assert _digest(weights["3.weight"]) == state["3.weight"]["sha256"] and records["3.weight"]["shape"] == [8, 2, 3, 3]
+        assert records["3.weight"]["quantization"]["packed"]["groups"] == 4
     key = next(k for k in state if k.endswith("._packed_params._packed_params"))
     w, b = state[key]["items"]
     assert _digest(weights[f"{key}.weight"]) == w["sha256"] and _digest(weights[f"{key}.bias"]) == b["sha256"]
@@ -289,16 +294,16 @@ def test_a_quantized_embedding_table_is_read_from_its_packed_object(form_images,
 
 
 def test_a_packing_zen_does_not_read_is_named(form_images, workdir):
-    """fbgemm packs a grouped convolution in groups, a layout zen does not read yet: the case is partial and the
-    problem names the module and the object's C++ class (from its RTTI); the ordinary convolution and the Linear
-    beside it are still read; no runnable copy is written."""
-    res, case, manifest, t = _recover(form_images, "static-grouped", workdir)
+    """fbgemm packs a Conv3d its own 3-d way, a layout zen does not read yet: the case is partial and the problem
+    names the module and the object's C++ class (from its RTTI); the Linear beside it is still read; no runnable
+    copy is written."""
+    res, case, manifest, t = _recover(form_images, "static-conv3d-fbgemm", workdir)
     problems = " ".join(manifest["problems"])
-    assert res.returncode == 5 and manifest["status"] == "partial" and "3._packed_params" in problems, problems
-    assert "(16PackedConvWeightILi2EE) in 4 groups" in problems, problems
+    assert res.returncode == 5 and manifest["status"] == "partial" and "1._packed_params" in problems, problems
+    assert "(16PackedConvWeightILi3EE), a layout zen does not read yet" in problems, problems
     weights = load_file(case / "weights.safetensors")
-    assert {"1.weight", "5._packed_params._packed_params.weight"} <= set(weights) and "3.weight" not in weights
-    pkg = workdir / "refused_static_grouped"
+    assert "4._packed_params._packed_params.weight" in weights and "1.weight" not in weights
+    pkg = workdir / "refused_static_conv3d"
     assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()
 
 

@@ -252,7 +252,7 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         )
         torch.backends.quantized.engine = engine
         convs = [nn.Conv2d(3, 8, 3), nn.ReLU()]
-        if form in ("static-depthwise", "static-grouped"):  # fbgemm packs these its own ways (grouped: not read, named)
+        if form in ("static-depthwise", "static-grouped"):  # fbgemm packs these its own ways (both read)
             convs += [nn.Conv2d(8, 8, 3, padding=1, groups=8 if form == "static-depthwise" else 4)]
         cnn = nn.Sequential(torch.ao.quantization.QuantStub(), *convs, nn.Flatten(), nn.Linear(8 * 6 * 6, 10),
                             torch.ao.quantization.DeQuantStub()).eval()  # fmt: skip
