@@ -141,3 +141,21 @@ def test_hostile_torchscript_code_is_bounded_and_named(form_images, workdir, tmp
         assert missing in ts["missing"], (name, ts["missing"], ts["problems"])
         refused = zen("reuse", case, "-o", tmp_path / f"pkg_{name}", check=False)
         assert refused.returncode == 5 and missing in refused.stderr, (name, refused.stderr)
+
+
+def test_an_archive_is_refused_for_hostile_names():
+    """A class name read from the image becomes a pickle GLOBAL in data.pkl (newline-terminated), a code file name a
+    path in the archive: a class name that is not a dotted identifier (a newline and opcodes, say) or a file name
+    torch.jit.save would not write (`..`) is refused, named, before anything is written."""
+    from types import SimpleNamespace
+
+    from zen.reuse.torchscript_archive import archive_problems
+
+    code = {"code/__torch__.py": "class Net(Module):\n  pass\n"}
+    good = {"classes": {"": "__torch__.Net"}, "files": code, "missing": [], "conflicts": [], "problems": []}
+    mr = SimpleNamespace(deployment={"torchscript": good}, tensors=[], modules=[])
+    assert archive_problems(mr) == []
+    mr.deployment["torchscript"] = {**good, "classes": {"": "__torch__.Net\nc os\nsystem"}}
+    assert any("is not a qualified name" in p for p in archive_problems(mr)), archive_problems(mr)
+    mr.deployment["torchscript"] = {**good, "files": {"code/../../etc/x.py": "", **code}}
+    assert any("is not one torch.jit.save writes" in p for p in archive_problems(mr)), archive_problems(mr)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -33,6 +34,9 @@ STORAGES = {"float32": "FloatStorage", "float64": "DoubleStorage", "float16": "H
             "uint8": "ByteStorage", "bool": "BoolStorage", "complex64": "ComplexFloatStorage",
             "complex128": "ComplexDoubleStorage"}  # fmt: skip
 LIST_BUILDERS = {int: "build_intlist", float: "build_doublelist", bool: "build_boollist"}
+# a class name from the image becomes a pickle GLOBAL (newline-terminated): only dotted identifiers are written
+QUALIFIED = re.compile(r"__torch__(\.[A-Za-z_][A-Za-z0-9_]*)+")
+CODE_FILE = re.compile(r"code/__torch__(/[A-Za-z_][A-Za-z0-9_]*)*\.py")  # as torchscript.sources takes them
 
 
 class ArchiveError(ZenError):
@@ -49,6 +53,10 @@ def archive_problems(mr) -> list[str]:
         out.append("no TorchScript code was read (traced in this process, or a profile without the code layout)")
     out += [f"{f} uses tensor constants (CONSTANTS.cN), which zen does not read yet"
             for f, text in (ts.get("files") or {}).items() if "CONSTANTS.c" in text]  # fmt: skip
+    out += [f"TorchScript class name {n[:80]!r} (module {p or 'model'}) is not a qualified name: refused"
+            for p, n in (ts.get("classes") or {}).items() if not QUALIFIED.fullmatch(n)]  # fmt: skip
+    out += [f"code file name {f[:80]!r} is not one torch.jit.save writes: refused"
+            for f in (ts.get("files") or {}) if not CODE_FILE.fullmatch(f)]  # fmt: skip
     out += [f"{m.path or 'model'}.{n}: a tensor in a plain attribute, which zen does not write yet"
             for m in mr.modules for n in m.unregistered_tensors]  # fmt: skip
     out += [f"{t.key}: a {t.dtype} tensor, which a TorchScript archive written by zen cannot hold yet"
