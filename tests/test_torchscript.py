@@ -30,7 +30,8 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
     """TorchScript (issue 48): the served ScriptModule's C++ tree is read through its `_c`: complete, every state_dict
     tensor bit-exact under PyTorch's own keys, the module tree with the eager class names (TorchScript's mangled
     names demangled), one root (the wrappers of its submodules are not models of their own, a traced module's
-    inner script module neither). Scripted in the process: every module linked to the Python class it was compiled
+    inner script module neither); its data-flow edges, read from the forward graphs, are the eager model's. Scripted
+    in the process: every module linked to the Python class it was compiled
     from (torch's concrete type store), and `zen reuse` rebuilds it: outputs bit-identical. jit.load'ed: no such
     link, but its TorchScript code is in the image: `zen reuse` writes a TorchScript archive (bit-identical through
     torch.jit.load). Traced here: no link and no code text (only graphs), so `zen reuse` refuses and writes nothing."""
@@ -49,6 +50,18 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
     assert all(m["training"] is False for m in mr["modules"])  # the target serves in eval()
     scripted_roots = [r for r in mr["roots"] if r["cls"] != "__main__.Net"]
     assert scripted_roots == [], scripted_roots
+    # data-flow edges from the forward graphs, as the eager path reads them from bytecode (torch.compile's case is
+    # the same Net recovered as eager)
+    _, compiled, _, _ = _recover(form_images, "compile", workdir)
+    eager_edges = json.loads((compiled / "mr.json").read_text())["graph"]["dataflow"]
+    assert ["<root>:in:x", "fc1"] in eager_edges and ["head", "<root>:out"] in eager_edges, eager_edges
+    got = mr["graph"]["dataflow"]
+    if form == "jit-trace":  # the trace recorded act's second call as an inlined relu: fc2 feeds head directly
+        calls = [e for e in got if ":" not in e[0] + e[1]]
+        assert calls == [["act", "fc2"], ["fc1", "act"], ["fc2", "head"]] and ["<root>:in:x", "fc1"] in got, got
+    else:
+        assert got == eager_edges, got
+    assert not mr["graph"]["dataflow_skipped"], mr["graph"]
     eager = mr["deployment"]["eager"]
     if form == "jit-script":
         assert eager["complete"] and eager["classes"][""] == "__main__:Net" and len(eager["classes"]) == 5, eager
@@ -112,7 +125,8 @@ def _source_of(img, off: dict, obj: int, name: str) -> int:
 def test_hostile_torchscript_code_is_bounded_and_named(form_images, workdir, tmp_path):
     """Hand-built hostile images of a jit.load'ed model's code (issue 48): a code file claiming ten million text
     pieces, a file name claiming a gigabyte, a compilation unit claiming a billion functions. The model's state is
-    still read (complete), the file is named missing, and `zen reuse` refuses naming it: no hang, no huge read."""
+    still read (complete), the file is named missing, and `zen reuse` refuses naming it: no hang, no huge read. A
+    graph node claiming a billion inputs: its module's data flow is skipped and named."""
     import struct
     from importlib import resources
 
@@ -141,6 +155,17 @@ def test_hostile_torchscript_code_is_bounded_and_named(form_images, workdir, tmp
         assert missing in ts["missing"], (name, ts["missing"], ts["problems"])
         refused = zen("reuse", case, "-o", tmp_path / f"pkg_{name}", check=False)
         assert refused.returncode == 5 and missing in refused.stderr, (name, refused.stderr)
+    # the forward graph's return node claiming a billion inputs: that module's data flow is skipped, named
+    ct = _peek(img, obj + off["jitobject.type"])
+    graph = _peek(img, _peek(img, _peek(img, ct + off["classtype.methods"])) + off["graphfunction.graph"])
+    ret = _peek(img, _peek(img, graph + off["jitgraph.block"]) + off["jitblock.output"])
+    at = ret + off["jitnode.inputs"]
+    bad = _poke(img, tmp_path / "inputs.core", at + 8, struct.pack("<Q", _peek(img, at) + 8 * 10**9))
+    res = zen("recover", bad, "-o", tmp_path / "case-inputs", check=False, timeout=300)
+    bad.unlink()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    graph = json.loads((tmp_path / "case-inputs" / "mr.json").read_text())["graph"]
+    assert "implausible vector" in graph["dataflow_skipped"].get("", ""), graph
 
 
 def test_an_archive_is_refused_for_hostile_names():

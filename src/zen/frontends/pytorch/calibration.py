@@ -201,6 +201,9 @@ class TorchCalibrator(CalibratorBase):
                           "measure_jit_values")  # fmt: skip
             self.optional("TorchScript code of loaded modules", "zen.frontends.pytorch.torchscript.source_calibration",
                           "measure_jit_source")  # fmt: skip
+        if "jitnode" in self.structs:
+            self.optional("TorchScript graph calls", "zen.frontends.pytorch.torchscript.graph_calibration",
+                          "measure_jit_graph")  # fmt: skip
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
             self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")

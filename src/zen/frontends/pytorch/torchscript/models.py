@@ -20,6 +20,7 @@ from zen.frontends.pytorch.profile import TorchProfile
 from zen.frontends.pytorch.subclasses import ClassLookup
 from zen.frontends.pytorch.tensors import TensorReader
 from zen.frontends.pytorch.torchscript.eager import eager_link
+from zen.frontends.pytorch.torchscript.graphs import has_graph_layout, script_dataflow
 from zen.frontends.pytorch.torchscript.reader import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
 from zen.frontends.pytorch.torchscript.sources import SourceReader, has_source_layout, needed_files
 from zen.runtime.errors import ZenError
@@ -142,6 +143,8 @@ def script_mr(ip: Interpreter, sm: ScriptModels, chosen, roots: list, limits: Mo
     deployed = {"form": "torchscript", "script_class": root_node.type.script_name, "object": f"{obj:#x}",
                 "wrapper": chosen.address, "containers_not_decoded": dict(sorted(containers.items())[:200])}  # fmt: skip
     mr.deployment = deployed
+    if has_graph_layout(sm.reader):  # the eager path reads these from bytecode (run.py); TorchScript has graphs
+        mr.graph.update(script_dataflow(sm.reader, walk))
     objects = {path: n.addr for path, n in walk.items() if isinstance(n, JitNode)}
     links = eager_link(ip, sm.wrappers, objects, sys_modules, mr)
     if links and not sm.reader.decodes:  # constants unread: a rebuilt Conv2d would have no stride
