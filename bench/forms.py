@@ -32,7 +32,7 @@ FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "
          "offload-cpu", "offload-disk", "several", "dynamic", "dynamic-per-channel", "dynamic-fp16", "dynamic-bert", "static-cnn",
          "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
          "static-conv1d", "static-conv1d-fbgemm", "static-convtranspose", "static-convtranspose1d", "static-conv3d",
-         "static-conv3d-fbgemm", "static-embedding",
+         "static-conv3d-fbgemm", "static-embedding", "static-embedding-4bit",
          "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-script-cnn", "jit-script-resnet18",
          "jit-load", "jit-load-cnn", "jit-load-trace", "jit-load-resnet18", "ort"]  # fmt: skip
 TORCHVISION = (
@@ -175,7 +175,7 @@ NOTES = """How to read the rows:
   that engine (fbgemm's convolution unpacked from its PackBMatrix; QNNPACK keeps its weights like oneDNN).
   static-depthwise: fbgemm's depthwise packing, unpacked. static-grouped: a grouped convolution fbgemm packs
   group by group, unpacked. static-conv3d: a Conv3d, kept by oneDNN on this CPU; -fbgemm: fbgemm's 3-d packing,
-  not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
+  unpacked. static-embedding-4bit: a 4-bit table, not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
   models (fused, x86 qconfig, random weights), MobileNet's depthwise layers with more than 100 groups go to fbgemm.
   static-conv1d(-fbgemm): Conv1ds, packed as Conv2ds of kernel (1, k) and read as such. static-embedding: a
   weight-only quantized EmbeddingBag (fbgemm's 8-bit fused rows). static-convtranspose(1d): transposed

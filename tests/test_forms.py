@@ -213,25 +213,27 @@ def test_packed_quantized_weights_are_unpacked_and_repacked_exactly(form_images,
     assert got["equal"] and got["state_equal"], got
 
 
-@pytest.mark.parametrize("form", ["static-convtranspose", "static-convtranspose1d", "static-conv3d"])
+@pytest.mark.parametrize("form", ["static-convtranspose", "static-convtranspose1d", "static-conv3d", "static-conv3d-fbgemm"])
 def test_transposed_and_3d_quantized_convolutions_are_read_from_the_weight_kept(form_images, workdir, form):
     """Quantized ConvTranspose2d, ConvTranspose1d and Conv3d (issue 48): fbgemm packs no transposed convolution, and
     the x86 engine gives a Conv3d to oneDNN on VNNI CPUs; oneDNN's object keeps the quantized weight it was made from
     ((in, out, k...) transposed; a 1-d one's packed as (in, out, 1, k); (out, in, kt, kh, kw)): read with its
     quantizer's scales, complete, bit-exact, and rebuilt (packed again by PyTorch) with the deployed outputs bit for
-    bit. (fbgemm's own 3-d packing is not read: partial, named; bench/forms.py shows it.)"""
-    if form == "static-conv3d" and "avx512_vnni" not in Path("/proc/cpuinfo").read_text():
-        pytest.skip("without AVX512-VNNI the x86 engine packs a Conv3d with fbgemm (not read yet)")
+    bit. fbgemm's own 3-d packing (`PackWeightsForConv<3>`, its matrices after a larger conv_param_t) is unpacked
+    (the same test on a CPU without AVX512-VNNI, where the x86 engine packs the Conv3d with fbgemm)."""
+    vnni = "avx512_vnni" in Path("/proc/cpuinfo").read_text()  # without it the x86 engine gives a Conv3d to fbgemm
     res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0 and manifest["status"] == "complete", manifest["problems"]
     weights = load_file(case / "weights.safetensors")
     rec = next(r for r in json.loads((case / "mr.json").read_text())["tensors"] if r["key"] == "1.weight")
     state = t.truth["state"]
     assert all(_digest(weights[k]) == state[k]["sha256"] for k in ("1.weight", "1.bias"))
-    kind = form.removeprefix("static-") + ("2d" if form == "static-convtranspose" else "")
+    kind = form.removeprefix("static-").removesuffix("-fbgemm") + ("2d" if form == "static-convtranspose" else "")
     shape = {"convtranspose2d": [3, 4, 3, 3], "convtranspose1d": [3, 4, 3], "conv3d": [4, 3, 3, 3, 3]}[kind]
     assert rec["shape"] == shape and rec["quantization"]["packed"]["kind"] == kind, rec
-    assert rec["quantization"]["packed"]["engine"] in ("onednn", "qnnpack"), rec
+    fbgemm = form.endswith("fbgemm") or (form == "static-conv3d" and not vnni)
+    engine = ("fbgemm",) if fbgemm else ("onednn", "qnnpack")
+    assert rec["quantization"]["packed"]["engine"] in engine, rec
     got = _rebuilt(workdir, case, form, t)
     assert got["equal"] and got["state_equal"], got
 
@@ -294,16 +296,16 @@ def test_a_quantized_embedding_table_is_read_from_its_packed_object(form_images,
 
 
 def test_a_packing_zen_does_not_read_is_named(form_images, workdir):
-    """fbgemm packs a Conv3d its own 3-d way, a layout zen does not read yet: the case is partial and the problem
-    names the module and the object's C++ class (from its RTTI); the Linear beside it is still read; no runnable
-    copy is written."""
-    res, case, manifest, t = _recover(form_images, "static-conv3d-fbgemm", workdir)
+    """fbgemm packs a 4-bit embedding table its own way (two values a byte), a layout zen does not read yet: the case
+    is partial and the problem names the module and what the object is; the float Linear beside it is still read;
+    no runnable copy is written."""
+    res, case, manifest, t = _recover(form_images, "static-embedding-4bit", workdir)
     problems = " ".join(manifest["problems"])
-    assert res.returncode == 5 and manifest["status"] == "partial" and "1._packed_params" in problems, problems
-    assert "(16PackedConvWeightILi3EE), a layout zen does not read yet" in problems, problems
+    assert res.returncode == 5 and manifest["status"] == "partial" and "0._packed_params" in problems, problems
+    assert "a 4-bit packed embedding table, a layout zen does not read yet" in problems, problems
     weights = load_file(case / "weights.safetensors")
-    assert "4._packed_params._packed_params.weight" in weights and "1.weight" not in weights
-    pkg = workdir / "refused_static_conv3d"
+    assert "1.weight" in weights and "0._packed_params._packed_weight" not in weights
+    pkg = workdir / "refused_static_embedding_4bit"
     assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()
 
 

@@ -223,11 +223,12 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         img = torch.randn(2, 3, 8) if one else torch.randn(2, 3, 8, 8)
         net(img)  # calibration
         return convert(net), None, img
-    if form == "static-embedding":  # a quantized EmbeddingBag: its packed table is not read yet (named)
-        from torch.ao.quantization import float_qparams_weight_only_qconfig
+    if form in ("static-embedding", "static-embedding-4bit"):  # quantized EmbeddingBags (4-bit: not read, named)
+        from torch.ao.quantization import float_qparams_weight_only_qconfig, float_qparams_weight_only_qconfig_4bit
 
         net = nn.Sequential(nn.EmbeddingBag(50, 8, mode="sum"), nn.Linear(8, 4)).eval()
-        net[0].qconfig = float_qparams_weight_only_qconfig
+        four = form.endswith("4bit")
+        net[0].qconfig = float_qparams_weight_only_qconfig_4bit if four else float_qparams_weight_only_qconfig
         torch.ao.quantization.prepare(net, inplace=True)
         ids = torch.randint(0, 50, (3, 5))
         return torch.ao.quantization.convert(net), None, ids

@@ -207,6 +207,9 @@ class TorchCalibrator(CalibratorBase):
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
             self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")
+            if "convpack" in self.structs:
+                self.optional("fbgemm packed 3-d convolutions", "zen.frontends.pytorch.quantized.conv3d_calibration",
+                              "measure_packed_conv3d")  # fmt: skip
             self.optional("fbgemm float16 Linears", "zen.frontends.pytorch.quantized.calibration", "measure_packed_fp16")
             self.optional("fbgemm embedding tables", "zen.frontends.pytorch.quantized.embedding_calibration",
                           "measure_embedding_bag")  # fmt: skip

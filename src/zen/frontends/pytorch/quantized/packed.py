@@ -82,22 +82,25 @@ class PackedReader:
             weight, packing = self._unpack(ip.ptr(plw + P.packb), addr)
         else:
             pw = ip.ptr(plw + P.w)
-            mats = [(a, ip.ptr(pw + getattr(tp.convpack, a))) for a in ("im2col", "pointwise")]
+            dims = 3 if kind == "conv3d" else 2
+            pack = tp.convpack3 if dims == 3 else tp.convpack  # PackWeightsForConv<3>: a larger conv_param_t first
+            mats = [(a, ip.ptr(pw + getattr(pack, a))) for a in ("im2col", "pointwise")]
             algo, packb = next(((a, q) for a, q in mats if q), (None, 0))
-            dw = ip.ptr(pw + tp.convpack.depthwise) if packb == 0 and "dwconv" in tp.structs else 0
+            dw = ip.ptr(pw + tp.convpack.depthwise) if packb == 0 and "dwconv" in tp.structs and dims == 2 else 0
             if packb == 0 and dw == 0:
                 raise ObjectError(addr, f"fbgemm packed this convolution ({cls or 'PackedConvWeight'}) grouped, a layout "
                                   "zen does not read yet")  # fmt: skip
-            kernel = self._vector(plw + P.kernel, "<q", 2, addr)
+            kernel = self._vector(plw + P.kernel, "<q", dims, addr)
             if packb == 0:
                 flat, packing = self._depthwise(dw, kernel, addr)
                 algo = "depthwise"
             else:
                 flat, packing = self._unpack(packb, addr)  # a grouped one: each group's matrix, stacked by output
-            if len(kernel) != 2 or min(kernel) < 1 or flat.shape[1] % (kernel[0] * kernel[1]):
+            taps = int(np.prod(kernel)) if len(kernel) == dims and min(kernel) >= 1 else 0
+            if not taps or flat.shape[1] % taps:
                 raise ObjectError(addr, f"kernel {kernel} does not divide the packed matrix's {flat.shape[1]} rows")
-            oc, ic = flat.shape[0], flat.shape[1] // (kernel[0] * kernel[1])
-            weight = np.ascontiguousarray(flat.reshape(oc, kernel[0], kernel[1], ic).transpose(0, 3, 1, 2))
+            oc, ic = flat.shape[0], flat.shape[1] // taps  # rows: the channels-last kernel, then the channels
+            weight = np.ascontiguousarray(np.moveaxis(flat.reshape(oc, *kernel, ic), -1, 1))
             packing["algorithm"] = algo
         n = weight.shape[0]
         scheme = self.qschemes.get(ip.space.read(plw + P.qscheme, 1)[0])
@@ -298,8 +301,11 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm fp16 layout; "
                                       f"{recalibrate}")  # fmt: skip
                 got.append((path, prefix, PackedReader(ip, reader.tp).read_fp16(obj, addr)))
+            elif fbgemm in cls and kind == "conv3d" and pr is not None and "convpack3" in reader.tp.structs:
+                got.append((path, prefix, pr.read(obj, addr, kind, cls)))  # fbgemm's 3-d packing: unpacked
             elif fbgemm in cls and kind in QUANTIZED_CONVT.values():
-                raise ObjectError(addr, f"fbgemm packed this {kind} ({cls}), a layout zen does not read yet")
+                raise ObjectError(addr, f"fbgemm packed this {kind} ({cls}), a layout zen does not read yet"
+                                  + (f"; {recalibrate}" if kind == "conv3d" else ""))  # fmt: skip
             elif fbgemm in cls and "Fp16" not in cls:  # fbgemm's int8 packed weight: unpacked
                 if pr is None or (kind != "linear" and not all(x in reader.tp.structs for x in ("packedconv", "convpack"))):
                     raise ObjectError(addr, f"the torch {reader.tp.version} layout profile has no fbgemm {fbgemm} "
