@@ -33,8 +33,8 @@ FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "
          "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
          "static-conv1d", "static-conv1d-fbgemm", "static-convtranspose", "static-convtranspose1d", "static-conv3d",
          "static-conv3d-fbgemm", "static-embedding", "static-embedding-4bit",
-         "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-script-cnn", "jit-script-resnet18",
-         "jit-load", "jit-load-cnn", "jit-load-trace", "jit-load-resnet18", "ort"]  # fmt: skip
+         "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-script-cnn", "jit-script-object",
+         "jit-script-resnet18", "jit-load", "jit-load-cnn", "jit-load-trace", "jit-load-resnet18", "ort"]  # fmt: skip
 TORCHVISION = (
     "static-resnet18",
     "static-mobilenet-v2",
@@ -163,7 +163,8 @@ NOTES = """How to read the rows:
   it from (its concrete type store) and rebuilt from it. jit-load*: only what torch.jit.load read from an archive
   (-trace: a traced model saved and loaded; -resnet18: torchvision's, scripted); its TorchScript code is read from
   the image and `zen reuse` writes a TorchScript archive that torch.jit.load runs. jit-trace: traced in the process,
-  graphs and no code text: complete and bit-exact, but `zen reuse` refuses (exit 5), naming why.
+  graphs and no code text: complete and bit-exact, but `zen reuse` refuses (exit 5), naming why. jit-script-object:
+  a TorchScript class instance held as an attribute, which zen does not decode: partial, named.
 - dynamic*: fbgemm's packed weights are unpacked (issue 48; dynamic-fp16: float16 blocks, widened to the float32
   weight PyTorch's unpack gives) and packed again by the rebuilt model. exact/total
   counts by content the `scale` and `zero_point` entries too, which PyTorch's `_save_to_state_dict` makes at
@@ -175,8 +176,9 @@ NOTES = """How to read the rows:
   that engine (fbgemm's convolution unpacked from its PackBMatrix; QNNPACK keeps its weights like oneDNN).
   static-depthwise: fbgemm's depthwise packing, unpacked. static-grouped: a grouped convolution fbgemm packs
   group by group, unpacked. static-conv3d: a Conv3d, kept by oneDNN on this CPU; -fbgemm: fbgemm's 3-d packing,
-  unpacked. static-embedding-4bit: a 4-bit table, not read yet: partial, the object named. static-resnet18 / static-mobilenet-v2: torchvision's quantizable
-  models (fused, x86 qconfig, random weights), MobileNet's depthwise layers with more than 100 groups go to fbgemm.
+  unpacked. static-embedding-4bit: a 4-bit table (two values a byte). static-resnet18 / static-mobilenet-v2:
+  torchvision's quantizable models (fused, x86 qconfig, random weights), MobileNet's depthwise layers with more
+  than 100 groups go to fbgemm.
   static-conv1d(-fbgemm): Conv1ds, packed as Conv2ds of kernel (1, k) and read as such. static-embedding: a
   weight-only quantized EmbeddingBag (fbgemm's 8-bit fused rows). static-convtranspose(1d): transposed
   convolutions, which fbgemm does not pack: oneDNN's object keeps the weight, read as stored.

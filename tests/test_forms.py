@@ -281,32 +281,22 @@ def test_static_quantized_models_are_read_from_each_engines_objects(form_images,
     assert got["equal"] and got["max_abs_diff"] == 0 and got["state_equal"], got
 
 
-def test_a_quantized_embedding_table_is_read_from_its_packed_object(form_images, workdir):
-    """Weight-only quantized EmbeddingBag (issue 48): its table lives only in fbgemm's PackedEmbeddingBagWeight (8-bit
-    fused rows, each followed by its float scale and bias, and the per-row float qparams). Complete, the table
-    bit-exact under the state_dict's `_packed_weight` key with its qparams, and the rebuilt model identical."""
-    res, case, manifest, t = _recover(form_images, "static-embedding", workdir)
+@pytest.mark.parametrize("form", ["static-embedding", "static-embedding-4bit"])
+def test_a_quantized_embedding_table_is_read_from_its_packed_object(form_images, workdir, form):
+    """Weight-only quantized EmbeddingBag (issue 48): its table lives only in fbgemm's PackedEmbeddingBagWeight (fused
+    rows: 8-bit values then a float scale and bias; 4-bit: two values a byte, the low nibble first, then a half
+    scale and bias) and the per-row float qparams. Complete, the table bit-exact under the state_dict's
+    `_packed_weight` key (4-bit: the bytes of its quint4x2 storage) with its qparams, and the rebuilt model identical."""
+    res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0 and manifest["status"] == "complete", manifest["problems"]
     want, key = t.truth["state"]["0._packed_params._packed_weight"], "0._packed_params._packed_weight"
     q = {r["key"]: r for r in json.loads((case / "mr.json").read_text())["tensors"]}[key]["quantization"]
     assert _digest(load_file(case / "weights.safetensors")[key]) == want["sha256"]
-    assert (q["dtype"], q["scale"], q["zero_point"]) == ("quint8", want["scale"], want["zero_point"]), q
-    got = _rebuilt(workdir, case, "static-embedding", t)
+    dtype = "quint4x2" if form.endswith("4bit") else "quint8"
+    assert (q["dtype"], q["scale"], q["zero_point"]) == (dtype, want["scale"], want["zero_point"]), q
+    assert q["packed"]["columns"] == 8 and q["packed"]["bit_rate"] == (4 if form.endswith("4bit") else 8), q
+    got = _rebuilt(workdir, case, form, t)
     assert got["equal"] and got["max_abs_diff"] == 0 and got["state_equal"], got
-
-
-def test_a_packing_zen_does_not_read_is_named(form_images, workdir):
-    """fbgemm packs a 4-bit embedding table its own way (two values a byte), a layout zen does not read yet: the case
-    is partial and the problem names the module and what the object is; the float Linear beside it is still read;
-    no runnable copy is written."""
-    res, case, manifest, t = _recover(form_images, "static-embedding-4bit", workdir)
-    problems = " ".join(manifest["problems"])
-    assert res.returncode == 5 and manifest["status"] == "partial" and "0._packed_params" in problems, problems
-    assert "a 4-bit packed embedding table, a layout zen does not read yet" in problems, problems
-    weights = load_file(case / "weights.safetensors")
-    assert "1.weight" in weights and "0._packed_params._packed_weight" not in weights
-    pkg = workdir / "refused_static_embedding_4bit"
-    assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()
 
 
 def test_packed_and_scripted_state_without_a_measured_layout_is_partial(form_images, workdir, tmp_path):

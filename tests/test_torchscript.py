@@ -184,3 +184,18 @@ def test_an_archive_is_refused_for_hostile_names():
     assert any("is not a qualified name" in p for p in archive_problems(mr)), archive_problems(mr)
     mr.deployment["torchscript"] = {**good, "files": {"code/../../etc/x.py": "", **code}}
     assert any("is not one torch.jit.save writes" in p for p in archive_problems(mr)), archive_problems(mr)
+
+
+def test_state_zen_does_not_decode_is_named(form_images, workdir):
+    """A scripted module holding an instance of a TorchScript class (`torch.jit.script` of a plain class): a C++
+    object zen does not decode. The case is partial, the problem names the attribute, its module and the class; the
+    Linear beside it is still read, bit-exact; no runnable copy is written."""
+    res, case, manifest, t = _recover(form_images, "jit-script-object", workdir)
+    problems = " ".join(manifest["problems"])
+    assert res.returncode == 5 and manifest["status"] == "partial", problems
+    assert "cfg (__torch__.WithObject" in problems and "an instance of TorchScript class __torch__.Scale" in problems
+    weights = load_file(case / "weights.safetensors")
+    assert sorted(weights) == ["fc.bias", "fc.weight"]
+    assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
+    pkg = workdir / "refused_jit_script_object"
+    assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()

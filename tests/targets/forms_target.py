@@ -47,6 +47,23 @@ class Net(nn.Module):
         return self.head(self.act(self.fc2(self.act(self.fc1(x)))))
 
 
+class Scale:
+    """A TorchScript class (scripted by the jit-script-object form): a C++ object zen does not decode."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+
+class WithObject(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.fc = nn.Linear(128, 32)
+        self.cfg = cfg
+
+    def forward(self, x):
+        return self.fc(x) * self.cfg.s
+
+
 class Ring(torch.Tensor):
     """Hostile: a wrapper subclass whose inner tensors are other Ring tensors, each holding all the others (a reader
     that expands every inner tensor at every level multiplies them: 30 ** 4 parts at zen's nesting bound)."""
@@ -268,6 +285,8 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         from torch.ao.quantization import per_channel_dynamic_qconfig
 
         return torch.ao.quantization.quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}), None, x
+    if form == "jit-script-object":  # a TorchScript class instance as an attribute: state zen does not decode
+        return torch.jit.script(WithObject(torch.jit.script(Scale)(2.0)).eval()), None, x
     if form in ("jit-script-cnn", "jit-load-cnn"):  # constants (strides, paddings, eps) and tuples in the classes
         torch.manual_seed(0)
         cnn = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),

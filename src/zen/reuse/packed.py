@@ -48,9 +48,15 @@ def repack(objs: dict[str, Any], records: dict[str, Any], tensor, keys: set[str]
     for path, rec in records.items():
         q = rec.quantization
         data = tensor(rec.key)
-        if q["packed"].get("kind") == "embedding":  # 8-bit rows with float scales and zero points: prepacked again
+        if q["packed"].get("kind") == "embedding":  # rows with float scales and zero points: prepacked again
             scales, zps = (torch.tensor(q[k], dtype=torch.float32) for k in ("scale", "zero_point"))
-            objs[path].set_weight(torch._make_per_channel_quantized_tensor(data, scales, zps, 0))
+            if q.get("dtype") == "quint4x2":  # two values a byte: the bytes are the quint4x2 tensor's storage
+                table = torch._empty_per_channel_affine_quantized((data.shape[0], q["packed"]["columns"]), scales=scales,
+                                                                  zero_points=zps, axis=0, dtype=torch.quint4x2)  # fmt: skip
+                table.untyped_storage().copy_(data.contiguous().reshape(-1).untyped_storage())
+                objs[path].set_weight(table)
+            else:
+                objs[path].set_weight(torch._make_per_channel_quantized_tensor(data, scales, zps, 0))
             continue
         if q.get("dtype") == "float16":  # dynamic float16: the float32 weight, packed to float16 again by prepack
             weight = data

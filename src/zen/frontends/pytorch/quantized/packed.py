@@ -120,23 +120,27 @@ class PackedReader:
         (`w_scale`, `w_zp`), which are what `embedding_bag_unpack` returns (checked by `zen profile torch`)."""
         ip, S = self.ip, self.tp.packedembedding
         rate = struct.unpack("<q", ip.space.read(obj + S.bit_rate, 8))[0]
-        if rate != 8:
-            raise ObjectError(addr, f"a {rate}-bit packed embedding table, a layout zen does not read yet (8-bit only)")
+        if rate not in (8, 4):
+            raise ObjectError(addr, f"a {rate}-bit packed embedding table, a layout zen does not read yet (8- and 4-bit)")
+        # a row's values, then its scale and bias: floats after 8-bit values, halves after 4-bit ones (two a byte,
+        # the low nibble first, as a quint4x2 tensor stores them; fbgemm packs only an even number of columns)
+        extra = 8 if rate == 8 else 4
         impl = ip.ptr(obj + S.packed_w)
         meta = reader.impl_meta(impl, impl)
-        if meta.dtype != "uint8" or len(meta.shape) != 2 or not meta.on_cpu or meta.shape[1] <= 8:
-            raise ObjectError(addr, f"packed rows of {meta.dtype} {list(meta.shape)}, not fbgemm's fused 8-bit rows")
+        if meta.dtype != "uint8" or len(meta.shape) != 2 or not meta.on_cpu or meta.shape[1] <= extra:
+            raise ObjectError(addr, f"packed rows of {meta.dtype} {list(meta.shape)}, not fbgemm's fused {rate}-bit rows")
         rows, width = meta.shape
         if rows > MAX_DIM * 64 or width > MAX_DIM or rows * width > MAX_PACKED or tuple(meta.stride) != (width, 1):
             raise ObjectError(addr, f"packed rows {rows} x {width} (strides {list(meta.stride)}): beyond zen's bounds or "
                               "not contiguous")  # fmt: skip
         fused = np.frombuffer(ip.space.read(meta.data_ptr, rows * width), dtype=np.uint8).reshape(rows, width)
-        table = np.ascontiguousarray(fused[:, : width - 8])
+        table = np.ascontiguousarray(fused[:, : width - extra])
         scales = self._vector(obj + S.w_scale, "<f", rows, addr)
         zps = self._vector(obj + S.w_zp, "<f", rows, addr)
         if len(scales) != rows or len(zps) != rows:
             raise ObjectError(addr, f"{len(scales)} scales and {len(zps)} zero points for {rows} rows")
-        packing = {"engine": "fbgemm", "object": f"{obj:#x}", "kind": "embedding", "bit_rate": 8}
+        packing = {"engine": "fbgemm", "object": f"{obj:#x}", "kind": "embedding", "bit_rate": rate,
+                   "columns": (width - extra) * 8 // rate}  # fmt: skip
         return PackedLinear(table, "per_channel_affine_float_qparams", scales, zps, 0, packing, "_packed_weight")
 
     def _vector(self, at: int, fmt: str, most: int, owner: int) -> list:
@@ -348,11 +352,13 @@ def packed_slots(ip: Interpreter, reader, index, root: int) -> tuple[list, set[s
             rec.note = "unpacked by zen from fbgemm's float16 packed matrix, widened to float32 as PyTorch's unpack does"
         else:
             axis = {"axis": 0} if pl.qscheme.startswith("per_channel") else {}
-            rec.quantization = {"dtype": "quint8" if w.dtype == np.uint8 else "qint8", "qscheme": pl.qscheme,
-                                "scale": pl.scales, "zero_point": pl.zero_points, **axis, "packed": pl.packing}  # fmt: skip
+            qdtype = "quint4x2" if pl.packing.get("bit_rate") == 4 else "quint8" if w.dtype == np.uint8 else "qint8"
+            rec.quantization = {"dtype": qdtype, "qscheme": pl.qscheme, "scale": pl.scales, "zero_point": pl.zero_points,
+                                **axis, "packed": pl.packing}  # fmt: skip
             rec.note = "unpacked by zen from fbgemm's depthwise packing"
             if pl.packing.get("kind") == "embedding":
-                rec.note = "the table's rows read from fbgemm's fused 8-bit rows (each row's float scale and bias follow it)"
+                rec.note = (f"the table's rows read from fbgemm's fused {pl.packing['bit_rate']}-bit rows (each row's scale "
+                            "and bias follow it; 4-bit: two values a byte, as the quint4x2 tensor stores them)")  # fmt: skip
             if "row_interleave" in pl.packing:
                 rec.note = (f"unpacked by zen from fbgemm's packed buffer (blocks {pl.packing['block_rows']}x"
                             f"{pl.packing['block_cols']}, row interleave {pl.packing['row_interleave']})")  # fmt: skip
