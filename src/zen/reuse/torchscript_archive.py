@@ -190,7 +190,8 @@ def write_archive(mr, weights: Path, out: Path) -> Path:
     module(mr.modules[0].path)
     pk.out += b"."
     path = Path(out) / ARCHIVE
-    with open(weights, "rb") as fh, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+    part = path.with_name(ARCHIVE + ".part")  # an interrupted write never leaves a model.pt that load() would open
+    with open(weights, "rb") as fh, zipfile.ZipFile(part, "w", zipfile.ZIP_STORED) as z:
         entries, _meta, base = read_header(Path(weights), fh, os.fstat(fh.fileno()).st_size)
         z.writestr(f"{TOP}/data.pkl", bytes(pk.out))
         for name, text in sorted(ts["files"].items()):
@@ -204,4 +205,5 @@ def write_archive(mr, weights: Path, out: Path) -> Path:
             z.writestr(f"{TOP}/data/{name}", fh.read(e["end"] - e["start"]))
         z.writestr(f"{TOP}/version", FORMAT_VERSION)
         z.writestr(f"{TOP}/byteorder", b"little")
+    os.replace(part, path)
     return path
