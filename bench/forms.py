@@ -33,13 +33,15 @@ FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "
          "static-cnn-fbgemm", "static-cnn-onednn", "static-cnn-qnnpack", "static-depthwise", "static-grouped",
          "static-conv1d", "static-conv1d-fbgemm", "static-convtranspose", "static-convtranspose1d", "static-conv3d",
          "static-conv3d-fbgemm", "static-embedding", "static-embedding-4bit",
-         "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-script", "jit-script-cnn", "jit-script-object",
+         "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-trace-cnn", "jit-trace-resnet18", "jit-script",
+         "jit-script-cnn", "jit-script-object",
          "jit-script-resnet18", "jit-load", "jit-load-cnn", "jit-load-trace", "jit-load-resnet18", "ort"]  # fmt: skip
 TORCHVISION = (
     "static-resnet18",
     "static-mobilenet-v2",
     "jit-script-resnet18",
     "jit-load-resnet18",
+    "jit-trace-resnet18",
 )  # torchvision from bench/zoo.py's side directory
 QUANTIZED = ("torchao-int8", "torchao-int4", "quanto-int8", "bnb-8bit", "bnb-4bit")
 RUNS = 3  # recoveries per form; the median is reported (each is ~1 s on these small images)
@@ -162,8 +164,10 @@ NOTES = """How to read the rows:
   constants and tuples. jit-script*: scripted in the process; each module linked to the Python class torch compiled
   it from (its concrete type store) and rebuilt from it. jit-load*: only what torch.jit.load read from an archive
   (-trace: a traced model saved and loaded; -resnet18: torchvision's, scripted); its TorchScript code is read from
-  the image and `zen reuse` writes a TorchScript archive that torch.jit.load runs. jit-trace: traced in the process,
-  graphs and no code text: complete and bit-exact, but `zen reuse` refuses (exit 5), naming why. jit-script-object:
+  the image and `zen reuse` writes a TorchScript archive that torch.jit.load runs. jit-trace*: traced in the process,
+  graphs and no code text: each class's graph is read from the image and printed again (op names, types,
+  constants), and `zen reuse` has torch print it as code into a TorchScript archive (-cnn: sizes, views, tensor
+  constants, a tuple output; -resnet18: torchvision's). jit-script-object:
   a TorchScript class instance held as an attribute, which zen does not decode: partial, named.
 - dynamic*: fbgemm's packed weights are unpacked (issue 48; dynamic-fp16: float16 blocks, widened to the float32
   weight PyTorch's unpack gives) and packed again by the rebuilt model. exact/total

@@ -34,7 +34,8 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
     in the process: every module linked to the Python class it was compiled
     from (torch's concrete type store), and `zen reuse` rebuilds it: outputs bit-identical. jit.load'ed: no such
     link, but its TorchScript code is in the image: `zen reuse` writes a TorchScript archive (bit-identical through
-    torch.jit.load). Traced here: no link and no code text (only graphs), so `zen reuse` refuses and writes nothing."""
+    torch.jit.load). Traced here: no link and no code text, only graphs: zen prints them again (op names, types and
+    constants read from the image) and `zen reuse` writes an archive of that code (bit-identical too)."""
     res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0, res.stderr
     assert manifest["status"] == "complete" and manifest["model"]["class"] == "__main__.Net", manifest["problems"]
@@ -62,6 +63,9 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
     else:
         assert got == eager_edges, got
     assert not mr["graph"]["dataflow_skipped"], mr["graph"]
+    ops = mr["graph"]["operators"]  # the MR's operators, named from libtorch_cpu's symbol table; a scripted ReLU
+    assert all(ops[p].get("aten::linear") == 1 for p in ("fc1", "fc2", "head")), ops  # calls F.relu, not followed
+    assert ("aten::relu" in ops["act"]) == (form == "jit-trace"), ops
     eager = mr["deployment"]["eager"]
     if form == "jit-script":
         assert eager["complete"] and eager["classes"][""] == "__main__:Net" and len(eager["classes"]) == 5, eager
@@ -75,9 +79,12 @@ def test_torchscript_model_is_read_from_its_cpp_module(form_images, workdir, for
         got = _rebuilt(workdir, case, form, t)
         assert got["equal"] and got["state_equal"] and got["model_class"].endswith("RecursiveScriptModule"), got
         return
-    pkg = workdir / f"refused_{form.replace('-', '_')}"
-    refused = zen("reuse", case, "-o", pkg, check=False)
-    assert refused.returncode == 5 and "TorchScript" in refused.stderr and not pkg.exists(), refused.stderr
+    # traced here: no code text, only graphs, printed again as TorchScript IR with every call inlined (trace_ir)
+    trace = mr["deployment"]["torchscript"]["trace"]
+    assert not trace["refused"] and not trace["problems"], trace
+    assert trace["plans"]["__torch__.Net"]["operators"] == {"aten::linear": 3, "aten::relu": 2}, trace["plans"]
+    got = _rebuilt(workdir, case, form, t)
+    assert got["equal"] and got["state_equal"] and got["model_class"].endswith("RecursiveScriptModule"), got
 
 
 @pytest.mark.parametrize("form", ["jit-script-cnn", "jit-load-cnn"])
@@ -122,21 +129,27 @@ def _source_of(img, off: dict, obj: int, name: str) -> int:
     raise AssertionError(f"{name} not found")
 
 
-def test_hostile_torchscript_code_is_bounded_and_named(form_images, workdir, tmp_path):
-    """Hand-built hostile images of a jit.load'ed model's code (issue 48): a code file claiming ten million text
-    pieces, a file name claiming a gigabyte, a compilation unit claiming a billion functions. The model's state is
-    still read (complete), the file is named missing, and `zen reuse` refuses naming it: no hang, no huge read. A
-    graph node claiming a billion inputs: its module's data flow is skipped and named."""
-    import struct
+def _hostile_setup(form_images, workdir, form: str) -> tuple:
+    """(the shipped 2.13 profile, its offsets as "struct.field", the served module's C++ Object, the form's image)."""
     from importlib import resources
 
     if not torch.__version__.startswith("2.13"):
         pytest.skip("offsets from the shipped torch 2.13 profile")
     profile = json.loads(resources.files("zen.frontends.pytorch").joinpath("profiles", "torch-2.13-x86_64.json").read_text())
     off = {f"{s}.{f}": v[0] for s, d in profile["structs"].items() for f, v in d["fields"].items()}
-    res, case, _, _ = _recover(form_images, "jit-load", workdir)
+    _, case, _, _ = _recover(form_images, form, workdir)
     obj = int(json.loads((case / "mr.json").read_text())["deployment"]["object"], 16)
-    img = _get(form_images, "jit-load")[0]
+    return profile, off, obj, _get(form_images, form)[0]
+
+
+def test_hostile_torchscript_code_is_bounded_and_named(form_images, workdir, tmp_path):
+    """Hand-built hostile images of a jit.load'ed model's code (issue 48): a code file claiming ten million text
+    pieces, a file name claiming a gigabyte, a compilation unit claiming a billion functions. The model's state is
+    still read (complete), the file is named missing, and `zen reuse` refuses naming it: no hang, no huge read. A
+    graph node claiming a billion inputs: its module's data flow is skipped and named."""
+    import struct
+
+    _, off, obj, img = _hostile_setup(form_images, workdir, "jit-load")
     src = _source_of(img, off, obj, "code/__torch__.py")
     cu = _peek(img, _peek(img, obj + off["jitobject.type"]) + off["classtype.compilation_unit"])
     fns = cu + off["compilationunit.functions"]
@@ -199,3 +212,64 @@ def test_state_zen_does_not_decode_is_named(form_images, workdir):
     assert all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
     pkg = workdir / "refused_jit_script_object"
     assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()
+
+
+def test_a_traced_cnn_is_printed_again_from_its_graphs(form_images, workdir):
+    """A CNN traced in the process (issue 48): sizes as values (`aten::size`, `prim::NumToTensor`), a view, 0-dim and
+    1-d tensor constants, a tensor list, a tuple output, BatchNorm's running statistics, a module called twice
+    (`forward1`). Every graph is printed again from the image (op names from libtorch_cpu's interned strings,
+    constants' values), the tensor constants' values are the traced ones, and the archive rebuilt from it gives
+    the deployed outputs bit for bit."""
+    res, case, manifest, t = _recover(form_images, "jit-trace-cnn", workdir)
+    assert res.returncode == 0 and manifest["status"] == "complete", res.stderr
+    mr = json.loads((case / "mr.json").read_text())
+    trace = mr["deployment"]["torchscript"]["trace"]
+    assert not trace["refused"] and not trace["problems"], trace
+    top = trace["plans"]["__torch__.TracedCNN"]
+    ops = top["operators"]
+    assert ops["aten::_convolution"] == 2 and ops["aten::batch_norm"] == 1 and ops["aten::view"] == 1, ops
+    assert ops["prim::NumToTensor"] == 1 and ops["aten::cat"] == 1 and ops["prim::TupleConstruct"] == 1, ops
+    assert [c["shape"] for c in top["constants"]] == [[], [10]], top["constants"]
+    assert [float(v) for v in top["constants"][1]["values"]] == [float(torch.tensor(v)) for v in (
+        0.25, -1.5, 3.0, 0.0, 1e-3, 2.0, -2.0, 0.5, 7.0, 1.0)]  # fmt: skip
+    assert ["features", "1", "running_var"] in top["state"] and ["shift"] in top["state"], top["state"]
+    weights = load_file(case / "weights.safetensors")
+    assert len(weights) == 12 and all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
+    got = _rebuilt(workdir, case, "jit-trace-cnn", t)
+    assert got["equal"] and got["state_equal"] and got["model_class"].endswith("RecursiveScriptModule"), got
+
+
+def test_hostile_traced_graphs_are_refused_and_named(form_images, workdir, tmp_path):
+    """Hand-built hostile images of a model traced in the process (issue 48): libtorch_cpu's symbol table claiming
+    ten billion entries, and a graph node whose op symbol lies far outside the table. The model's state is still
+    read (complete); the graphs are not printed, the reason is named, and `zen reuse` refuses (exit 5): no hang,
+    no huge read, no guessed op."""
+    import struct
+
+    from elftools.elf.elffile import ELFFile
+
+    profile, off, obj, img = _hostile_setup(form_images, workdir, "jit-trace")
+
+    with open(img, "rb") as fh:  # libtorch_cpu's first byte, from the core's NT_FILE note
+        notes = [n for seg in ELFFile(fh).iter_segments() if seg.header.p_type == "PT_NOTE" for n in seg.iter_notes()]
+        files = next(n for n in notes if n["n_type"] == "NT_FILE")["n_desc"]
+        base = min(e.vm_start for e, name in zip(files["Elf_Nt_File_Entry"], files["filename"])
+                   if name.endswith(b"libtorch_cpu.so") and e.page_offset == 0)  # fmt: skip
+    vec = base + profile["constants"]["INTERNED_OFFSET"]
+    ct = _peek(img, obj + off["jitobject.type"])
+    graph = _peek(img, _peek(img, _peek(img, ct + off["classtype.methods"])) + off["graphfunction.graph"])
+    first = _peek(img, _peek(img, _peek(img, graph + off["jitgraph.block"]) + off["jitblock.input"]) + off["jitnode.next"])
+    hostile = {  # name -> (address, bytes, what the refusal names)
+        "symbols": (vec + 8, struct.pack("<Q", _peek(img, vec) + 72 * 10**10), "no symbol table"),
+        "kind": (first + off["jitnode.kind"], struct.pack("<I", 0x7FFFFFF0), "outside the table"),
+    }
+    for name, (addr, data, why) in hostile.items():
+        bad = _poke(img, tmp_path / f"{name}.core", addr, data)
+        out = tmp_path / f"case-{name}"
+        res = zen("recover", bad, "-o", out, check=False, timeout=300)
+        bad.unlink()
+        assert res.returncode == 0 and "Traceback" not in res.stderr, (name, res.stderr[-2000:])
+        trace = json.loads((out / "mr.json").read_text())["deployment"]["torchscript"]["trace"]
+        assert why in " ".join([*trace["problems"], *trace["refused"].values()]), (name, trace)
+        refused = zen("reuse", out, "-o", tmp_path / f"pkg_{name}", check=False)
+        assert refused.returncode == 5 and why in refused.stderr, (name, refused.stderr)

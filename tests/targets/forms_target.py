@@ -5,7 +5,7 @@ BACKEND: torch.compile's backend for the compile forms (default inductor). FORM:
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic,
 dynamic-per-channel, dynamic-fp16, dynamic-bert (transformers BERT), static-cnn[-fbgemm|-onednn|-qnnpack],
 static-depthwise, static-grouped, static-resnet18 and static-mobilenet-v2 (static quantization; torchvision
-from the zoo site), jit-trace,
+from the zoo site), jit-trace, jit-trace-cnn (a CNN with what traces record beyond calls), jit-trace-resnet18,
 jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
 the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
@@ -62,6 +62,25 @@ class WithObject(nn.Module):
 
     def forward(self, x):
         return self.fc(x) * self.cfg.s
+
+
+class TracedCNN(nn.Module):
+    """What a trace records beyond calls: sizes as values, a view, 0-dim and 1-d tensor constants, a tensor list,
+    a tuple output, a module called twice (forward and forward1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.MaxPool2d(2), nn.Conv2d(8, 4, 3, padding=1))  # fmt: skip
+        self.act = nn.ReLU()
+        self.head = nn.Linear(64, 10)
+        self.register_buffer("shift", torch.linspace(-1, 1, 10))
+
+    def forward(self, x):
+        f = self.act(self.features(x))
+        f = f.view(f.size(0), -1)
+        out = self.act(self.head(f)) * 0.5 + self.shift + torch.tensor([0.25, -1.5, 3.0, 0.0, 1e-3, 2.0, -2.0, 0.5, 7.0, 1.0])
+        return torch.cat([out, out.mean(1, keepdim=True)], dim=1), f.sum()
 
 
 class Ring(torch.Tensor):
@@ -192,7 +211,13 @@ def build(form: str, outdir: str, backend: str = "inductor"):
                                     intermediate_size=128, max_position_embeddings=64)).eval()  # fmt: skip
         ids = torch.randint(0, 512, (2, 16))
         return torch.ao.quantization.quantize_dynamic(bert, {nn.Linear}, dtype=torch.qint8), None, ids
-    if form in ("static-resnet18", "static-mobilenet-v2", "jit-script-resnet18", "jit-load-resnet18"):  # bench only
+    if form in (
+        "static-resnet18",
+        "static-mobilenet-v2",
+        "jit-script-resnet18",
+        "jit-load-resnet18",
+        "jit-trace-resnet18",
+    ):  # bench only
         site = os.environ.get("ZEN_ZOO_SITE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
                                                               os.path.expanduser("~/.cache"), "zen", "zoo-site")  # fmt: skip
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -203,9 +228,12 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         from torch.ao.quantization import convert, get_default_qconfig, prepare
 
         torch.manual_seed(0)
-        if form in ("jit-script-resnet18", "jit-load-resnet18"):  # torchvision's ResNet-18 scripted (random weights)
-            import torchvision.models as tm
+        if form in ("jit-script-resnet18", "jit-load-resnet18", "jit-trace-resnet18"):  # torchvision's ResNet-18
+            import torchvision.models as tm  # scripted or traced (random weights)
 
+            if form == "jit-trace-resnet18":
+                x = torch.randn(2, 3, 64, 64)
+                return torch.jit.trace(tm.resnet18(weights=None).eval(), x), None, x
             net = torch.jit.script(tm.resnet18(weights=None).eval())
             net = _saved_and_loaded(torch, net, outdir) if form == "jit-load-resnet18" else net
             return net, None, torch.randn(2, 3, 64, 64)
@@ -299,6 +327,13 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         return torch.jit.script(cnn.eval()), None, torch.randn(2, 3, 16, 16)
     if form == "jit-trace":
         return torch.jit.trace(model, x), None, x
+    if form == "jit-trace-cnn":
+        torch.manual_seed(0)
+        cnn = TracedCNN()
+        for _ in range(3):  # trained BatchNorm statistics
+            cnn(torch.randn(4, 3, 16, 16))
+        x = torch.randn(2, 3, 16, 16)
+        return torch.jit.trace(cnn.eval(), x, check_trace=False), None, x
     if form == "jit-script":
         return torch.jit.script(model), None, x
     if form in ("jit-load", "jit-load-trace"):  # TorchServe-like: the process holds only what jit.load read

@@ -192,9 +192,15 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
     mr = case.load_mr(case_dir)
     (out / "model.pt").unlink(missing_ok=True)
     if is_archive(mr):  # traced or jit.load'ed: rebuilt as TorchScript, from its own code (reuse.torchscript_archive)
-        from zen.reuse.torchscript_archive import write_archive
+        from zen.reuse.torchscript_archive import from_graphs, write_archive
 
-        write_archive(mr, case_dir / case.WEIGHTS, out)
+        ts = mr.deployment.get("torchscript") or {}
+        files = None
+        if from_graphs(ts):  # traced in the process: torch prints the graphs read from the image (reuse.trace_code)
+            from zen.reuse.trace_code import trace_files
+
+            files = trace_files(ts["trace"])
+        write_archive(mr, case_dir / case.WEIGHTS, out, files)
     info = {"kind": "zen-reuse", "format": 1, "tool": f"zen {__version__}", "case": str(case_dir.resolve()),
             "evidence_sha256": sha, "mode": patch["mode"], "base": patch["base"], "python": patch["python"],
             "patch_sha256": patch["content_sha256"], "diff": diff_summary,

@@ -46,13 +46,19 @@ class ArchiveError(ZenError):
 def archive_problems(mr) -> list[str]:
     """Why no archive can be written for this TorchScript case (empty: it can)."""
     ts = (mr.deployment or {}).get("torchscript") or {}
-    out = [f"TorchScript code file {f} was not found in the image" for f in ts.get("missing", [])]
-    out += [f"two different texts of TorchScript code file {f} are in the image" for f in ts.get("conflicts", [])]
-    out += list(ts.get("problems", []))
-    if not ts.get("files"):
-        out.append("no TorchScript code was read (traced in this process, or a profile without the code layout)")
-    out += [f"{f} uses tensor constants (CONSTANTS.cN), which zen does not read yet"
-            for f, text in (ts.get("files") or {}).items() if "CONSTANTS.c" in text]  # fmt: skip
+    if from_graphs(ts):
+        out: list[str] = []
+    else:  # a traced model's own reason first: its code files were never expected to be in the image
+        trace = ts.get("trace") or {}
+        out = [f"a traced graph was not printed again: {why}" for why in
+               [*trace.get("problems", []), *(trace.get("refused") or {}).values()]]  # fmt: skip
+        out += [f"TorchScript code file {f} was not found in the image" for f in ts.get("missing", [])]
+        out += [f"two different texts of TorchScript code file {f} are in the image" for f in ts.get("conflicts", [])]
+        out += list(ts.get("problems", []))
+        if not ts.get("files"):
+            out.append("no TorchScript code was read (a profile without the code layout?)")
+        out += [f"{f} uses tensor constants (CONSTANTS.cN), which zen does not read yet"
+                for f, text in (ts.get("files") or {}).items() if "CONSTANTS.c" in text]  # fmt: skip
     out += [f"TorchScript class name {n[:80]!r} (module {p or 'model'}) is not a qualified name: refused"
             for p, n in (ts.get("classes") or {}).items() if not QUALIFIED.fullmatch(n)]  # fmt: skip
     out += [f"code file name {f[:80]!r} is not one torch.jit.save writes: refused"
@@ -142,8 +148,18 @@ def _literal(enc, where: str):
     raise ArchiveError(f"{where}: a value zen did not decode ({str(enc)[:120]})", "see mr.json's module state")
 
 
-def write_archive(mr, weights: Path, out: Path) -> Path:
-    """Write `out/model.pt` from the case's MR and tensors; the archive's path."""
+def from_graphs(ts: dict) -> bool:
+    """True when the code comes from the traced graphs (`torchscript.trace_ir`), not from text in the image: no
+    code file was found, and every class of the model has a plan."""
+    trace = ts.get("trace") or {}
+    plans = trace.get("plans") or {}
+    return bool(plans) and not trace.get("refused") and not trace.get("problems") and set(
+        (ts.get("classes") or {}).values()) <= set(plans)  # fmt: skip
+
+
+def write_archive(mr, weights: Path, out: Path, files: dict[str, str] | None = None) -> Path:
+    """Write `out/model.pt` from the case's MR and tensors (`files`: code printed from traced graphs, else the
+    code files read from the image); the archive's path."""
     from zen.represent.tensorfile import read_header
 
     problems = archive_problems(mr)
@@ -194,7 +210,7 @@ def write_archive(mr, weights: Path, out: Path) -> Path:
     with open(weights, "rb") as fh, zipfile.ZipFile(part, "w", zipfile.ZIP_STORED) as z:
         entries, _meta, base = read_header(Path(weights), fh, os.fstat(fh.fileno()).st_size)
         z.writestr(f"{TOP}/data.pkl", bytes(pk.out))
-        for name, text in sorted(ts["files"].items()):
+        for name, text in sorted((files if files is not None else ts["files"]).items()):
             z.writestr(f"{TOP}/{name}", text.encode("utf-8"))
         z.writestr(f"{TOP}/constants.pkl", b"\x80\x02).")
         for key, name in storages.items():

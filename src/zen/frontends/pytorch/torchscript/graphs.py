@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import struct
 
+from zen.frontends.pytorch.torchscript.ir_types import SymbolTable, has_type_layout
 from zen.frontends.pytorch.torchscript.reader import JitNode, JitReader
 from zen.runtime.errors import ZenError
 
@@ -48,11 +49,11 @@ class GraphReader:
             raise ZenError(f"implausible vector at {at:#x} ({e - b:,} bytes)")
         return list(struct.unpack(f"<{n}Q", self.ip.space.read(b, 8 * n))) if n else []
 
-    def forward(self, obj: int) -> int:
-        """The forward graph of a module's class (0: it has none)."""
+    def forward(self, obj: int, name: str = "forward") -> int:
+        """The graph of a module's method (`forward`, or another a trace made: `forward1`); 0: it has none."""
         ct = self.ip.ptr(obj + self.tp.jitobject.type)
         for fn in self._vector(ct + self.tp.classtype.methods, MAX_METHODS):
-            if fn and self.jr.string(fn + self.tp.graphfunction.name, 256) == "forward":
+            if fn and self.jr.string(fn + self.tp.graphfunction.name, 256) == name:
                 return self.ip.ptr(fn + self.tp.graphfunction.graph)
         return 0
 
@@ -62,8 +63,9 @@ class GraphReader:
                 return self.jr.string(av + self.tp.jitattr.text, 4096)
         return None
 
-    def edges(self, graph: int, path: str, children: dict[str, str]) -> set[tuple[str, str]]:
-        """One module's edges from its forward graph (`children`: attribute name -> child path)."""
+    def edges(self, graph: int, path: str, children: dict[str, str], kinds: dict[int, int] | None = None) -> set[tuple[str, str]]:
+        """One module's edges from its forward graph (`children`: attribute name -> child path); `kinds` counts the
+        op symbols of its nodes."""
         T = self.tp
         base = path or "<root>"
         block = self.ip.ptr(graph + T.jitgraph.block)
@@ -76,6 +78,7 @@ class GraphReader:
                                           for i, v in enumerate(inputs[1:], 1)}  # fmt: skip
         attr: dict[int, str] = {}  # value -> child attribute name (GetAttr on self)
         out: set[tuple[str, str]] = set()
+        self.kinds = kinds if kinds is not None else {}
         budget = [MAX_GRAPH_NODES]
         self._block(block, inputs[0], src, attr, children, out, base, budget, top=True)
         return out
@@ -97,6 +100,7 @@ class GraphReader:
                 raise ZenError(f"more than {MAX_GRAPH_NODES:,} graph nodes")
             seen.add(node)
             kind = self.ip.space.u32(node + T.jitnode.kind)
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
             ins = self._vector(node + T.jitnode.inputs)
             carried = frozenset().union(*(src.get(v, frozenset()) for v in ins))
             if node == last:  # the block's return: prim::Return at the top, the block's outputs inside
@@ -122,8 +126,10 @@ class GraphReader:
 
 
 def script_dataflow(jr: JitReader, walk: dict) -> dict:
-    """Graph additions for a TorchScript MR: {"dataflow": [[src, dst], ...], "dataflow_method", "dataflow_skipped"}."""
+    """Graph additions for a TorchScript MR: {"dataflow": [[src, dst], ...], "dataflow_method", "dataflow_skipped",
+    "operators": {module path: {op: count}} of each forward graph (prim:: bookkeeping left out)}."""
     gr = GraphReader(jr)
+    kinds: dict[str, dict[int, int]] = {}
     paths = {n.addr: p for p, n in walk.items() if isinstance(n, JitNode)}
     edges: set[tuple[str, str]] = set()
     skipped: dict[str, str] = {}
@@ -136,7 +142,22 @@ def script_dataflow(jr: JitReader, walk: dict) -> dict:
             if not graph:
                 skipped[path] = "no forward"
                 continue
-            edges |= gr.edges(graph, path, children)
+            kinds[path] = {}
+            edges |= gr.edges(graph, path, children, kinds[path])
         except ZenError as exc:
             skipped[path] = str(exc)
-    return {"dataflow": sorted([list(e) for e in edges]), "dataflow_method": METHOD, "dataflow_skipped": skipped}
+    out = {"dataflow": sorted([list(e) for e in edges]), "dataflow_method": METHOD, "dataflow_skipped": skipped}
+    return {**out, **_operators(jr, kinds)}
+
+
+def _operators(jr: JitReader, kinds: dict[str, dict[int, int]]) -> dict:
+    """Op names of the counted symbols, from libtorch_cpu's symbol table (`ir_types`), when the profile has it."""
+    if not has_type_layout(jr):
+        return {"operators_skipped": "the torch layout profile has no symbol table: recalibrate with `zen profile torch`"}
+    try:
+        table = SymbolTable(jr)
+        named = {p: {table.name(k): n for k, n in ks.items()} for p, ks in kinds.items()}
+    except ZenError as exc:
+        return {"operators_skipped": str(exc)}
+    return {"operators": {p: dict(sorted((k, n) for k, n in ops.items() if not k.startswith("prim::")))
+                          for p, ops in sorted(named.items())}}  # fmt: skip

@@ -20,9 +20,11 @@ from zen.frontends.pytorch.profile import TorchProfile
 from zen.frontends.pytorch.subclasses import ClassLookup
 from zen.frontends.pytorch.tensors import TensorReader
 from zen.frontends.pytorch.torchscript.eager import eager_link
-from zen.frontends.pytorch.torchscript.graphs import has_graph_layout, script_dataflow
+from zen.frontends.pytorch.torchscript.graphs import GraphReader, has_graph_layout, script_dataflow
+from zen.frontends.pytorch.torchscript.ir_types import has_type_layout
 from zen.frontends.pytorch.torchscript.reader import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
 from zen.frontends.pytorch.torchscript.sources import SourceReader, has_source_layout, needed_files
+from zen.frontends.pytorch.torchscript.trace_ir import TracePrinter
 from zen.runtime.errors import ZenError
 
 
@@ -169,7 +171,32 @@ def _code(ip: Interpreter, sm: ScriptModels, walk: dict) -> dict:
     need = needed_files(sorted(set(out["classes"].values())), code.files)
     out.update(files={f: code.files[f] for f in need if f in code.files}, missing=[f for f in need if f not in code.files],
                conflicts=code.conflicts, problems=code.problems)  # fmt: skip
+    if not out["files"] and not out["conflicts"] and not out["problems"]:  # traced here (no code text at all, and
+        out["trace"] = _trace(sm, walk)  # no damaged walk that might have hidden it): the graphs are printed again
     return out
+
+
+def _trace(sm: ScriptModels, walk: dict) -> dict:
+    """IR plans of the model's classes from their forward graphs (`trace_ir`), or why there are none."""
+    if not (has_graph_layout(sm.reader) and has_type_layout(sm.reader)):
+        return {
+            "plans": {},
+            "refused": {},
+            "problems": [
+                "the torch layout profile has no TorchScript graph and type layout: recalibrate it with `zen profile torch`"
+            ],
+        }
+    try:
+        printer = TracePrinter(GraphReader(sm.reader), sm.tensors, walk)
+    except ZenError as exc:
+        return {"plans": {}, "refused": {}, "problems": [f"op names cannot be read: {exc}"]}
+    plans, refused = printer.plans(walk)
+    return {"plans": plans, "refused": refused, "problems": [], "method": TRACE_METHOD}
+
+
+TRACE_METHOD = ("each class's forward graph read from the image (op names from libtorch_cpu's interned strings, value "
+                "types, constants) and printed as TorchScript IR with every child call inlined; zen reuse has torch print "
+                "it as code")  # fmt: skip
 
 
 def _encode(v: object) -> dict:
