@@ -35,7 +35,8 @@ FORMS = ["eager", "compile", "compile-method", "torchao-int8", "torchao-int4", "
          "static-conv3d-fbgemm", "static-embedding", "static-embedding-4bit",
          "static-resnet18", "static-mobilenet-v2", "jit-trace", "jit-trace-cnn", "jit-trace-resnet18", "jit-script",
          "jit-script-cnn", "jit-script-object",
-         "jit-script-resnet18", "jit-load", "jit-load-cnn", "jit-load-trace", "jit-load-resnet18", "ort"]  # fmt: skip
+         "jit-script-resnet18", "jit-load", "jit-load-cnn", "jit-load-trace", "jit-load-trace-cnn", "jit-load-resnet18",
+         "ort"]  # fmt: skip
 TORCHVISION = (
     "static-resnet18",
     "static-mobilenet-v2",
@@ -163,7 +164,8 @@ NOTES = """How to read the rows:
 - TorchScript: the C++ module tree is read through each ScriptModule's `_c` (issue 48), with the classes'
   constants and tuples. jit-script*: scripted in the process; each module linked to the Python class torch compiled
   it from (its concrete type store) and rebuilt from it. jit-load*: only what torch.jit.load read from an archive
-  (-trace: a traced model saved and loaded; -resnet18: torchvision's, scripted); its TorchScript code is read from
+  (-trace: a traced model saved and loaded, -trace-cnn with tensor constants, CONSTANTS.cN, read from the graph
+  nodes that hold them; -resnet18: torchvision's, scripted); its TorchScript code is read from
   the image and `zen reuse` writes a TorchScript archive that torch.jit.load runs. jit-trace*: traced in the process,
   graphs and no code text: each class's graph is read from the image and printed again (op names, types,
   constants), and `zen reuse` has torch print it as code into a TorchScript archive (-cnn: sizes, views, tensor

@@ -21,7 +21,8 @@ FORMS = {  # form -> the library it needs (None: torch alone)
     "static-grouped": None, "static-conv1d": None, "static-conv1d-fbgemm": None, "static-embedding": None,
     "static-convtranspose": None, "static-convtranspose1d": None, "static-conv3d": None,
     "static-conv3d-fbgemm": None, "static-embedding-4bit": None,
-    "hostile-ring": None, "nan-weights": None, "jit-trace": None, "jit-trace-cnn": None, "jit-script": None,
+    "hostile-ring": None, "nan-weights": None, "jit-trace": None, "jit-trace-cnn": None, "jit-load-trace-cnn": None,
+    "jit-script": None,
     "jit-script-cnn": None, "jit-script-object": None,
     "jit-load": None, "jit-load-cnn": None, "ort": "onnxruntime",
 }  # fmt: skip

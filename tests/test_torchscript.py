@@ -197,6 +197,10 @@ def test_an_archive_is_refused_for_hostile_names():
     assert any("is not a qualified name" in p for p in archive_problems(mr)), archive_problems(mr)
     mr.deployment["torchscript"] = {**good, "files": {"code/../../etc/x.py": "", **code}}
     assert any("is not one torch.jit.save writes" in p for p in archive_problems(mr)), archive_problems(mr)
+    # code naming a tensor constant whose value was not read from the image: refused, the constant named
+    uses = {"code/__torch__.py": "class Net(Module):\n  def forward(self, x):\n    return x * CONSTANTS.c3\n"}
+    mr.deployment["torchscript"] = {**good, "files": uses, "tensor_constants": {"c0": {}}}
+    assert any("CONSTANTS.c3, whose value was not found" in p for p in archive_problems(mr)), archive_problems(mr)
 
 
 def test_state_zen_does_not_decode_is_named(form_images, workdir):
@@ -214,28 +218,36 @@ def test_state_zen_does_not_decode_is_named(form_images, workdir):
     assert zen("reuse", case, "-o", pkg, check=False).returncode == 5 and not pkg.exists()
 
 
-def test_a_traced_cnn_is_printed_again_from_its_graphs(form_images, workdir):
+@pytest.mark.parametrize("form", ["jit-trace-cnn", "jit-load-trace-cnn"])
+def test_a_traced_cnn_is_printed_again_from_its_graphs(form_images, workdir, form):
     """A CNN traced in the process (issue 48): sizes as values (`aten::size`, `prim::NumToTensor`), a view, 0-dim and
     1-d tensor constants, a tensor list, a tuple output, BatchNorm's running statistics, a module called twice
     (`forward1`). Every graph is printed again from the image (op names from libtorch_cpu's interned strings,
     constants' values), the tensor constants' values are the traced ones, and the archive rebuilt from it gives
-    the deployed outputs bit for bit."""
-    res, case, manifest, t = _recover(form_images, "jit-trace-cnn", workdir)
+    the deployed outputs bit for bit. Saved and loaded (-load-): its code names the constants `CONSTANTS.c0` and
+    `.c1`; their values are read from the graph nodes whose source ranges cover those names, and written to the
+    rebuilt archive's constants.pkl."""
+    res, case, manifest, t = _recover(form_images, form, workdir)
     assert res.returncode == 0 and manifest["status"] == "complete", res.stderr
-    mr = json.loads((case / "mr.json").read_text())
-    trace = mr["deployment"]["torchscript"]["trace"]
-    assert not trace["refused"] and not trace["problems"], trace
-    top = trace["plans"]["__torch__.TracedCNN"]
-    ops = top["operators"]
-    assert ops["aten::_convolution"] == 2 and ops["aten::batch_norm"] == 1 and ops["aten::view"] == 1, ops
-    assert ops["prim::NumToTensor"] == 1 and ops["aten::cat"] == 1 and ops["prim::TupleConstruct"] == 1, ops
-    assert [c["shape"] for c in top["constants"]] == [[], [10]], top["constants"]
-    assert [float(v) for v in top["constants"][1]["values"]] == [float(torch.tensor(v)) for v in (
-        0.25, -1.5, 3.0, 0.0, 1e-3, 2.0, -2.0, 0.5, 7.0, 1.0)]  # fmt: skip
-    assert ["features", "1", "running_var"] in top["state"] and ["shift"] in top["state"], top["state"]
+    code = json.loads((case / "mr.json").read_text())["deployment"]["torchscript"]
+    traced = [float(torch.tensor(v)) for v in (0.25, -1.5, 3.0, 0.0, 1e-3, 2.0, -2.0, 0.5, 7.0, 1.0)]
+    if form == "jit-trace-cnn":
+        trace = code["trace"]
+        assert not trace["refused"] and not trace["problems"], trace
+        top = trace["plans"]["__torch__.TracedCNN"]
+        ops = top["operators"]
+        assert ops["aten::_convolution"] == 2 and ops["aten::batch_norm"] == 1 and ops["aten::view"] == 1, ops
+        assert ops["prim::NumToTensor"] == 1 and ops["aten::cat"] == 1 and ops["prim::TupleConstruct"] == 1, ops
+        assert ["features", "1", "running_var"] in top["state"] and ["shift"] in top["state"], top["state"]
+        constants = top["constants"]
+    else:
+        assert "trace" not in code and not code["problems"] and not code["missing"], code
+        constants = [code["tensor_constants"][k] for k in ("c0", "c1")]
+    assert [(c["dtype"], c["shape"]) for c in constants] == [("float64", []), ("float32", [10])], constants
+    assert float(constants[0]["values"][0]) == 0.5 and [float(v) for v in constants[1]["values"]] == traced
     weights = load_file(case / "weights.safetensors")
     assert len(weights) == 12 and all(_digest(weights[k]) == v["sha256"] for k, v in t.truth["state"].items())
-    got = _rebuilt(workdir, case, "jit-trace-cnn", t)
+    got = _rebuilt(workdir, case, form, t)
     assert got["equal"] and got["state_equal"] and got["model_class"].endswith("RecursiveScriptModule"), got
 
 

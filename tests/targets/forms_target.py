@@ -5,8 +5,9 @@ BACKEND: torch.compile's backend for the compile forms (default inductor). FORM:
 torchao-int8, torchao-int4, quanto-int8, bnb-8bit, bnb-4bit, offload-cpu, offload-disk, dynamic,
 dynamic-per-channel, dynamic-fp16, dynamic-bert (transformers BERT), static-cnn[-fbgemm|-onednn|-qnnpack],
 static-depthwise, static-grouped, static-resnet18 and static-mobilenet-v2 (static quantization; torchvision
-from the zoo site), jit-trace, jit-trace-cnn (a CNN with what traces record beyond calls), jit-trace-resnet18,
-jit-script, jit-load (only what torch.jit.load read from a saved archive), ort, several (a float reference beside
+from the zoo site), jit-trace, jit-trace-cnn (a CNN with what traces record beyond calls; jit-load-trace-cnn:
+saved and loaded), jit-trace-resnet18, jit-script, jit-load (only what torch.jit.load read from a saved archive),
+ort, several (a float reference beside
 the served torchao int8 model), hostile-ring (a subclass ring).
 The model is built at run time (no downloads), put in that form the way its library documents, and run once
 on a fixed input. OUTDIR/truth.json records the form, the served object's
@@ -327,13 +328,14 @@ def build(form: str, outdir: str, backend: str = "inductor"):
         return torch.jit.script(cnn.eval()), None, torch.randn(2, 3, 16, 16)
     if form == "jit-trace":
         return torch.jit.trace(model, x), None, x
-    if form == "jit-trace-cnn":
+    if form in ("jit-trace-cnn", "jit-load-trace-cnn"):  # -load: saved and loaded, its constants in CONSTANTS.cN
         torch.manual_seed(0)
         cnn = TracedCNN()
         for _ in range(3):  # trained BatchNorm statistics
             cnn(torch.randn(4, 3, 16, 16))
         x = torch.randn(2, 3, 16, 16)
-        return torch.jit.trace(cnn.eval(), x, check_trace=False), None, x
+        traced = torch.jit.trace(cnn.eval(), x, check_trace=False)
+        return (_saved_and_loaded(torch, traced, outdir) if form == "jit-load-trace-cnn" else traced), None, x
     if form == "jit-script":
         return torch.jit.script(model), None, x
     if form in ("jit-load", "jit-load-trace"):  # TorchServe-like: the process holds only what jit.load read

@@ -9,8 +9,10 @@ module tree, values and tensors (mr.json, weights.safetensors). The archive hold
   its TorchScript class, `__torch__.a.b.Name`, built from a dict of its attributes: submodules, tensors as
   persistent storages, ints, floats, bools, strings, tuples, typed lists); class constants are not attributes,
   they are in the code;
-* `data/N`: each tensor's bytes, copied from weights.safetensors; `constants.pkl` (empty: code that uses tensor
-  constants, `CONSTANTS.cN`, is refused before this is written), `version`, `byteorder`.
+* `data/N`: each tensor's bytes, copied from weights.safetensors;
+* `constants.pkl` and `constants/N`: the tensor constants the code names `CONSTANTS.cN`, with the values read from
+  the graph nodes that hold them (`torchscript.sources`; code using one that was not read is refused before this is
+  written); `version`, `byteorder`.
 
 Nothing here imports torch or runs the code: `zen reuse` writes the archive; `load()` hands it to torch.jit.load.
 """
@@ -36,6 +38,9 @@ STORAGES = {"float32": "FloatStorage", "float64": "DoubleStorage", "float16": "H
 LIST_BUILDERS = {int: "build_intlist", float: "build_doublelist", bool: "build_boollist"}
 # a class name from the image becomes a pickle GLOBAL (newline-terminated): only dotted identifiers are written
 QUALIFIED = re.compile(r"__torch__(\.[A-Za-z_][A-Za-z0-9_]*)+")
+USES = re.compile(r"CONSTANTS\.(c\d{1,6})\b")
+NUMPY = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int64": "<i8", "int32": "<i4", "int16": "<i2",
+         "int8": "i1", "uint8": "u1", "bool": "?"}  # fmt: skip
 CODE_FILE = re.compile(r"code/__torch__(/[A-Za-z_][A-Za-z0-9_]*)*\.py")  # as torchscript.sources takes them
 
 
@@ -57,8 +62,10 @@ def archive_problems(mr) -> list[str]:
         out += list(ts.get("problems", []))
         if not ts.get("files"):
             out.append("no TorchScript code was read (a profile without the code layout?)")
-        out += [f"{f} uses tensor constants (CONSTANTS.cN), which zen does not read yet"
-                for f, text in (ts.get("files") or {}).items() if "CONSTANTS.c" in text]  # fmt: skip
+        known = set(ts.get("tensor_constants") or {})
+        out += [f"{f} uses tensor constant CONSTANTS.{c}, whose value was not found in the image"
+                for f, text in sorted((ts.get("files") or {}).items())
+                for c in sorted(set(USES.findall(text)) - known)]  # fmt: skip
     out += [f"TorchScript class name {n[:80]!r} (module {p or 'model'}) is not a qualified name: refused"
             for p, n in (ts.get("classes") or {}).items() if not QUALIFIED.fullmatch(n)]  # fmt: skip
     out += [f"code file name {f[:80]!r} is not one torch.jit.save writes: refused"
@@ -157,6 +164,26 @@ def from_graphs(ts: dict) -> bool:
         (ts.get("classes") or {}).values()) <= set(plans)  # fmt: skip
 
 
+def _write_constants(z: zipfile.ZipFile, constants: dict[str, dict]) -> None:
+    """`constants.pkl`: the tuple `CONSTANTS.cN` indexes, each tensor's bytes in `constants/N` (the values read from
+    the image; an index the code never uses holds an empty tensor, as nothing reads it)."""
+    import numpy as np
+
+    count = 1 + max((int(k[1:]) for k in constants), default=-1)
+    pk = _Pickle()
+    pk.out += b"("
+    for i in range(count):
+        c = constants.get(f"c{i}") or {"dtype": "float32", "shape": [0], "values": []}
+        if c["dtype"] not in NUMPY:
+            raise ArchiveError(f"tensor constant c{i} of dtype {c['dtype']} cannot be written")
+        conv = bool if c["dtype"] == "bool" else float if c["dtype"].startswith("float") else int
+        data = np.array([v == "True" if conv is bool else conv(v) for v in c["values"]], NUMPY[c["dtype"]]).tobytes()
+        pk.tensor(str(i), c["dtype"], len(c["values"]), list(c["shape"]), False)
+        z.writestr(f"{TOP}/constants/{i}", data)
+    pk.out += b"t."
+    z.writestr(f"{TOP}/constants.pkl", bytes(pk.out))
+
+
 def write_archive(mr, weights: Path, out: Path, files: dict[str, str] | None = None) -> Path:
     """Write `out/model.pt` from the case's MR and tensors (`files`: code printed from traced graphs, else the
     code files read from the image); the archive's path."""
@@ -212,7 +239,7 @@ def write_archive(mr, weights: Path, out: Path, files: dict[str, str] | None = N
         z.writestr(f"{TOP}/data.pkl", bytes(pk.out))
         for name, text in sorted((files if files is not None else ts["files"]).items()):
             z.writestr(f"{TOP}/{name}", text.encode("utf-8"))
-        z.writestr(f"{TOP}/constants.pkl", b"\x80\x02).")
+        _write_constants(z, ts.get("tensor_constants") or {})
         for key, name in storages.items():
             e = entries.get(key)
             if e is None:

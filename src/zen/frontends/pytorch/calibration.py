@@ -207,6 +207,9 @@ class TorchCalibrator(CalibratorBase):
         if "SYM_ATTR_NAME" in self.constants:
             self.optional("TorchScript value types, constants and op names", "zen.frontends.pytorch.torchscript.type_calibration",
                           "measure_jit_types")  # fmt: skip
+        if "jitsource" in self.structs and "jittype" in self.structs:
+            self.optional("tensor constants of loaded TorchScript code", "zen.frontends.pytorch.torchscript.constant_calibration",
+                          "measure_jit_constants")  # fmt: skip
         if "jitobject" in self.structs:  # packed weights are reached through TorchScript's Object layout
             self.optional("packed Linear weights", "zen.frontends.pytorch.quantized.calibration", "measure_packed")
             self.optional("fbgemm packed convolutions", "zen.frontends.pytorch.quantized.calibration", "measure_packed_conv")

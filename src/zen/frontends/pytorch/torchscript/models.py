@@ -24,7 +24,7 @@ from zen.frontends.pytorch.torchscript.graphs import GraphReader, has_graph_layo
 from zen.frontends.pytorch.torchscript.ir_types import has_type_layout
 from zen.frontends.pytorch.torchscript.reader import SCRIPT_MODULE, ImplReader, JitIndex, JitLayoutMissing, JitNode, JitReader
 from zen.frontends.pytorch.torchscript.sources import SourceReader, has_source_layout, needed_files
-from zen.frontends.pytorch.torchscript.trace_ir import TracePrinter
+from zen.frontends.pytorch.torchscript.trace_ir import TracePrinter, tensor_constant
 from zen.runtime.errors import ZenError
 
 
@@ -171,6 +171,13 @@ def _code(ip: Interpreter, sm: ScriptModels, walk: dict) -> dict:
     need = needed_files(sorted(set(out["classes"].values())), code.files)
     out.update(files={f: code.files[f] for f in need if f in code.files}, missing=[f for f in need if f not in code.files],
                conflicts=code.conflicts, problems=code.problems)  # fmt: skip
+    out["tensor_constants"] = {}
+    for i, impl in code.tensor_constants.items():  # CONSTANTS.cN of the code, read from their graph nodes
+        try:
+            out["tensor_constants"][f"c{i}"] = tensor_constant(sm.tensors, impl)
+        except ZenError as exc:
+            out["problems"].append(f"CONSTANTS.c{i} not read: {exc}")
+    out["problems"] += [f"CONSTANTS.c{i}: two different tensors claim it" for i in code.constant_conflicts]
     if not out["files"] and not out["conflicts"] and not out["problems"]:  # traced here (no code text at all, and
         out["trace"] = _trace(sm, walk)  # no damaged walk that might have hidden it): the graphs are printed again
     return out

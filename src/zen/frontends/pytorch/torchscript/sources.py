@@ -24,6 +24,9 @@ from zen.runtime.errors import ZenError
 SOURCE_FIELDS = {"classtype": ("compilation_unit",), "compilationunit": ("functions",), "graphfunction": ("graph",),
                  "jitgraph": ("block",), "jitblock": ("input", "output"), "jitnode": ("next", "blocks", "source"),
                  "jitsource": ("pieces", "filename")}  # fmt: skip
+CONSTANT_FIELDS = {"jitnode": ("range_start", "range_end", "kind", "attributes", "outputs"), "jitattr": ("name", "value"),
+                   "jitvalue": ("type",), "jittype": ("kind",)}  # fmt: skip
+CONSTANT_TEXT = re.compile(rb"CONSTANTS\.c(\d{1,6})")
 FILE_NAME = re.compile(r"code/__torch__(/[A-Za-z_][A-Za-z0-9_]*)*\.py")
 REFERENCE = re.compile(r"__torch__(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 MAX_UNITS = 64  # compilation units (one per jit.load)
@@ -32,6 +35,7 @@ MAX_NODES = 2_000_000  # graph nodes walked in all
 MAX_PIECES = 4096
 MAX_FILE = 16 << 20  # bytes of one code file
 MAX_TOTAL = 64 << 20  # bytes of code in all
+MAX_CONSTANTS = 100_000  # tensor constant nodes
 
 
 @dataclass
@@ -41,6 +45,9 @@ class CodeFiles:
     files: dict[str, str] = field(default_factory=dict)
     conflicts: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # `CONSTANTS.cN` of the code -> the TensorImpl its prim::Constant nodes hold (indices two tensors claim: conflicts)
+    tensor_constants: dict[int, int] = field(default_factory=dict)
+    constant_conflicts: list[int] = field(default_factory=list)
 
 
 def has_source_layout(jr: JitReader) -> bool:
@@ -77,6 +84,10 @@ class SourceReader:
     def __init__(self, jr: JitReader) -> None:  # noqa: D107
         self.jr, self.ip, self.tp = jr, jr.ip, jr.tp
         self._sources: dict[int, tuple[str, str] | None] = {}
+        c, st = self.tp.constants, self.tp.structs
+        self.const = all(k in c for k in ("SYM_CONSTANT", "SYM_ATTR_VALUE", "TYPE_TENSOR")) and all(
+            s in st and all(f in st[s]._fields for f in fs) for s, fs in CONSTANT_FIELDS.items())  # fmt: skip
+        self._constant_nodes: list[tuple[int, int, int, int]] = []  # (Source, range start, range end, TensorImpl)
 
     def code(self, class_types: list[int]) -> CodeFiles:
         out = CodeFiles()
@@ -103,7 +114,37 @@ class SourceReader:
                 out.files[name] = next(iter(found))
             else:
                 out.conflicts.append(name)
+        self._constants(out)
         return out
+
+    def _constants(self, out: CodeFiles) -> None:
+        """Give each tensor constant node its `CONSTANTS.cN` index: the text its source range covers, in a Source
+        that checked (a range that is not exactly such a name is not taken)."""
+        claims: dict[int, set[int]] = {}
+        raw: dict[int, bytes] = {}
+        for src, start, end, impl in self._constant_nodes:
+            got = self._sources.get(src)
+            if got is None or got[0] not in out.files:
+                continue
+            text = raw.setdefault(src, got[1].encode("utf-8"))
+            m = CONSTANT_TEXT.fullmatch(text[start:end]) if 0 <= start < end <= len(text) and end - start <= 20 else None
+            if m:
+                claims.setdefault(int(m.group(1)), set()).add(impl)
+        out.tensor_constants = {i: next(iter(s)) for i, s in sorted(claims.items()) if len(s) == 1}
+        out.constant_conflicts = sorted(i for i, s in claims.items() if len(s) > 1)
+
+    def _constant_node(self, node: int, src: int) -> None:
+        """Keep a prim::Constant node holding a tensor (one `value` attribute, a Tensor-typed output)."""
+        T, c = self.tp, self.tp.constants
+        if self.ip.space.u32(node + T.jitnode.kind) != c["SYM_CONSTANT"] or len(self._constant_nodes) >= MAX_CONSTANTS:
+            return
+        attrs, outs = self._vector(node + T.jitnode.attributes, 64), self._vector(node + T.jitnode.outputs, 64)
+        if len(attrs) != 1 or len(outs) != 1 or self.ip.space.u32(attrs[0] + T.jitattr.name) != c["SYM_ATTR_VALUE"]:
+            return
+        if self.ip.space.u32(self.ip.ptr(outs[0] + T.jitvalue.type) + T.jittype.kind) != c["TYPE_TENSOR"]:
+            return
+        start, end = self.ip.space.u64(node + T.jitnode.range_start), self.ip.space.u64(node + T.jitnode.range_end)
+        self._constant_nodes.append((src, start, end, self.ip.ptr(attrs[0] + T.jitattr.value)))
 
     def _vector(self, at: int, most: int, elem: int = 8) -> list[int]:
         b, e = self.ip.space.u64(at), self.ip.space.u64(at + 8)
@@ -138,6 +179,11 @@ class SourceReader:
                     src = self.ip.space.u64(node + T.jitnode.source)
                     if src:
                         out.add(src)
+                        if self.const:
+                            try:
+                                self._constant_node(node, src)
+                            except ZenError:
+                                pass  # a stale or corrupt constant node: its index stays unread, and is named
                     stack += self._vector(node + T.jitnode.blocks, 64)
                     if node == last:
                         break

@@ -239,23 +239,26 @@ class _Emitter:
                 raise TraceUnsupported(f"a string constant with characters zen does not print ({text[:40]!r})")
             lit = f'"{text}"'
         elif t[0] == "Tensor":
-            self.constants.append(self._tensor(self.ip.ptr(at)))
+            self.constants.append(tensor_constant(self.tr.tensors, self.ip.ptr(at)))
             return f"%zen_c{len(self.constants) - 1}"
         else:
             raise TraceUnsupported(f"a constant of type {ir_name(t)}")
         self.lines.append(f"{name} : {ir_name(t)} = prim::Constant[value={lit}]()")
         return name
 
-    def _tensor(self, impl: int) -> dict:
-        meta = self.tr.tensors.meta(impl)
-        if meta.dtype not in CONSTANT_DTYPES or meta.device != "cpu" or meta.numel > MAX_CONSTANT or not meta.contiguous:
-            raise TraceUnsupported(f"a tensor constant ({meta.dtype}, {list(meta.shape)}, {meta.device}) that zen does "
-                                   f"not print (up to {MAX_CONSTANT:,} elements on the CPU)")  # fmt: skip
-        raw = b"".join(bytes(b) for b in self.tr.tensors.iter_bytes(meta))
-        values = np.frombuffer(raw, CONSTANT_DTYPES[meta.dtype])
-        if len(values) != meta.numel:
-            raise TraceUnsupported("a tensor constant whose bytes were not all read")
-        return {"dtype": meta.dtype, "shape": list(meta.shape), "values": [repr(x.item()) for x in values]}
+
+def tensor_constant(tensors, impl: int) -> dict:
+    """A tensor constant's dtype, shape and values (as `repr` texts: exact for every dtype listed), read from its
+    TensorImpl; small CPU tensors only (constants are scalars and short tables, never weights)."""
+    meta = tensors.meta(impl)
+    if meta.dtype not in CONSTANT_DTYPES or meta.device != "cpu" or meta.numel > MAX_CONSTANT or not meta.contiguous:
+        raise TraceUnsupported(f"a tensor constant ({meta.dtype}, {list(meta.shape)}, {meta.device}) that zen does "
+                               f"not print (up to {MAX_CONSTANT:,} elements on the CPU)")  # fmt: skip
+    raw = b"".join(bytes(b) for b in tensors.iter_bytes(meta))
+    values = np.frombuffer(raw, CONSTANT_DTYPES[meta.dtype])
+    if len(values) != meta.numel:
+        raise TraceUnsupported("a tensor constant whose bytes were not all read")
+    return {"dtype": meta.dtype, "shape": list(meta.shape), "values": [repr(x.item()) for x in values]}
 
 
 def _signed(u: int) -> int:
