@@ -207,7 +207,11 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
             "executes_recovered_code": True, "dequantize": bool(dequantize)}  # fmt: skip
     info["problems"] = value_problems(mr)
     if is_archive(mr):
-        info["torchscript_archive"] = "model.pt: the deployed TorchScript code and values; load() runs torch.jit.load"
+        from zen.reuse.torchscript_archive import from_graphs
+
+        code = ("TorchScript code torch printed from the traced graphs read from the image"
+                if from_graphs(mr.deployment.get("torchscript") or {}) else "the deployed TorchScript code")  # fmt: skip
+        info["torchscript_archive"] = f"model.pt: {code} and values; load() runs torch.jit.load"
     (out / "reuse.json").write_text(json.dumps(info, indent=1) + "\n")
     return out
 
