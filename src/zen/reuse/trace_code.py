@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import keyword
+import re
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from zen.runtime.errors import ZenError
 
 # c10::ScalarType numbers (stable across torch releases): archive code spells a dtype as its number
 DTYPES = {"uint8": 0, "int8": 1, "int16": 2, "int32": 3, "int64": 4, "float16": 5, "float32": 6, "float64": 7, "bool": 11}
+ANNOTATION = re.compile(r"[A-Za-z_][A-Za-z0-9_.\[\], ()]*")  # Tensor, Optional[bool], __torch__.a.B, Tuple[()]
 SPECIAL = {"nan": 'float("nan")', "inf": 'float("inf")', "-inf": 'float("-inf")'}
 
 
@@ -63,9 +65,11 @@ def _print(irs: dict[str, str], timeout: float) -> dict[str, dict]:
 
 def class_text(qual: str, name: str, plan: dict, printed: dict | None) -> str:
     """One class as `torch.jit.save` would declare it, with its forward from the printed graph."""
+    if not name.isidentifier() or not name.isascii():
+        raise TraceCodeError(f"a class name {name[:40]!r} that cannot be written in TorchScript code")
     lines = [f"class {name}(Module):",
-             "  __parameters__ = [" + "".join(f'"{p}", ' for p in plan["parameters"]) + "]",
-             "  __buffers__ = [" + "".join(f'"{b}", ' for b in plan["buffers"]) + "]"]  # fmt: skip
+             "  __parameters__ = [" + "".join(f'"{_plain(p)}", ' for p in plan["parameters"]) + "]",
+             "  __buffers__ = [" + "".join(f'"{_plain(b)}", ' for b in plan["buffers"]) + "]"]  # fmt: skip
     lines += [_declare(a, t) for a, t in plan["declarations"]]
     if printed is not None:
         lines += _forward(qual, plan, printed)
@@ -74,6 +78,8 @@ def class_text(qual: str, name: str, plan: dict, printed: dict | None) -> str:
 
 def _declare(name: str, annotation: str) -> str:
     """`  fc1 : Tensor`; a name that is not an identifier (a Sequential's `0`) the way torch.jit.save writes it."""
+    if not ANNOTATION.fullmatch(annotation):
+        raise TraceCodeError(f"attribute {name[:40]!r}: a type {annotation[:60]!r} that cannot be written in TorchScript code")
     if name.isidentifier() and name.isascii() and not keyword.iskeyword(name):
         return f"  {name} : {annotation}"
     return f'  __annotations__["{_plain(name)}"] = {annotation}'

@@ -171,6 +171,8 @@ class _Emitter:
         kind_sym = self.ip.space.u32(node + T.jitnode.kind)
         outs = gr._vector(node + T.jitnode.outputs)
         if kind_sym == c["SYM_GETATTR"]:
+            if len(outs) != 1:
+                raise TraceUnsupported(f"a prim::GetAttr node with {len(outs)} outputs")
             env[outs[0]] = self._getattr(env.get(ins[0]) if ins else None, gr._name(node))
             return
         if kind_sym == c["SYM_CALLMETHOD"]:
@@ -188,6 +190,8 @@ class _Emitter:
         kind = self._kind(node)
         self.operators[kind] = self.operators.get(kind, 0) + 1
         if kind == "prim::Constant":
+            if len(outs) != 1:
+                raise TraceUnsupported(f"a prim::Constant node with {len(outs)} outputs")
             env[outs[0]] = ("ir", self._constant(node, outs[0]))
             return
         if gr._vector(node + T.jitnode.attributes, 64):
@@ -251,13 +255,15 @@ def tensor_constant(tensors, impl: int) -> dict:
     """A tensor constant's dtype, shape and values (as `repr` texts: exact for every dtype listed), read from its
     TensorImpl; small CPU tensors only (constants are scalars and short tables, never weights)."""
     meta = tensors.meta(impl)
+    if math.prod(meta.shape) != meta.numel:
+        raise TraceUnsupported(f"a tensor constant of shape {list(meta.shape)[:8]} claiming {meta.numel:,} elements")
     if meta.dtype not in CONSTANT_DTYPES or meta.device != "cpu" or meta.numel > MAX_CONSTANT or not meta.contiguous:
         raise TraceUnsupported(f"a tensor constant ({meta.dtype}, {list(meta.shape)}, {meta.device}) that zen does "
                                f"not print (up to {MAX_CONSTANT:,} elements on the CPU)")  # fmt: skip
     raw = b"".join(bytes(b) for b in tensors.iter_bytes(meta))
-    values = np.frombuffer(raw, CONSTANT_DTYPES[meta.dtype])
-    if len(values) != meta.numel:
+    if len(raw) != meta.numel * np.dtype(CONSTANT_DTYPES[meta.dtype]).itemsize:
         raise TraceUnsupported("a tensor constant whose bytes were not all read")
+    values = np.frombuffer(raw, CONSTANT_DTYPES[meta.dtype])
     return {"dtype": meta.dtype, "shape": list(meta.shape), "values": [repr(x.item()) for x in values]}
 
 
