@@ -141,9 +141,12 @@ def reuse(
     """Write an importable package that rebuilds the recovered model: `import PKG; PKG.load()`.
 
     PyTorch: the model's code is patched into a base (--base) or synthesised from the recovered code; load()
-    returns the nn.Module. Keras (a case whose mr.json says "keras"): load(), run with TensorFlow, constructs the
-    model from the recorded layer classes, constructor arguments and functional graph (a subclassed model's own
-    classes from the recovered code), assigns every recovered variable by path and returns a keras.Model
+    returns the nn.Module. TorchScript that was jit.load'ed or traced in the process: the package holds model.pt, a
+    TorchScript archive of the code read from the image (a trace: its graphs, printed as code by torch in a child
+    process), and load() runs torch.jit.load. Keras (a case whose mr.json says "keras"): load(), run with
+    TensorFlow, constructs the model from the recorded layer classes, constructor arguments and functional graph (a
+    subclassed model's own classes from the recovered code), assigns every recovered variable by path and returns a
+    keras.Model
     (`model.predict(x)` works); check it with `zen verify PKG --python TF_PYTHON --inputs X --expect Y`."""
     from zen.evidence.outpaths import require_parent
 
