@@ -253,7 +253,8 @@ def test_a_traced_cnn_is_printed_again_from_its_graphs(form_images, workdir, for
 
 def test_hostile_traced_graphs_are_refused_and_named(form_images, workdir, tmp_path):
     """Hand-built hostile images of a model traced in the process (issue 48): libtorch_cpu's symbol table claiming
-    ten billion entries, and a graph node whose op symbol lies far outside the table. The model's state is still
+    ten billion entries, a graph node whose op symbol lies far outside the table, a prim::GetAttr with no output (an
+    exit 70 bench/fuzz_torchscript.py found). The model's state is still
     read (complete); the graphs are not printed, the reason is named, and `zen reuse` refuses (exit 5): no hang,
     no huge read, no guessed op."""
     import struct
@@ -274,6 +275,12 @@ def test_hostile_traced_graphs_are_refused_and_named(form_images, workdir, tmp_p
     hostile = {  # name -> (address, bytes, what the refusal names)
         "symbols": (vec + 8, struct.pack("<Q", _peek(img, vec) + 72 * 10**10), "no symbol table"),
         "kind": (first + off["jitnode.kind"], struct.pack("<I", 0x7FFFFFF0), "outside the table"),
+        # its prim::GetAttr with no output at all (its output vector's end put back to its start)
+        "outputs": (
+            first + off["jitnode.outputs"] + 8,
+            struct.pack("<Q", _peek(img, first + off["jitnode.outputs"])),
+            "with 0 outputs",
+        ),
     }
     for name, (addr, data, why) in hostile.items():
         bad = _poke(img, tmp_path / f"{name}.core", addr, data)
