@@ -174,7 +174,9 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
     from zen.patch.format import write_patch
 
     case_dir, out = Path(case_dir), Path(out)
-    require_rebuildable(case.load_mr(case_dir), case_dir)
+    first = case.load_mr(case_dir)
+    require_rebuildable(first, case_dir)
+    files = _trace_files(first)  # before anything is written: a refusal leaves no half package
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "reuse.json").exists())):
         raise ZenError(f"{out} exists and is not an empty directory or a zen reuse package", "choose a new directory")
     if not out.name.isidentifier():
@@ -192,14 +194,8 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
     mr = case.load_mr(case_dir)
     (out / "model.pt").unlink(missing_ok=True)
     if is_archive(mr):  # traced or jit.load'ed: rebuilt as TorchScript, from its own code (reuse.torchscript_archive)
-        from zen.reuse.torchscript_archive import from_graphs, write_archive
+        from zen.reuse.torchscript_archive import write_archive
 
-        ts = mr.deployment.get("torchscript") or {}
-        files = None
-        if from_graphs(ts):  # traced in the process: torch prints the graphs read from the image (reuse.trace_code)
-            from zen.reuse.trace_code import trace_files
-
-            files = trace_files(ts["trace"])
         write_archive(mr, case_dir / case.WEIGHTS, out, files)
     info = {"kind": "zen-reuse", "format": 1, "tool": f"zen {__version__}", "case": str(case_dir.resolve()),
             "evidence_sha256": sha, "mode": patch["mode"], "base": patch["base"], "python": patch["python"],
@@ -214,6 +210,19 @@ def write_package(case_dir: Path, out: Path, patch: dict, diff_summary: dict | N
         info["torchscript_archive"] = f"model.pt: {code} and values; load() runs torch.jit.load"
     (out / "reuse.json").write_text(json.dumps(info, indent=1) + "\n")
     return out
+
+
+def _trace_files(mr) -> dict[str, str] | None:
+    """A model traced in the process: its archive's code, printed by torch from the graphs read from the image
+    (reuse.trace_code); None for every other case."""
+    from zen.reuse.torchscript_archive import from_graphs
+
+    ts = (getattr(mr, "deployment", None) or {}).get("torchscript") or {}
+    if not (is_archive(mr) and from_graphs(ts)):
+        return None
+    from zen.reuse.trace_code import trace_files
+
+    return trace_files(ts["trace"])
 
 
 def value_problems(mr) -> list[str]:
