@@ -25,7 +25,8 @@ fi
 echo "installing pip, torch 2.13.0 (CPU), zen and its test tools into .venv (a few minutes the first time)"
 pipq --upgrade pip
 pipq "torch==2.13.0"
-pipq -e '.[test,quant]'
+pipq -e '.[test,quant]'  # also builds zen's compiled core (src/zen/native/_core.c) where a C compiler is found
+.venv/bin/python -c 'import zen.native as n; n.core is None and print(n.why)'
 # Whole-machine image tests boot a QEMU guest (tools/guestvm); compressed AVML images need libsnappy.
 # Installed when this runs as root on Debian/Ubuntu; without them those tests skip, zen itself works.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v qemu-system-x86_64 >/dev/null 2>&1; then

@@ -103,8 +103,10 @@ def _print_problems(space) -> None:
 
 
 def version() -> None:
-    """Print zen's version."""
-    out.print(f"zen {__version__}")
+    """Print zen's version, and whether its compiled core runs (else pure Python, and why)."""
+    from zen import native
+
+    out.print(f"zen {__version__} ({native.why})", markup=False)
 
 
 def info(

@@ -25,6 +25,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from zen import native
 from zen.represent.jsontext import collector_paused, loads
 from zen.runtime.errors import ZenError
 
@@ -176,7 +177,45 @@ def bounded_record(value: Any, cls: type, header: tuple[str, ...] = ()) -> bool:
 
     Why: those two walked a transformers pr.json (23 MB, 300,000 values) twice in Python, 0.5 s of every
     command that reads a case; this walk visits each value once, and lists of strings in C (`map`)."""
-    return type(value) is dict and _record_ok(cls, header)(value, 0)
+    if type(value) is not dict:
+        return False
+    if native.core is not None:  # the same walk compiled (zen.native); this module's validators are its reference
+        return native.core.record_ok(value, _spec(cls, header), 0, MAX_DEPTH, MAX_STRING)
+    return _record_ok(cls, header)(value, 0)
+
+
+# zen.native._core's spec tags: each type hint compiled into a tuple its C walk reads
+_S_ANY, _S_STR, _S_INT, _S_FLOAT, _S_EXACT, _S_UNION, _S_LIST, _S_DICT, _S_RECORD = range(9)
+
+
+@functools.cache
+def _spec(hint: Any, header: tuple[str, ...] | None = None) -> tuple:
+    """The spec of `hint` for `native.core.record_ok`, mirroring `_ok` case by case (`header`: the extra keys of
+    a top-level record, as `_record_ok` takes them)."""
+    if header is not None:
+        fields = {k: _spec(h) for k, h in _hints(hint).items()}
+        return (_S_RECORD, fields, frozenset(fields) | frozenset(header), _required(hint))
+    if hint is Any:
+        return (_S_ANY,)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        return (_S_UNION, type(None) in args, tuple(_spec(o) for o in args if o is not type(None)))
+    if dataclasses.is_dataclass(hint):
+        return _spec(hint, ())
+    if origin is list or hint is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return (_S_LIST, _spec(item))
+    if origin is dict or hint is dict:
+        args = typing.get_args(hint)
+        return (_S_DICT, _spec(args[1]) if args else (_S_ANY,))
+    if hint is str:
+        return (_S_STR,)
+    if hint is float:
+        return (_S_FLOAT,)
+    if hint is int:
+        return (_S_INT,)
+    return (_S_EXACT, hint)
 
 
 _Ok = typing.Callable[[Any, int], bool]  # (value, depth of the container holding it) -> fits

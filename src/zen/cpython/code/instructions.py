@@ -8,8 +8,10 @@ code from a 3.13 image decodes correctly under zen's 3.11. Input is de-specialis
 
 from __future__ import annotations
 
+import struct
 from typing import Any, NamedTuple
 
+from zen import native
 from zen.cpython.layout.profile import OpcodeTable
 
 MAX_INSTRUCTIONS = 1 << 20
@@ -30,6 +32,7 @@ class Instruction(NamedTuple):
 # how an opcode's argument resolves (the order of `resolution order below)
 _PAIR, _NAME, _CONST, _LOCAL, _FREE, _COMPARE, _BINOP, _JREL, _JABS, _OTHER = range(10)
 _tables: dict[int, tuple[OpcodeTable, list]] = {}
+_packed_tables: dict[int, tuple[OpcodeTable, tuple]] = {}
 
 
 def _table(ops: OpcodeTable) -> list[tuple[str, int, int, int, bool]]:
@@ -65,6 +68,19 @@ def _table(ops: OpcodeTable) -> list[tuple[str, int, int, int, bool]]:
     return rows
 
 
+def _packed(ops: OpcodeTable) -> tuple[tuple[str, ...], bytes]:
+    """`_table(ops)` as the compiled decoder reads it: the names, and the four numbers of each row as int32 (a
+    number that does not fit is left to the reference: the decoder answers None for a row out of its range)."""
+    hit = _packed_tables.get(id(ops))
+    if hit is not None and hit[0] is ops:
+        return hit[1]
+    rows = _table(ops)
+    fit = [(c, h, s, int(b)) if all(-(1 << 31) <= v < 1 << 31 for v in (c, s)) else (-1, h, 0, 0) for _, c, h, s, b in rows]
+    packed = (tuple(r[0] for r in rows), struct.pack("<1024i", *(v for r in fit for v in r)))
+    _packed_tables[id(ops)] = (ops, packed)
+    return packed
+
+
 def decode(
     code: bytes, names: tuple[str, ...], localsplus: tuple[str, ...], consts: list[str], ops: OpcodeTable, free_base: int = 0
 ) -> list[Instruction]:
@@ -74,7 +90,21 @@ def decode(
 
     Table-driven (one lookup per opcode): a transformers model's code is some 200,000
     instructions, decoded once per recovery (`Runtime.instructions`; the listing adds the
-    constants' displays with `with_consts`)."""
+    constants' displays with `with_consts`). The same loop compiled (`zen.native`) runs when built; this one is
+    its reference, and decodes whatever it leaves (it answers None)."""
+    if native.core is not None and type(code) is bytes:
+        params = (ops.have_argument, ops.extended_arg, ops.jump_base == "after_caches", ops.jump_unit, free_base,
+                  ops.compare_arg_shift, ops.cmp_op, ops.binary_ops, MAX_INSTRUCTIONS)  # fmt: skip
+        got = native.core.decode(code, names, localsplus, consts, _packed(ops), params, Instruction)
+        if got is not None:
+            return got
+    return decode_pure(code, names, localsplus, consts, ops, free_base)
+
+
+def decode_pure(
+    code: bytes, names: tuple[str, ...], localsplus: tuple[str, ...], consts: list[str], ops: OpcodeTable, free_base: int = 0
+) -> list[Instruction]:
+    """`decode` in Python: the reference the compiled loop is tested against, and its fallback."""
     out: list[Instruction] = []
     append = out.append
     new = tuple.__new__  # an Instruction without a call of its Python-level __new__ (hundreds of thousands)

@@ -1,0 +1,197 @@
+"""The compiled core (zen.native, issue 50) answers exactly what its pure-Python reference answers.
+
+Each compiled function runs beside its reference on real inputs (every code object of a transformers process
+image and of images of other CPython versions; the case files recovered from real processes) and on hostile
+ones (random bytecode, tables past their ends, nesting and strings at and past the bounds). End to end, a case
+recovered with the compiled core and with `ZEN_PURE=1` has byte-identical files, and attribution prints the same
+JSON either way.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import case_of, model_id, opened_heap, recovered, zen
+
+from zen import native
+from zen.cpython.code import instructions
+from zen.cpython.code.instructions import Instruction, decode, decode_pure
+from zen.cpython.layout.profile import load_profile
+from zen.cpython.runtime import Runtime
+from zen.represent import schema
+from zen.represent.jsontext import loads
+from zen.represent.mr import ModelMR
+from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation
+
+MINORS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13", "3.14")
+RECORDS = {"mr.json": ModelMR, "pr.json": ProgrammaticRepresentation, "ur.json": UnifiedRepresentation}
+HEADER = ("kind", "format")
+PURE = {"ZEN_PURE": "1"}
+
+needs_core = pytest.mark.skipif(native.core is None, reason=f"compiled core not loaded: {native.why}")
+
+
+def test_install_built_the_compiled_core():
+    """install.sh builds it where a compiler is found (this machine has one): a build that silently failed would
+    leave every later test comparing the reference with itself."""
+    if native.core is None and "ZEN_PURE" not in __import__("os").environ:
+        pytest.fail(f"the compiled core is not loaded: {native.why}")
+    assert "(compiled core)" in zen("version").stdout
+    assert "ZEN_PURE is set" in zen("version", env=PURE).stdout
+
+
+def _same(a: list, b: list) -> bool:
+    return a == b and all(type(x) is Instruction and type(y) is Instruction for x, y in zip(a, b))
+
+
+def _decode_image(image) -> int:
+    with opened_heap(image) as (ip, _heap):
+        rt = Runtime(ip)
+        ops, n = ip.P.opcodes, 0
+        for addr in rt.code_addrs:
+            ci = rt.code(addr)
+            if ci is None:
+                continue
+            consts = [f"c{i}" for i in range(len(ci.code) % 7)]  # some in range, some past the end
+            for c in ([], consts):
+                want = decode_pure(ci.code, ci.names, ci.localsplusnames, c, ops, ci.free_base)
+                got = decode(ci.code, ci.names, ci.localsplusnames, c, ops, ci.free_base)
+                assert _same(got, want), f"{ip.info.minor}: code object {addr:#x} ({ci.qualname}) decodes differently"
+            n += 1
+    return n
+
+
+@needs_core
+def test_decode_equals_reference_on_a_transformers_image(hf_image):
+    assert _decode_image(hf_image[0]) > 20_000
+
+
+@needs_core
+@pytest.mark.parametrize("minor", ["3.8", "3.13", "3.14"])
+def test_decode_equals_reference_on_other_pythons(foreign_images, minor):
+    got = foreign_images(minor)
+    if got is None:
+        pytest.skip(f"no CPython {minor} here")
+    assert _decode_image(got[1]) > 1_000
+
+
+@needs_core
+@pytest.mark.parametrize("minor", MINORS)
+def test_decode_equals_reference_on_hostile_bytecode(minor):
+    """Random bytes under every version's table: EXTENDED_ARG runs, arguments past names, locals, constants,
+    comparison and operator tables, odd lengths, free_base beyond anything real (left to the reference)."""
+    ops = load_profile(minor).opcodes
+    rng = random.Random(minor)
+    ext = bytes([ops.extended_arg, 0xFF])
+    for i in range(400):
+        code = rng.randbytes(rng.randrange(0, 300))
+        if i % 4 == 0:
+            code = ext * rng.randrange(1, 8) + code
+        names, local = tuple(f"n{j}" for j in range(rng.randrange(3))), tuple(f"v{j}" for j in range(rng.randrange(3)))
+        consts = [f"k{j}" for j in range(rng.randrange(3))]
+        free_base = rng.choice([0, 1, 7, 1 << 45])
+        assert _same(decode(code, names, local, consts, ops, free_base), decode_pure(code, names, local, consts, ops, free_base))
+    # a table the compiled loop does not take (a row's cache count out of its range) falls back, same answer
+    table = instructions._table(ops)
+    try:
+        instructions._packed_tables.pop(id(ops), None)
+        rows = list(table)
+        rows[ops.have_argument + 1] = (rows[ops.have_argument + 1][0], 5000, *rows[ops.have_argument + 1][2:])
+        instructions._tables[id(ops)] = (ops, rows)
+        code = bytes([ops.have_argument + 1, 3] * 10)
+        assert native.core.decode(code, (), (), [], instructions._packed(ops), _params(ops), Instruction) is None
+        assert _same(decode(code, ("a",), ("b",), [], ops), decode_pure(code, ("a",), ("b",), [], ops))
+    finally:
+        instructions._tables.pop(id(ops), None)
+        instructions._packed_tables.pop(id(ops), None)
+
+
+def _params(ops) -> tuple:
+    return (ops.have_argument, ops.extended_arg, ops.jump_base == "after_caches", ops.jump_unit, 0,
+            ops.compare_arg_shift, ops.cmp_op, ops.binary_ops, instructions.MAX_INSTRUCTIONS)  # fmt: skip
+
+
+def _both(data, cls) -> bool:
+    want = schema._record_ok(cls, HEADER)(data, 0)
+    got = native.core.record_ok(data, schema._spec(cls, HEADER), 0, schema.MAX_DEPTH, schema.MAX_STRING)
+    assert got is want
+    return want
+
+
+def _deep(n: int):
+    v: object = 0
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+HOSTILE = [None, 1, 1.5, True, "s", "x" * (schema.MAX_STRING + 1), "x" * schema.MAX_STRING, [], {}, [1, "a"],
+           {"a": 1}, {"x" * (schema.MAX_STRING + 1): 1}, ["x" * (schema.MAX_STRING + 1)], [{"a": [None]}],
+           _deep(schema.MAX_DEPTH - 5), _deep(schema.MAX_DEPTH), _deep(schema.MAX_DEPTH + 5), _deep(3000)]  # fmt: skip
+
+
+def _slots(v, path=()):
+    """(container, key) of values of `v`, a few per container, to replace."""
+    out = []
+    if isinstance(v, dict):
+        for k in list(v)[:25]:
+            out += [(v, k), *_slots(v[k], (*path, k))]
+    elif isinstance(v, list):
+        for i in range(min(len(v), 3)):
+            out += [(v, i), *_slots(v[i], (*path, i))]
+    return out
+
+
+@needs_core
+@pytest.mark.parametrize("name", ["convnet_se", "gpt2", "mobile_ghost"])
+def test_case_check_equals_reference_on_real_and_altered_files(family_images, hf_image, workdir, name):
+    source = "hf" if name == "gpt2" else name.split("_")[0]
+    c = case_of(name, source, family_images, hf_image, workdir)
+    rng = random.Random(name)
+    rejected = 0
+    for fname, cls in RECORDS.items():
+        data = loads((c / fname).read_bytes())
+        assert _both(data, cls), f"{fname} of a real case does not pass"
+        slots = _slots(data)
+        for _ in range(60):
+            parent, key = rng.choice(slots)
+            old = parent[key]
+            parent[key] = rng.choice(HOSTILE)
+            rejected += not _both(data, cls)
+            parent[key] = old
+            if isinstance(parent, dict):  # an unknown field, and a required one missing
+                parent["zz_unknown"] = 1
+                rejected += not _both(data, cls)
+                del parent["zz_unknown"]
+                del parent[key]
+                rejected += not _both(data, cls)
+                parent[key] = old
+        assert _both(data, cls), "the file was not put back"
+    assert rejected > 50  # the alterations reached places the check rejects
+
+
+@needs_core
+def test_recovered_case_identical_compiled_and_pure(family_images, workdir):
+    """The whole pipeline both ways on a real process image: every case file but the manifest (timings)
+    byte-identical; the manifests' recorded digests equal."""
+    image, target = family_images["convnet"]
+    compiled, _mr, manifest, _res = recovered(image, target, "convnet_se", workdir)
+    pure = workdir / "case-native-pure"
+    res = zen("recover", image, "-o", pure, "--model", hex(model_id(target, "convnet_se")), check=False, env=PURE)
+    assert res.returncode in (0, 5), res.stderr
+    names = sorted(p.name for p in compiled.iterdir() if p.name != "manifest.json")
+    assert names == sorted(p.name for p in pure.iterdir() if p.name != "manifest.json")
+    for n in names:
+        assert (compiled / n).read_bytes() == (pure / n).read_bytes(), f"{n} differs between compiled and pure"
+    other = loads((pure / "manifest.json").read_bytes())
+    assert manifest["files"] == other["files"]
+
+
+@needs_core
+@pytest.mark.parametrize("name", ["gpt2", "mistral"])
+def test_attribution_identical_compiled_and_pure(base_library, family_images, hf_image, workdir, name):
+    c = case_of(name, "hf", family_images, hf_image, workdir)
+    got = zen("attribute", c, "--library", base_library, "--json").stdout
+    assert got == zen("attribute", c, "--library", base_library, "--json", env=PURE).stdout
+    assert loads(got.encode())["attributed"] == ("llama" if name == "mistral" else "gpt2")
