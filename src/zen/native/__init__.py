@@ -10,6 +10,7 @@ test `core is not None` and otherwise run their Python path; `why` says which wa
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from types import ModuleType
 
@@ -20,10 +21,12 @@ why = ""
 def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get("ZEN_PURE", "").strip() not in ("", "0", "no", "false", "off"):
         return None, "pure Python: ZEN_PURE is set"
+    if importlib.util.find_spec("zen.native._core") is None:  # no compiler at install time: pip went on without it
+        return None, "pure Python: the compiled core was not built (no C compiler at install time?); bash install.sh builds it"
     try:
         from zen.native import _core
-    except ImportError as exc:  # not built here (no compiler at install time), or built for another Python
-        return None, f"pure Python: the compiled core is not built ({exc}); with a C compiler, bash install.sh builds it"
+    except ImportError as exc:  # built for another Python, or damaged
+        return None, f"pure Python: the compiled core does not load ({exc}); bash install.sh rebuilds it"
     return _core, "compiled core"
 
 
