@@ -25,7 +25,7 @@ MAX_LINES = 500
 # package or a lower one. The process plumbing and the evidence's bookkeeping are the ground floors; the commands
 # (`cli/`) are the roof, and only `__main__` stands above them.
 RANKS = {
-    "runtime": 0, "evidence": 1, "memory": 2, "represent": 3, "cpython": 4, "frontends": 5, "compiled": 5,
+    "runtime": 0, "native": 0, "evidence": 1, "memory": 2, "represent": 3, "cpython": 4, "frontends": 5, "compiled": 5,
     "recover": 6, "acquire": 7, "library": 8, "attribute": 9, "diff": 10, "patch": 11, "reuse": 12, "analyze": 13,
     "report": 14, "serve": 15, "demo": 16, "cli": 17,
 }  # fmt: skip

@@ -217,3 +217,24 @@ def test_code_objects_of_other_versions(minor, tmp_path):
 def test_malformed_marshal_data_is_refused(data, why):
     with pytest.raises(MarshalFormatError, match=why):
         canonical(data)
+
+
+def _shared_bomb(levels: int) -> bytes:
+    """A frozenset holding one tuple of `levels` levels, each holding its child twice (the second time as a
+    back-reference): a few bytes per level, 2^levels copies of the innermost string once expanded."""
+    head = b"".join(bytes([0x29 | 0x80, 2]) for _ in range(levels))  # tuple at depth d takes reference slot d
+    leaf = bytes([0x7A | 0x80, 1]) + b"a"  # slot `levels`
+    refs = b"".join(b"r" + (levels - lvl + 1).to_bytes(4, "little") for lvl in range(1, levels + 1))
+    return b">" + (1).to_bytes(4, "little") + head + leaf + refs
+
+
+def test_set_items_of_shared_structure_are_bounded():
+    """190 bytes took 44 s and gigabytes before the bound (`zen diff` rewrites code found in a case's snapshots)."""
+    import time
+
+    t = time.perf_counter()
+    with pytest.raises(MarshalFormatError, match="expand past the bound"):
+        canonical(_shared_bomb(26))
+    assert time.perf_counter() - t < 5
+    small = _shared_bomb(6)  # shared, but small: rewritten, and loads as the same value
+    assert marshal.loads(canonical(small)) == marshal.loads(small)

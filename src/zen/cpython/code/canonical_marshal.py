@@ -38,6 +38,7 @@ import sys
 
 FLAG_REF = 0x80
 MAX_DEPTH = 200  # levels of nesting; each costs Python frames (real code objects nest < 100)
+EXPANDED_BUDGET = 1 << 24  # bytes of set items' expanded encodings per rewrite, beyond 4 per input byte
 _NAME_CHARS = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 _SINGLETONS = frozenset(b"NFT.S")
 _I32 = struct.Struct("<i")
@@ -87,6 +88,8 @@ class _Rewriter:
         self.counts: list[int] = []  # node id -> occurrences in the written stream
         self.raw_refs: list = []  # the input's reference slots -> node id (None while being read)
         self.mutable = 0
+        self.expanded: dict[int, bytes] = {}  # node id -> its encoding without references (set items' sort keys)
+        self.budget = EXPANDED_BUDGET + 4 * len(data)  # bytes of such encodings still allowed
 
     def _node(self, key, children: bool) -> int:
         n = self.ids.get(key)
@@ -239,11 +242,23 @@ class _Rewriter:
         return n
 
     def _expanded(self, n: int) -> bytes:
-        """A node's encoding without references: the context-free sort key of set items."""
+        """A node's encoding without references: the context-free sort key of set items.
+
+        Back-references make the data a graph: 190 bytes of tuples each holding its child twice expand to 2^26
+        copies (44 s and gigabytes in `zen diff` of a crafted snapshot). Each node is expanded once, and all of
+        them together may take `budget` bytes (real set items are a few short constants)."""
+        got = self.expanded.get(n)
+        if got is not None:
+            return got
         key = self.nodes[n]
         if key.__class__ is bytes:
             return key
-        return b"".join(k if k.__class__ is bytes else self._expanded(k) for k in key)
+        parts = [k if k.__class__ is bytes else self._expanded(k) for k in key]
+        self.budget -= sum(map(len, parts))
+        if self.budget < 0:
+            raise MarshalFormatError("set items expand past the bound: shared structure nested far deeper than code holds")
+        got = self.expanded[n] = b"".join(parts)
+        return got
 
     def emit(self, root: int) -> bytes:
         nodes, counts, out = self.nodes, self.counts, []

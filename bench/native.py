@@ -1,0 +1,207 @@
+"""The compiled core against its pure-Python reference (issue 50), in one run: each path timed both ways, answers compared.
+
+    python bench/native.py --cases DIR --library LIB --image IMAGE [--runs N] [--no-write]
+
+DIR holds real recovered cases (`bench/real_cases.py DIR`); LIB a library of 100 real entries (the one
+`bench/bench_attribute_cli.py --sizes 100 --work W` builds in W); IMAGE a process image (`bench/bench_digest.py`'s gpt2
+target, imaged with `zen acquire`). Measured, compiled (the default) and pure (`ZEN_PURE=1`) alternated:
+
+  * the case check (`schema.bounded_record`) of every mr.json, pr.json and ur.json in DIR, in this process;
+  * decoding every readable code object of IMAGE (`instructions.decode`), in this process;
+  * `zen attribute QUERY --library LIB --json` end to end, one process per run, for the transformers queries;
+  * `zen recover IMAGE` end to end, one process per run (warm page cache: the disk is not what differs).
+
+Every pair must give the same answer: the same booleans and instructions, the same attribution JSON, byte-identical
+case files but the manifest. Writes the section "Compiled core (issue 50)" of bench/results/perf.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from bench_scale import CPU, timed, write_sections  # noqa: E402
+
+from zen import native  # noqa: E402
+from zen.cpython.code.instructions import decode, decode_pure  # noqa: E402
+from zen.cpython.runtime import Runtime  # noqa: E402
+from zen.represent import schema  # noqa: E402
+from zen.represent.jsontext import loads  # noqa: E402
+from zen.represent.mr import ModelMR  # noqa: E402
+from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation  # noqa: E402
+
+SECTION = "Compiled core (issue 50)"
+RECORDS = {"mr.json": ModelMR, "pr.json": ProgrammaticRepresentation, "ur.json": UnifiedRepresentation}
+QUERIES = ("hf_gpt2", "hf_llama", "convnet_se")
+WEIGHTS = "weights.safetensors"
+
+
+def _pair(fast, slow, runs: int) -> tuple[float, float, bool]:
+    """Median seconds of `fast()` and `slow()` alternated, and whether every answer agreed."""
+    tf, ts, same = [], [], True
+    for _ in range(runs):
+        t = time.perf_counter()
+        a = fast()
+        tf.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        b = slow()
+        ts.append(time.perf_counter() - t)
+        same &= a == b
+    return statistics.median(tf), statistics.median(ts), same
+
+
+def case_check(cases: Path, runs: int) -> dict:
+    files = [(p, cls) for c in sorted(cases.glob("case_*")) for name, cls in RECORDS.items() if (p := c / name).exists()]
+    data = [(loads(p.read_bytes()), cls) for p, cls in files]
+    hdr = ("kind", "format")
+    fast, slow, same = _pair(
+        lambda: [native.core.record_ok(d, schema._spec(c, hdr), 0, schema.MAX_DEPTH, schema.MAX_STRING) for d, c in data],
+        lambda: [schema._record_ok(c, hdr)(d, 0) for d, c in data],
+        runs,
+    )
+    biggest = max(files, key=lambda f: f[0].stat().st_size)[0]
+    d, cls = loads(biggest.read_bytes()), RECORDS[biggest.name]
+    bf, bs, bsame = _pair(lambda: native.core.record_ok(d, schema._spec(cls, hdr), 0, schema.MAX_DEPTH, schema.MAX_STRING),
+                          lambda: schema._record_ok(cls, hdr)(d, 0), runs)  # fmt: skip
+    return {"files": len(files), "mb": sum(p.stat().st_size for p, _ in files) / 1e6, "fast": fast, "slow": slow,
+            "same": same and bsame, "biggest": f"{biggest.parent.name}/{biggest.name}",
+            "biggest_mb": biggest.stat().st_size / 1e6, "bfast": bf, "bslow": bs}  # fmt: skip
+
+
+def decode_image(image: Path, runs: int) -> dict:
+    from zen.cpython.interp import Interpreter
+    from zen.memory import open_space
+
+    space = open_space(image, None)
+    try:
+        ip = Interpreter.open(space)
+        rt = Runtime(ip)
+        codes = [ci for a in rt.code_addrs if (ci := rt.code(a)) is not None]
+        ops = ip.P.opcodes
+        args = [(ci.code, ci.names, ci.localsplusnames, [], ops, ci.free_base) for ci in codes]
+        fast, slow, same = _pair(lambda: [decode(*a) for a in args], lambda: [decode_pure(*a) for a in args], runs)
+        n = sum(len(decode(*a)) for a in args)
+    finally:
+        space.close()
+    return {"codes": len(codes), "instructions": n, "fast": fast, "slow": slow, "same": same, "minor": ip.info.minor}
+
+
+def _cli(args: list, pure: bool) -> tuple[float, float, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("ZEN_PURE", None)
+    if pure:
+        env["ZEN_PURE"] = "1"
+    old = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        r, wall, _rss = timed([sys.executable, "-m", "zen", *map(str, args)])
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    if r.returncode not in (0, 5):
+        raise SystemExit(f"zen {' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return wall, CPU["last"], r.stdout
+
+
+def attribute(cases: Path, library: Path, runs: int) -> list[dict]:
+    rows = []
+    for q in QUERIES:
+        qdir = cases / f"case_{q}"
+        if not qdir.is_dir():
+            continue
+        _cli(["attribute", qdir, "--library", library, "--json"], False)  # page cache, digest cache
+        w = {True: [], False: []}
+        c = {True: [], False: []}
+        out = {True: set(), False: set()}
+        for _ in range(runs):
+            for pure in (False, True):
+                wall, cpu, text = _cli(["attribute", qdir, "--library", library, "--json"], pure)
+                w[pure].append(wall)
+                c[pure].append(cpu)
+                out[pure].add(text)
+        rows.append({"query": q, "fast": statistics.median(w[False]), "slow": statistics.median(w[True]),
+                     "cpu_fast": statistics.median(c[False]), "cpu_slow": statistics.median(c[True]),
+                     "same": len(out[False] | out[True]) == 1})  # fmt: skip
+    return rows
+
+
+def recover(image: Path, runs: int) -> dict:
+    w = {True: [], False: []}
+    c = {True: [], False: []}
+    files: dict[bool, list] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs):
+            for pure in (False, True):
+                case = Path(tmp) / f"case-{int(pure)}-{i}"
+                wall, cpu, _ = _cli(["recover", image, "-o", case], pure)
+                w[pure].append(wall)
+                c[pure].append(cpu)
+                kept = {p.name: p.read_bytes() for p in case.iterdir() if p.name not in ("manifest.json", WEIGHTS)}
+                files[pure].append({**kept, WEIGHTS: (case / WEIGHTS).stat().st_size})  # each tensor's sha256 in mr.json
+    same = all(f == files[False][0] for f in files[False] + files[True])
+    return {"fast": statistics.median(w[False]), "slow": statistics.median(w[True]), "cpu_fast": statistics.median(c[False]),
+            "cpu_slow": statistics.median(c[True]), "same": same, "mb": image.stat().st_size / 1e6}  # fmt: skip
+
+
+def _r(slow: float, fast: float) -> str:
+    return f"**{slow / fast:.2f}×**" if fast > 0 else "-"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=Path, required=True)
+    ap.add_argument("--library", type=Path, required=True)
+    ap.add_argument("--image", type=Path, required=True)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    if native.core is None:
+        raise SystemExit(f"the compiled core is not loaded here: {native.why}")
+    load = os.getloadavg()[0]
+    cc = case_check(args.cases, args.runs)
+    dc = decode_image(args.image, args.runs)
+    at = attribute(args.cases, args.library, args.runs)
+    rc = recover(args.image, max(3, args.runs // 2))
+    lines = [f"One run of `python bench/native.py --cases CASES --library LIB-100 --image gpt2.core --runs {args.runs}` on "
+             f"{time.strftime('%Y-%m-%d')}: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+             f"load average {load:.1f} at the start. Compiled: `zen.native._core` (C against the CPython API, built by "
+             "install.sh); pure: the same code with `ZEN_PURE=1`, its Python reference. Medians, the two alternated; "
+             "CLI rows are whole processes (start to exit, wall and CPU of zen and its children).", "",
+             "| path | input | pure s | compiled s | ratio | same answers |", "|---|---|---:|---:|---:|---|"]  # fmt: skip
+
+    def row(path: str, what: str, slow: str, fast: str, ratio: str, same: bool, how: str = "yes") -> None:
+        lines.append(f"| {path} | {what} | {slow} | {fast} | {ratio} | {how if same else 'NO'} |")
+
+    row("case check (`schema.bounded_record`)", f"{cc['files']} real mr/pr/ur.json, {cc['mb']:.0f} MB", f"{cc['slow']:.3f}",
+        f"{cc['fast']:.3f}", _r(cc["slow"], cc["fast"]), cc["same"])  # fmt: skip
+    row("case check, largest file", f"{cc['biggest']} ({cc['biggest_mb']:.0f} MB)", f"{cc['bslow']:.3f}", f"{cc['bfast']:.3f}",
+        _r(cc["bslow"], cc["bfast"]), cc["same"])  # fmt: skip
+    row("bytecode decoding (`instructions.decode`)",
+        f"every code object of the image: {dc['codes']:,} ({dc['instructions']:,} instructions, CPython {dc['minor']})",
+        f"{dc['slow']:.3f}", f"{dc['fast']:.3f}", _r(dc["slow"], dc["fast"]), dc["same"])  # fmt: skip
+    for r in at:
+        row("`zen attribute --json`, 100 real entries", r["query"], f"{r['slow']:.2f} (CPU {r['cpu_slow']:.2f})",
+            f"{r['fast']:.2f} (CPU {r['cpu_fast']:.2f})", _r(r["slow"], r["fast"]), r["same"])  # fmt: skip
+    row("`zen recover` (warm page cache)", f"gpt2 image, {rc['mb']:,.0f} MB", f"{rc['slow']:.2f} (CPU {rc['cpu_slow']:.2f})",
+        f"{rc['fast']:.2f} (CPU {rc['cpu_fast']:.2f})", _r(rc["slow"], rc["fast"]), rc["same"],
+        "yes (case files byte-identical)")  # fmt: skip
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_sections({SECTION: text})
+    return 0 if cc["same"] and dc["same"] and all(r["same"] for r in at) and rc["same"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
