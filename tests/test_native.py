@@ -195,3 +195,69 @@ def test_attribution_identical_compiled_and_pure(base_library, family_images, hf
     got = zen("attribute", c, "--library", base_library, "--json").stdout
     assert got == zen("attribute", c, "--library", base_library, "--json", env=PURE).stdout
     assert loads(got.encode())["attributed"] == ("llama" if name == "mistral" else "gpt2")
+
+
+def _canonical_both(data: bytes, version: tuple = (3, 11)):
+    """(reference answer, compiled answer): bytes, or the reference's error; None where the compiled rewrite left it
+    to the reference."""
+    from zen.cpython.code import canonical_marshal as cm
+
+    try:
+        want = cm._canonical_pure(data, cm._layout(version))
+    except cm.MarshalFormatError as exc:
+        want = exc
+    got = native.core.canonical(data, cm._layout(version), cm.EXPANDED_BUDGET + 4 * len(data), cm.MAX_DEPTH)
+    return want, got
+
+
+@needs_core
+def test_canonical_marshal_equals_reference_on_recovered_code(family_images, hf_image, workdir):
+    """code.marshal of real cases (a transformers model and a CNN) and the standard library's modules, rewritten by
+    both; then mutated (bytes, sizes, references, types, cuts) and rewritten again: the compiled rewrite gives the
+    reference's bytes, or leaves the input to the reference (which then refuses it or rewrites it)."""
+    import marshal
+    import sysconfig
+    from pathlib import Path
+
+    inputs = [
+        (case_of(n, s, family_images, hf_image, workdir) / "code.marshal").read_bytes()
+        for n, s in (("gpt2", "hf"), ("convnet_se", "convnet"))
+    ]
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:40]:
+        inputs.append(marshal.dumps(compile(f.read_text(encoding="utf-8", errors="replace"), str(f), "exec")))
+    for data in inputs:
+        want, got = _canonical_both(data)
+        assert isinstance(want, bytes) and got == want
+    rng = random.Random(50)
+    taken = rejected = 0
+    for _ in range(1500):
+        d = bytearray(rng.choice(inputs[2:]))
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            j = rng.randrange(len(d))
+            r = rng.random()
+            if r < 0.5:
+                d[j] = rng.randrange(256)
+            elif r < 0.7:
+                d[j : j + 4] = rng.choice([b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\xfe\xff\xff\xff", b"\x00\x00\x00\x00"])
+            elif r < 0.85:
+                del d[j:]
+            else:
+                d[j] = rng.choice(b"r()<>[{c:zZaAutilgys0NFT.S") | rng.choice([0, 0x80])
+        want, got = _canonical_both(bytes(d))
+        if got is not None:
+            assert got == want
+            taken += 1
+        rejected += isinstance(want, Exception)
+    assert taken > 300 and rejected > 300
+
+
+@needs_core
+def test_canonical_marshal_bomb_left_to_the_bounded_reference():
+    from test_marshal_canonical import _shared_bomb
+
+    from zen.cpython.code.canonical_marshal import MarshalFormatError, canonical
+
+    want, got = _canonical_both(_shared_bomb(26))
+    assert got is None and isinstance(want, MarshalFormatError)
+    with pytest.raises(MarshalFormatError, match="expand past the bound"):
+        canonical(_shared_bomb(26))

@@ -60,10 +60,43 @@ def dumps(obj: object) -> bytes:
 
 
 def canonical(data: bytes, python: tuple = (3, 11)) -> bytes:
-    """Rewrite marshal `data` written by CPython `python` (major, minor) in canonical form."""
+    """Rewrite marshal `data` written by CPython `python` (major, minor) in canonical form.
+
+    Inside zen, the same rewrite compiled (`zen.native`) runs first; what it does not take (anything malformed,
+    too deep, past the expansion budget) is left to `_canonical_pure`, the reference, which answers or refuses."""
     if tuple(python) < (3, 8):
         raise MarshalFormatError(f"Python {python[0]}.{python[1]} code objects are not supported (3.8 and later)")
-    layout = _CODE_311 if tuple(python) >= (3, 11) else _CODE_38
+    layout = _layout(python)
+    core = _compiled()
+    if core is not None and type(data) is bytes:
+        got = core.canonical(data, layout, EXPANDED_BUDGET + 4 * len(data), MAX_DEPTH)
+        if got is not None:
+            return got
+    return _canonical_pure(data, layout)
+
+
+def _layout(python: tuple) -> str:
+    return _CODE_311 if tuple(python) >= (3, 11) else _CODE_38
+
+
+_core: list = []
+
+
+def _compiled():
+    """zen's compiled core, or None: not built, ZEN_PURE=1, or this module running in an image's own Python
+    (`codebuild_child`: the standard library and this file, no extension built for that interpreter)."""
+    if not _core:
+        try:
+            from zen import native
+        except ImportError:
+            _core.append(None)
+        else:
+            _core.append(native.core)
+    return _core[0]
+
+
+def _canonical_pure(data: bytes, layout: str) -> bytes:
+    """`canonical` in Python: the reference the compiled rewrite is tested against."""
     r = _Rewriter(data, layout)
     try:
         root = r.parse(0)

@@ -1,0 +1,14 @@
+/* Shared by the compiled core's files (see _core.c): each defines the Python-callable functions of one hot path. */
+#ifndef ZEN_NATIVE_H
+#define ZEN_NATIVE_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+PyObject *zen_record_ok(PyObject *self, PyObject *args); /* validate.c */
+PyObject *zen_decode(PyObject *self, PyObject *args);    /* decode.c */
+int zen_decode_init(void);
+PyObject *zen_canonical(PyObject *self, PyObject *args); /* marshal_emit.c */
+int zen_canonical_init(void);                            /* marshal_parse.c */
+
+#endif
