@@ -238,3 +238,17 @@ def test_set_items_of_shared_structure_are_bounded():
     assert time.perf_counter() - t < 5
     small = _shared_bomb(6)  # shared, but small: rewritten, and loads as the same value
     assert marshal.loads(canonical(small)) == marshal.loads(small)
+
+
+def _chained_set(n: int) -> bytes:
+    """A frozenset of `n` one-item tuples, each holding the one before it by back-reference: nested 2 deep as
+    written, but sorted (longest encoding first) the set is emitted as one chain `n` deep."""
+    out = b">" + n.to_bytes(4, "little") + bytes([0x29 | 0x80, 1]) + b"N"
+    return out + b"".join(bytes([0x29 | 0x80, 1]) + b"r" + (i - 1).to_bytes(4, "little") for i in range(1, n))
+
+
+def test_back_references_cannot_nest_past_the_bound():
+    """3,000 items raised RecursionError out of the writer (a traceback in `zen diff`); 150 are rewritten."""
+    with pytest.raises(MarshalFormatError, match="nested too deeply"):
+        canonical(_chained_set(3000))
+    assert marshal.loads(canonical(_chained_set(150))) == marshal.loads(_chained_set(150))

@@ -252,12 +252,18 @@ def test_canonical_marshal_equals_reference_on_recovered_code(family_images, hf_
 
 
 @needs_core
-def test_canonical_marshal_bomb_left_to_the_bounded_reference():
-    from test_marshal_canonical import _shared_bomb
+def test_canonical_marshal_hostile_structure_left_to_the_bounded_reference():
+    """Sharing that expands exponentially, and back-references chained past the nesting bound: the compiled rewrite
+    leaves both to the reference, which refuses them; within the bound both rewrite alike."""
+    from test_marshal_canonical import _chained_set, _shared_bomb
 
     from zen.cpython.code.canonical_marshal import MarshalFormatError, canonical
 
-    want, got = _canonical_both(_shared_bomb(26))
-    assert got is None and isinstance(want, MarshalFormatError)
-    with pytest.raises(MarshalFormatError, match="expand past the bound"):
-        canonical(_shared_bomb(26))
+    for data, why in ((_shared_bomb(26), "expand past the bound"), (_chained_set(3000), "nested too deeply")):
+        want, got = _canonical_both(data)
+        assert got is None and isinstance(want, MarshalFormatError)
+        with pytest.raises(MarshalFormatError, match=why):
+            canonical(data)
+    for data in (_shared_bomb(6), _chained_set(150)):
+        want, got = _canonical_both(data)
+        assert isinstance(want, bytes) and got == want

@@ -15,6 +15,7 @@ typedef struct {
     PyObject *ids;      /* dict: key -> node id, hash-consing equal encodings */
     PyObject *expanded; /* dict: node id -> its encoding without references (set items' sort keys) */
     Py_ssize_t *counts, ncounts, capcounts; /* node id -> occurrences in the written stream */
+    Py_ssize_t *heights, nheights, capheights; /* node id -> levels below it (bounded: emit recurses that deep) */
     Py_ssize_t *refs, nrefs, caprefs;       /* the input's reference slots -> node id (-1 while being read) */
 } Rw;
 

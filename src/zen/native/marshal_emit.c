@@ -78,7 +78,7 @@ PyObject *zen_canonical(PyObject *self, PyObject *args)
         Py_RETURN_NONE;
     }
     Rw rw = {view.buf, view.len, 0, max_depth, budget, layout, nlayout, PyList_New(0), PyDict_New(), PyDict_New(),
-             NULL, 0, 0, NULL, 0, 0};
+             NULL, 0, 0, NULL, 0, 0, NULL, 0, 0};
     PyObject *result = NULL;
     Out o = {NULL, 0, 0};
     Py_ssize_t *refno = NULL;
@@ -110,6 +110,7 @@ done:
     PyMem_Free(refno);
     PyMem_Free(o.buf);
     PyMem_Free(rw.counts);
+    PyMem_Free(rw.heights);
     PyMem_Free(rw.refs);
     Py_XDECREF(rw.nodes);
     Py_XDECREF(rw.ids);

@@ -27,6 +27,25 @@ static int32_t i32_at(const unsigned char *p)
 
 int zen_is_singleton(int t) { return t == 'N' || t == 'F' || t == 'T' || t == '.' || t == 'S'; }
 
+/* count a new container's children and bound its height, as the reference's _children: 0, or FALLBACK */
+static Py_ssize_t children_of(Rw *rw, Py_ssize_t n, PyObject *key)
+{
+    Py_ssize_t h = -1;
+    for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(key); i++) {
+        PyObject *c = PyTuple_GET_ITEM(key, i);
+        if (PyLong_CheckExact(c)) {
+            Py_ssize_t id = PyLong_AsSsize_t(c);
+            rw->counts[id]++;
+            if (rw->heights[id] > h)
+                h = rw->heights[id];
+        }
+    }
+    if (h + 1 > rw->max_depth)
+        return FALLBACK;
+    rw->heights[n] = h + 1;
+    return 0;
+}
+
 /* the node of `key` (a new reference, consumed): found, or added with its children counted */
 static Py_ssize_t node(Rw *rw, PyObject *key, int children)
 {
@@ -44,20 +63,16 @@ static Py_ssize_t node(Rw *rw, PyObject *key, int children)
     Py_ssize_t n = PyList_GET_SIZE(rw->nodes);
     PyObject *id = PyLong_FromSsize_t(n);
     if (id == NULL || PyList_Append(rw->nodes, key) < 0 || PyDict_SetItem(rw->ids, key, id) < 0 ||
-        push(&rw->counts, &rw->ncounts, &rw->capcounts, 0) < 0) {
+        push(&rw->counts, &rw->ncounts, &rw->capcounts, 0) < 0 ||
+        push(&rw->heights, &rw->nheights, &rw->capheights, 0) < 0) {
         Py_XDECREF(id);
         Py_DECREF(key);
         return -1;
     }
     Py_DECREF(id);
-    if (children)
-        for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(key); i++) {
-            PyObject *c = PyTuple_GET_ITEM(key, i);
-            if (PyLong_CheckExact(c))
-                rw->counts[PyLong_AsSsize_t(c)]++;
-        }
+    Py_ssize_t r = children ? children_of(rw, n, key) : 0;
     Py_DECREF(key);
-    return n;
+    return r == 0 ? n : r;
 }
 
 static Py_ssize_t slotted(Rw *rw, Py_ssize_t n, Py_ssize_t slot)
@@ -263,17 +278,14 @@ static Py_ssize_t mutable_node(Rw *rw, PyObject *parts, Py_ssize_t slot)
     if (parts == NULL)
         return -1;
     Py_ssize_t n = PyList_GET_SIZE(rw->nodes);
-    if (PyList_Append(rw->nodes, parts) < 0 || push(&rw->counts, &rw->ncounts, &rw->capcounts, 0) < 0) {
+    if (PyList_Append(rw->nodes, parts) < 0 || push(&rw->counts, &rw->ncounts, &rw->capcounts, 0) < 0 ||
+        push(&rw->heights, &rw->nheights, &rw->capheights, 0) < 0) {
         Py_DECREF(parts);
         return -1;
     }
-    for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(parts); i++) {
-        PyObject *c = PyTuple_GET_ITEM(parts, i);
-        if (PyLong_CheckExact(c))
-            rw->counts[PyLong_AsSsize_t(c)]++;
-    }
+    Py_ssize_t r = children_of(rw, n, parts);
     Py_DECREF(parts);
-    return slotted(rw, n, slot);
+    return r == 0 ? slotted(rw, n, slot) : r;
 }
 
 Py_ssize_t zen_parse(Rw *rw, Py_ssize_t depth)

@@ -119,6 +119,7 @@ class _Rewriter:
         self.nodes: list = []  # node id -> its key (bytes or tuple)
         self.ids: dict = {}  # key -> node id
         self.counts: list[int] = []  # node id -> occurrences in the written stream
+        self.heights: list[int] = []  # node id -> levels of nodes below it (emit and _expanded recurse that deep)
         self.raw_refs: list = []  # the input's reference slots -> node id (None while being read)
         self.mutable = 0
         self.expanded: dict[int, bytes] = {}  # node id -> its encoding without references (set items' sort keys)
@@ -130,12 +131,23 @@ class _Rewriter:
             n = self.ids[key] = len(self.nodes)
             self.nodes.append(key)
             self.counts.append(0)
+            self.heights.append(0)
             if children:
-                counts = self.counts
-                for c in key[1:]:
-                    if c.__class__ is int:
-                        counts[c] += 1
+                self._children(n, key)
         return n
+
+    def _children(self, n: int, key: tuple) -> None:
+        """Count a new container's children, and bound its height. Parsing bounds nesting in the input, but a
+        back-reference nests a node as deep as it was built: 3,000 items of a set, each holding the one before it,
+        sort in reverse and emit as a chain 3,000 deep (a RecursionError, a traceback, before this bound)."""
+        counts, heights, h = self.counts, self.heights, -1
+        for c in key[1:]:
+            if c.__class__ is int:
+                counts[c] += 1
+                h = max(h, heights[c])
+        if h + 1 > MAX_DEPTH:
+            raise MarshalFormatError("marshal data nested too deeply (through back-references)")
+        heights[n] = h + 1
 
     def _scalar(self, t: int, payload: bytes, slot: int | None) -> int:
         n = self._node(bytes((t,)) + payload, False)
@@ -267,9 +279,7 @@ class _Rewriter:
         self.mutable += 1
         n = self._node(("mutable", self.mutable, *parts), False)  # unique: never shared
         self.nodes[n] = parts
-        for c in parts[1:]:
-            if c.__class__ is int:
-                self.counts[c] += 1
+        self._children(n, parts)
         if slot is not None:
             self.raw_refs[slot] = n
         return n
