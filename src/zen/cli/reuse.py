@@ -79,7 +79,7 @@ def diff(
     if base_blob:
         try:
             base_code = marshal.loads(base_blob)
-        except (ValueError, EOFError, TypeError):
+        except (ValueError, EOFError, TypeError, SystemError):  # SystemError: a code object CPython refuses to build
             base_code = None  # stored under another Python version: listings only
     views = function_views(d, rec_code, base_code, decompile=source, timeout=timeout, max_calls=limits["decompile_calls"])
     if patch is not None:

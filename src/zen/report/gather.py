@@ -213,7 +213,7 @@ def _attribution(data: dict, case_dir: Path, mr, pr, library, base, decompile: b
         return
     try:
         base_code = marshal.loads(base_blob) if base_blob else None
-    except (ValueError, EOFError, TypeError):
+    except (ValueError, EOFError, TypeError, SystemError):  # SystemError: a code object CPython refuses to build
         base_code = None
     fviews = function_views(d, rec_code, base_code, decompile=decompile, timeout=timeout)
     total = d.unchanged + len(d.changed) + len(d.added) + len(d.added_class_methods)

@@ -72,7 +72,7 @@ def _code(case_dir: Path, manifest: dict) -> dict:
                        f"the image runs Python {py}: recover the case with zen running under that Python version")  # fmt: skip
     try:
         data = marshal.loads(p.read_bytes())  # zen's own output: code objects are built, never run here
-    except (ValueError, EOFError, TypeError) as exc:
+    except (ValueError, EOFError, TypeError, SystemError) as exc:  # SystemError: a code object with a non-str name
         raise ZenError(f"{p} is unreadable ({exc})", "recover the case again with this Python and zen version") from None
     if not isinstance(data, dict):
         raise ZenError(f"{p} is not a zen code file")
