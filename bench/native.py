@@ -8,6 +8,7 @@ target, imaged with `zen acquire`). Measured, compiled (the default) and pure (`
 
   * the case check (`schema.bounded_record`) of every mr.json, pr.json and ur.json in DIR, in this process;
   * decoding every readable code object of IMAGE (`instructions.decode`), in this process;
+  * the canonical-marshal rewrite of every code.marshal in DIR, in this process;
   * `zen attribute QUERY --library LIB --json` end to end, one process per run, for the transformers queries;
   * `zen recover IMAGE` end to end, one process per run (warm page cache: the disk is not what differs).
 
@@ -87,6 +88,20 @@ def case_check(cases: Path, runs: int) -> dict:
     return {"files": len(files), "mb": sum(p.stat().st_size for p, _ in files) / 1e6, "fast": fast, "slow": slow,
             "same": same and bsame, "biggest": f"{biggest.parent.name}/{biggest.name}",
             "biggest_mb": biggest.stat().st_size / 1e6, "bfast": bf, "bslow": bs}  # fmt: skip
+
+
+def rewrite(cases: Path, runs: int) -> dict:
+    """The canonical-marshal rewrite of every real code.marshal: the compiled one, and the reference."""
+    from zen.cpython.code import canonical_marshal as cm
+
+    blobs = [p.read_bytes() for p in sorted(cases.glob("case_*/code.marshal"))]
+    layout = cm._layout((3, 11))
+
+    def compiled() -> list:
+        return [native.core.canonical(b, layout, cm.EXPANDED_BUDGET + 4 * len(b), cm.MAX_DEPTH) for b in blobs]
+
+    fast, slow, same = _pair(compiled, lambda: [cm._canonical_pure(b, layout) for b in blobs], runs)
+    return {"files": len(blobs), "mb": sum(map(len, blobs)) / 1e6, "fast": fast, "slow": slow, "same": same}
 
 
 def decode_image(image: Path, runs: int) -> dict:
@@ -182,6 +197,7 @@ def main() -> int:
     load = os.getloadavg()[0]
     cc = case_check(args.cases, args.runs)
     dc = decode_image(args.image, args.runs)
+    cm = rewrite(args.cases, args.runs)
     at = attribute(args.cases, args.library, args.runs)
     rc = recover(args.image, max(3, args.runs // 2))
     lines = [f"One run of `python bench/native.py --cases CASES --library LIB-100 --image gpt2.core --runs {args.runs}` on "
@@ -201,6 +217,8 @@ def main() -> int:
     row("bytecode decoding (`instructions.decode`)",
         f"every code object of the image: {dc['codes']:,} ({dc['instructions']:,} instructions, CPython {dc['minor']})",
         f"{dc['slow']:.3f}", f"{dc['fast']:.3f}", _r(dc["slow"], dc["fast"]), dc["same"])  # fmt: skip
+    row("canonical-marshal rewrite (`canonical_marshal.canonical`)", f"{cm['files']} real code.marshal, {cm['mb']:.0f} MB",
+        f"{cm['slow']:.3f}", f"{cm['fast']:.3f}", _r(cm["slow"], cm["fast"]), cm["same"])  # fmt: skip
     for r in at:
         row("`zen attribute --json`, 100 real entries", r["query"], f"{r['slow']:.2f} (CPU {r['cpu_slow']:.2f})",
             f"{r['fast']:.2f} (CPU {r['cpu_fast']:.2f})", _r(r["slow"], r["fast"]), r["same"])  # fmt: skip
@@ -211,7 +229,7 @@ def main() -> int:
     print(text)
     if not args.no_write:
         write_sections({SECTION: text})
-    return 0 if cc["same"] and dc["same"] and all(r["same"] for r in at) and rc["same"] else 1
+    return 0 if cc["same"] and dc["same"] and cm["same"] and all(r["same"] for r in at) and rc["same"] else 1
 
 
 if __name__ == "__main__":
