@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import shutil
 import struct
@@ -279,17 +280,6 @@ def _absurd_shape(c: Path) -> None:
     (c / "mr.json").write_text(json.dumps(mr))
 
 
-def _int_name_code() -> bytes:
-    """A code.marshal whose one code object names an int where a str must be: marshal.loads raises SystemError
-    ("non-string found in code slot"), which `zen diff` and `zen report` let out as exit 70 (bench/fuzz_cli.py)."""
-    import marshal
-
-    good = marshal.dumps({"0x1": compile("x", "f", "eval")})
-    bad = good.replace(b")\x01\xda\x01x", b")\x01\xe9\x05\x00\x00\x00", 1)
-    assert bad != good
-    return bad
-
-
 # Lies: each file replaced by something zen never writes, and the manifest's hash rewritten to match (issue 38).
 LIES = {
     "ur-truncated": ("ur.json", lambda c: (c / "ur.json").write_bytes((c / "ur.json").read_bytes()[:100])),
@@ -300,7 +290,9 @@ LIES = {
     "weights-one-bit": ("weights.safetensors", _flip_last_tensor_byte),  # well formed, but not the bytes read from the image
     "mr-absurd-shape": ("mr.json", _absurd_shape),
     "code-random": ("code.marshal", lambda c: (c / "code.marshal").write_bytes(os.urandom(3000))),
-    "code-int-name": ("code.marshal", lambda c: (c / "code.marshal").write_bytes(_int_name_code())),
+    # a code object naming an int: marshal.loads raised SystemError, exit 70 in diff and report (bench/fuzz_cli.py)
+    "code-int-name": ("code.marshal", lambda c: (c / "code.marshal").write_bytes(marshal.dumps(
+        {"0x1": compile("x", "f", "eval")}).replace(b")\x01\xda\x01x", b")\x01\xe9\x05\x00\x00\x00", 1))),
     "mr-huge-string": ("mr.json", lambda c: (c / "mr.json").write_text(
         (c / "mr.json").read_text().replace('"format"', '"x": "' + "a" * 3_000_000 + '", "format"', 1))),
 }  # fmt: skip
