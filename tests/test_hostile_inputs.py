@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import zen
+from conftest import case_of, zen
 
 
 @pytest.mark.parametrize("kind", ["fifo", "chardev", "socket", "dir"])
@@ -49,3 +49,27 @@ def test_failed_recovery_leaves_no_half_written_case(tmp_path):
     assert res.returncode == 3, res.stderr
     assert not (tmp_path / "case").exists()
     assert stat.S_ISREG(core.stat().st_mode) and sys.executable
+
+
+def test_an_input_record_with_a_boolean_shape_is_named_not_a_traceback(family_images, hf_image, workdir, tmp_path):
+    """mr.json's input records are free-form (`list[dict]`): one crafted with `"shape": true` and the manifest
+    rehashed made every command that checks the case raise TypeError (bench/fuzz.py, case target, seed 1807)."""
+    import hashlib
+    import json
+    import shutil
+
+    c = tmp_path / "case"
+    shutil.copytree(case_of("convnet_se", "convnet", family_images, hf_image, workdir), c)
+    mr = json.loads((c / "mr.json").read_text())
+    mr["inputs"] = [{**(mr["inputs"][0] if mr["inputs"] else {"key": "input_0"}), "shape": True}]
+    (c / "mr.json").write_text(json.dumps(mr))
+    man = json.loads((c / "manifest.json").read_text())
+    man["files"]["mr.json"] = hashlib.sha256((c / "mr.json").read_bytes()).hexdigest()
+    (c / "manifest.json").write_text(json.dumps(man))
+    res = zen("verify-case", c, "--json", check=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-800:]
+    got = json.loads(res.stdout)
+    assert any("not a list of integers" in r for v in got["files"].values() for r in v.get("reasons", [])), got["files"]
+    res = zen("show", c, check=False)
+    assert res.returncode in (2, 5) and "Traceback" not in res.stderr, res.stderr[-800:]
+    assert "not a list of integers" in res.stderr

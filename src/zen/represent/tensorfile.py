@@ -142,15 +142,26 @@ def cross_check(name: str, tf: TensorFile, records: list) -> list[str]:
         get = r.get if isinstance(r, dict) else lambda k, d=None, r=r: getattr(r, k, d)
         if get("status", "ok") != "ok" or key is None:
             continue
+        # mr.json's input records are free-form: a crafted one may hold anything (a boolean shape was a TypeError)
+        if type(key) is not str:
+            problems.append(f"{name}: mr.json records a tensor whose key is not a string ({str(key)[:80]})")
+            continue
+        shape = get("shape") or []
+        if not isinstance(shape, (list, tuple)) or not all(type(x) is int for x in shape):
+            described.add(key)
+            bad = str(shape)[:40]
+            problems.append(f"{name}: mr.json records {key[:80]!r} with a shape that is not a list of integers ({bad})")
+            continue
         e = tf.entries.get(key)
         if e is None:
-            if get("tied_to") and get("tied_to") in tf.entries:
+            tied = get("tied_to")
+            if tied and type(tied) is str and tied in tf.entries:
                 described.add(key)
                 continue
             problems.append(f"{name} lacks {key[:80]!r}, which mr.json records as recovered")
             continue
         described.add(key)
-        if list(get("shape") or []) != e["shape"]:
+        if list(shape) != e["shape"]:
             problems.append(f"{name}: {key[:80]!r} has shape {e['shape']}, mr.json records {get('shape')}")
         code = CODE_OF.get(str(get("dtype", "")).replace("torch.", ""))
         if code is not None and code != e["dtype"]:
