@@ -73,3 +73,20 @@ def test_an_input_record_with_a_boolean_shape_is_named_not_a_traceback(family_im
     res = zen("show", c, check=False)
     assert res.returncode in (2, 5) and "Traceback" not in res.stderr, res.stderr[-800:]
     assert "not a list of integers" in res.stderr
+
+
+def test_a_long_lived_process_keeps_a_few_parsed_case_states(family_images, hf_image, workdir, tmp_path):
+    """Each parsed case file was kept for the life of the process, one entry per file state: bench/fuzz.py's 1,800
+    altered cases grew it to 16 GB. Now the newest few are kept, and the newest is still served from the cache."""
+    import shutil
+
+    from zen.represent import case
+
+    c = tmp_path / "case"
+    shutil.copytree(case_of("convnet_se", "convnet", family_images, hf_image, workdir), c)
+    for i in range(3 * case.CACHED_STATES):
+        os.utime(c / "mr.json", ns=(10**18 + i, 10**18 + i))  # a new file state: parsed again
+        first = case.load_mr(c)
+        assert case.load_mr(c) is first  # the same state: from the cache
+        case.integrity(c, case.load_manifest(c))
+    assert len(case._record_cache) <= case.CACHED_STATES and len(case._verdict_cache) <= case.CACHED_STATES
