@@ -46,6 +46,22 @@ def obfuscate(mod: types.ModuleType, alias: str) -> None:
             v.__module__ = alias
 
 
+def addresses(model) -> dict[str, int]:
+    """Where what a recovery must read lies in this process (module objects and their dicts, tensor
+    objects, TensorImpls, weight bytes): lets a test cut an image through one of them."""
+    out: dict[str, int] = {}
+    for mname, m in model.named_modules():
+        for what, obj in (("module", m), ("dict", m.__dict__), ("parameters", m._parameters)):
+            out[f"{what} {mname}"] = id(obj)
+        for k, t in [*m._parameters.items(), *m._buffers.items()]:
+            if t is not None:
+                key = f"{mname}.{k}" if mname else k
+                out[f"object {key}"], out[f"impl {key}"] = id(t), t._cdata
+                if t.numel():
+                    out[f"data {key}"] = t.data_ptr()
+    return out
+
+
 def main(outdir: str, family: str, obfuscated: str | None, src: str) -> None:
     truth = {"pid": os.getpid(), "family": family, "variants": {}}
     models = {}
@@ -65,6 +81,7 @@ def main(outdir: str, family: str, obfuscated: str | None, src: str) -> None:
         info, codes = code_truth.model_truth(gt, model)
         info["model_id"] = id(model)
         info["module"] = type(model).__module__
+        info["addresses"] = addresses(model)
         truth["variants"][name] = info
         with open(os.path.join(outdir, f"{name}.code.marshal"), "wb") as fh:
             marshal.dump({str(i): c for i, c in codes.items()}, fh)
