@@ -90,3 +90,33 @@ def test_a_long_lived_process_keeps_a_few_parsed_case_states(family_images, hf_i
         assert case.load_mr(c) is first  # the same state: from the cache
         case.integrity(c, case.load_manifest(c))
     assert len(case._record_cache) <= case.CACHED_STATES and len(case._verdict_cache) <= case.CACHED_STATES
+
+
+def test_code_check_starts_first_and_leaves_nothing_behind(family_images, hf_image, workdir, tmp_path, monkeypatch):
+    """code.marshal's child is started before the other files are hashed and parsed, and answered at the end. A
+    code.marshal that turns out altered is never judged by it (the verdict is "altered" alone), and no child or
+    scratch directory is left whatever the outcome."""
+    import shutil
+
+    from zen.represent import case
+    from zen.runtime import childproc
+
+    c = tmp_path / "case"
+    shutil.copytree(case_of("convnet_se", "convnet", family_images, hf_image, workdir), c)
+    started: list = []
+    real = childproc.Started
+
+    class Recording(real):
+        def __init__(self, *a, **k) -> None:
+            started.append(self)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(childproc, "Started", Recording)
+    sound = case.verdicts(c, case.load_manifest(c), code=True)
+    assert all(v.status == "ok" for v in sound.values() if v.status != "missing"), sound
+    (c / "code.marshal").write_bytes((c / "code.marshal").read_bytes()[:-1] + b"\0")  # altered, not rehashed
+    altered = case.verdicts(c, case.load_manifest(c), code=True)["code.marshal"]
+    assert altered.status == "altered" and len(altered.reasons) == 1, altered
+    assert len(started) == 2
+    for s in started:  # reaped, scratch directory removed
+        assert s.proc.returncode is not None and not os.path.exists(s._cwd)

@@ -149,6 +149,28 @@ def verdicts(case_dir: Path, manifest: dict, *, code: bool = False, rehash: bool
         return _verdict_cache[key]
     recorded = manifest.get("files") or {}
     out = {n: Verdict(n) for n in ALL_FILES if n != MANIFEST}
+    code_check = _start_code_check(case_dir, manifest) if code and CODE_FILE in recorded else None
+    try:
+        _check_files(case_dir, manifest, out, code_check, rehash)
+    finally:
+        if code_check is not None:
+            code_check.cancel()  # (nothing left to do when its verdict was taken)
+    _remember(_verdict_cache, key, out)
+    return out
+
+
+def _start_code_check(case_dir: Path, manifest: dict):
+    """code.marshal's check in its child, started before the other files are hashed and parsed (`CodeCheck`)."""
+    from zen.represent.verify import CodeCheck, python_matches
+
+    if isinstance(_stat_regular(case_dir / CODE_FILE), str):
+        return None  # missing, or a FIFO or device: never opened; the hash check below says what it is
+    return CodeCheck(case_dir / CODE_FILE, python_matches(manifest))
+
+
+def _check_files(case_dir: Path, manifest: dict, out: dict, code_check, rehash: bool) -> None:
+    """Each file's hash against the manifest, then the contents of those present (`_check_contents`)."""
+    recorded = manifest.get("files") or {}
     tensor_files = {}
     for name, v in out.items():
         p = case_dir / name
@@ -173,14 +195,12 @@ def verdicts(case_dir: Path, manifest: dict, *, code: bool = False, rehash: bool
                 v.add("malformed", f"{name} is not a well-formed safetensors file: {exc}")
         if (digest or verified_sha256(p)) != recorded[name]:
             v.add("altered", f"{name} was altered after recovery: its sha256 differs from the manifest's")
-    _check_contents(case_dir, manifest, out, tensor_files, code, rehash)
-    _remember(_verdict_cache, key, out)
-    return out
+    _check_contents(case_dir, manifest, out, tensor_files, code_check, rehash)
 
 
-def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dict, code: bool, rehash: bool) -> None:
+def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dict, code_check, rehash: bool) -> None:
     from zen.represent.tensorfile import cross_check
-    from zen.represent.verify import check_code, check_json, check_mr_values, check_requirements, python_matches
+    from zen.represent.verify import check_json, check_mr_values, check_requirements
 
     present = {n for n, v in out.items() if v.status not in ("missing", "unrecorded")}
     parsed = {}
@@ -205,10 +225,10 @@ def _check_contents(case_dir: Path, manifest: dict, out: dict, tensor_files: dic
         v = check_requirements(case_dir / REQUIREMENTS)
         if v.reasons:
             out[REQUIREMENTS].add(v.status, v.reasons[0])
-    if code and CODE_FILE in present and out[CODE_FILE].status == "ok":
+    if code_check is not None and CODE_FILE in present and out[CODE_FILE].status == "ok":
         pr = parsed.get(PR_FILE)
         addresses = {c.address for c in pr.codes} if pr is not None else None
-        v = check_code(case_dir / CODE_FILE, addresses, python_matches(manifest))
+        v = code_check.verdict(addresses)
         out[CODE_FILE].status = v.status if v.status != "ok" else out[CODE_FILE].status
         out[CODE_FILE].reasons += v.reasons
 

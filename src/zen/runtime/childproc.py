@@ -125,6 +125,43 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(argv, cwd=cwd, **kwargs)
 
 
+class Started:
+    """A child started now and answered later (`run`'s result, from `finish`): the caller does its own work while
+    the child starts Python and does its part, on another core. Its scratch working directory lives until then."""
+
+    def __init__(self, argv: list[str], **kwargs) -> None:
+        if (kwargs.get("text") or kwargs.get("universal_newlines")) and "errors" not in kwargs:
+            kwargs["errors"] = "backslashreplace"
+        self._cwd = tempfile.mkdtemp(prefix="zen-child-")
+        try:
+            self.proc = subprocess.Popen(argv, cwd=self._cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+        except BaseException:
+            shutil.rmtree(self._cwd, ignore_errors=True)
+            raise
+
+    def finish(self, timeout: float) -> subprocess.CompletedProcess:
+        """Its output and exit status, as `run` gives them; subprocess.TimeoutExpired (the child killed) after
+        `timeout` seconds."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except BaseException:
+            self.cancel()
+            raise
+        self._clean()
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+    def cancel(self) -> None:
+        """Kill the child (its answer is not wanted) and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.communicate()
+        self._clean()
+
+    def _clean(self) -> None:
+        shutil.rmtree(self._cwd, ignore_errors=True)
+
+
 def stop_process(proc: subprocess.Popen, grace: float = 30.0) -> None:
     """End a process zen started and serves through its stdin (a deployed model waiting for EOF): close its stdin,
     give it `grace` seconds to leave, then kill it; its pipes are closed either way."""
