@@ -24,15 +24,21 @@ EXIT_PARTIAL = 5
 def compare(library: Path, package: Path, timeout: float = TIMEOUT) -> dict:
     """Max abs difference between the executable's and the rebuilt model's outputs (child process)."""
     from zen.compiled.emulation import runtime_for
-    from zen.compiled.probing import child_env, timed_out, tvm_python
+    from zen.compiled.kernels.watchdog import call_limit, hung_call
+    from zen.compiled.probing import child_env, hung_error, timed_out, tvm_python
     from zen.runtime import childproc
 
-    argv = childproc.module_argv("zen.compiled.check", [Path(library).resolve(), Path(package).resolve()], python=tvm_python())
+    limit = call_limit(timeout)
+    args = [Path(library).resolve(), Path(package).resolve(), 3, *([limit] if limit else [])]
+    argv = childproc.module_argv("zen.compiled.check", args, python=tvm_python())
     try:
         with runtime_for(Path(library), timeout) as emulated:  # a library for another CPU runs emulated
             proc = childproc.run(argv, capture_output=True, text=True, timeout=timeout, env={**child_env(), **emulated})
     except subprocess.TimeoutExpired:
         raise timed_out("comparing the rebuilt model with the executable", timeout) from None
+    hung = hung_call(proc.stderr) if proc.returncode != 0 else None
+    if hung is not None:
+        raise hung_error(hung, "the rebuilt model was compared with it", timeout)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

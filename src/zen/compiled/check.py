@@ -1,6 +1,6 @@
 """Child process: run the TVM library's VM and the rebuilt package on the same inputs, compare.
 
-    python -m zen.compiled.check LIBRARY PACKAGE_DIR [TRIALS]
+    python -m zen.compiled.check LIBRARY PACKAGE_DIR [TRIALS [CALL_LIMIT]]
 
 Prints JSON: max abs difference over all outputs and trials, and the outputs' magnitude. Loads
 the library through TVM and imports the generated package, so zen only runs it as a child. Both
@@ -20,6 +20,7 @@ import numpy as np
 
 def main() -> int:
     from zen.compiled.kernels.probe import THREADS
+    from zen.compiled.kernels.watchdog import announce, watched
 
     os.environ["TVM_NUM_THREADS"] = str(THREADS)
     import torch
@@ -30,6 +31,7 @@ def main() -> int:
 
     lib, pkg_dir = Path(sys.argv[1]), Path(sys.argv[2]).resolve()
     trials = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    limit = float(sys.argv[4]) if len(sys.argv) > 4 else None  # seconds one run of the library's main may take
     sys.path.insert(0, str(pkg_dir.parent))
     pkg = importlib.import_module(pkg_dir.name)
     from_model = importlib.import_module(pkg_dir.name + ".model")
@@ -45,7 +47,9 @@ def main() -> int:
         xs = [torch.randn(s, generator=gen).to(getattr(torch, d)) for s, d in from_model.INPUTS]
         data = iter(xs)
         args = [params[name] if detached else next(data) for name, detached in from_model.VM_INPUTS]
-        got = vm["main"](*[tvm.runtime.tensor(a.numpy(), device=dev) for a in args])
+        announce("the library's main function")
+        with watched(limit):
+            got = vm["main"](*[tvm.runtime.tensor(a.numpy(), device=dev) for a in args])
         ref = [o.numpy() for o in tuple_items(got)]  # a tensor, or a tuple of them
         with torch.no_grad():
             mine = model(*xs)

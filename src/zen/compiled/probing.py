@@ -22,6 +22,7 @@ import numpy as np
 
 from zen.compiled.errors import ExecutableError
 from zen.compiled.kernels.budget import TIMEOUT, SearchLimits
+from zen.compiled.kernels.watchdog import call_limit, crashed_call, hung_call
 from zen.compiled.static.graph import Graph
 from zen.runtime import childproc
 from zen.runtime.errors import TimeLimitExceeded
@@ -59,6 +60,15 @@ def timed_out(what: str, timeout: float) -> TimeLimitExceeded:
     return TimeLimitExceeded(
         f"{what} did not finish within the safety limit of {timeout:.0f} s (--timeout)",
         "raise it with `zen decompile --timeout SECONDS` if the machine is very slow or busy",
+    )
+
+
+def hung_error(what: str, how: str, timeout: float) -> TimeLimitExceeded:
+    """A call of the library's code that never returned (zen.compiled.kernels.watchdog)."""
+    return TimeLimitExceeded(
+        f"{what} did not return within {call_limit(timeout):.0f} s when {how}: its code loops or blocks, as a damaged "
+        "or crafted library's may",
+        f"a single call may take a tenth of --timeout ({timeout:.0f} s): raise it if the machine is only very slow or busy",
     )
 
 
@@ -121,6 +131,7 @@ def probe(graph: Graph, library: Path, timeout: float = TIMEOUT, use_names: bool
     with tempfile.TemporaryDirectory(prefix="zen-fold-") as fold_dir:
         req = request(graph, library, use_names, limits)
         req["fold_dir"] = fold_dir
+        req["call_limit"] = call_limit(timeout)
         results = _run_child(req, timeout)
         for r in results.values():  # kernels computed from constants only: their outputs, as the child saved them
             if r.get("folded"):
@@ -154,6 +165,13 @@ def _run_child(req: dict, timeout: float) -> dict[int, dict]:
     except OSError as exc:
         raise ExecutableError(f"cannot start the probing interpreter {tvm_python()}: {exc}") from None
     if proc.returncode != 0:
+        hung = hung_call(proc.stderr)
+        if hung is not None:
+            raise hung_error(hung, "probed", timeout)
+        crashed = crashed_call(proc.returncode, proc.stderr)
+        if crashed is not None:
+            raise ExecutableError(f"the library's code crashed when probed ({crashed}): a damaged or crafted library",
+                                  "zen decompile runs each kernel to recover what it computes; this one cannot run")  # fmt: skip
         tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         raise ExecutableError(
             f"probing the kernels failed: {tail}", "TVM could not load or run the library (wrong architecture, missing runtime?)"

@@ -29,9 +29,11 @@ import numpy as np
 from zen.compiled import ops
 from zen.compiled.kernels.budget import SearchLimits
 from zen.compiled.kernels.search import search
+from zen.compiled.kernels.watchdog import announce, watched
 
 THREADS = 1  # TVM's and torch's: results (and the errors recorded) must not follow the core count
 DEVICE: list = [None]  # where the kernels' tensors are made: None (the CPU here), or the emulated runtime's CPU
+CALL_LIMIT: list = [None]  # seconds one kernel call may take (zen.compiled.kernels.watchdog), from the request
 
 
 class Kernel:
@@ -66,7 +68,8 @@ class Kernel:
         tvm = self.tvm
         args = [tvm.runtime.tensor(np.array(a, order="C"), device=DEVICE[0]) for a in arrays]
         outs = [tvm.runtime.tensor(np.zeros(o["shape"], dtype=o["dtype"]), device=DEVICE[0]) for o in self.spec["outputs"]]
-        self.func(*args, *outs)
+        with watched(CALL_LIMIT[0]):
+            self.func(*args, *outs)
         return [o.numpy() for o in outs]
 
 
@@ -127,10 +130,12 @@ def main() -> int:
     lib, DEVICE[0] = load_library(tvm, req["library"])  # here, or in the emulated runtime (zen.compiled.emulation)
     consts = load_executable(req["library"])[1].constants
     rng = np.random.default_rng(req.get("seed", 0))
+    CALL_LIMIT[0] = req.get("call_limit")
     known: dict[int, np.ndarray] = {}  # outputs of kernels whose inputs are all constants
     results = []
     for spec in req["kernels"]:
         t0 = time.monotonic()
+        announce(f"kernel {str(spec['kernel'])[:120]} (call {spec['node']})")
         try:
             func = lib.get_function(spec["kernel"], query_imports=True)
         except (AttributeError, RuntimeError) as exc:
