@@ -74,7 +74,8 @@ def decompile(
         "--timeout",
         min=1.0,
         help="Safety net: seconds a probing or checking "
-        "child may run before zen stops with an error (exit 7); never changes a result.",
+        "child may run before zen stops with an error (exit 7), one call of the library's code a tenth of it; "
+        "never changes a result.",
     ),
 ) -> None:
     """Decompile a TVM-built model library into a PyTorch package (`import DIR; DIR.load()`).
