@@ -245,7 +245,7 @@ class TFCalibrator(CalibratorBase):
             target = v.numpy().tobytes()[:KNOWN]
             # ResourceHandle -> Var -> TensorBuffer, then the measured TensorBuffer::data_
             paths = self.chains(h.data, [512, 256], b"")  # every two-hop path; filtered below
-            found.append([p for p in paths if m.try_raw(m.word(self._follow(h.data, p) + L.buffer_data), KNOWN) == target])
+            found.append([p for p in paths if self._reaches(h.data, (*p, L.buffer_data), target)])
         cands = set.intersection(*map(set, found))
         resource, var_buf = one("ResourceHandle.resource_ -> Var tensor_.buf_", cands)
         self.field("resourcehandle", "resource", resource, "ptr", "measured: the pointer to the variable's Var")
@@ -268,10 +268,16 @@ class TFCalibrator(CalibratorBase):
         self.field("stdstring", "size", size_off, "u64", "measured: the device name's length after its pointer")
         self.check(read_std_string(rhs[1] + dev_off, m.raw, 0, size_off) == samples[1].handle.device, "device_ reads back")
 
-    def _follow(self, addr: int, path: tuple[int, ...]) -> int:
+    def _reaches(self, addr: int, path: tuple[int, ...], target: bytes) -> bool:
+        """Whether following the pointers at `path` from `addr` ends at `target`. Every hop is read again and may be
+        unreadable now: TF's threads run while we search, and a word that was a pointer when `chains` listed the
+        path (a mutex, a refcount, a cache slot) can hold 0 moments later (seen under load as reads at 0x30/0x40)."""
         for o in path:
-            addr = self.m.word(addr + o)
-        return addr
+            raw = self.m.try_raw(addr + o, 8)
+            if raw is None:
+                return False
+            addr = struct.unpack("<Q", raw)[0]
+        return self.m.try_raw(addr, len(target)) == target
 
     # -- the Keras side (pure Python attributes the front end reads by name) ------------------------------
     def keras_side(self) -> dict:
