@@ -228,3 +228,36 @@ def test_no_digest_is_reused_on_a_file_system_without_a_kept_ctime(image, tmp_pa
     assert digest_cache.lookup(image) is None  # nothing was recorded meanwhile
     digest_cache.remember(image, _sha(image), key)
     assert digest_cache.lookup(image)["sha256"] == _sha(image)
+
+
+def test_a_manifest_passes_its_schema_once_by_content_and_verify_case_checks_afresh(image, tmp_path, monkeypatch):
+    """The schema check is remembered by the manifest's content digest: the same content is not validated again,
+    other content always is, and `zen verify-case` never takes the memo (here a planted one for a bad manifest)."""
+    import hashlib
+
+    from zen.evidence import digest_cache
+    from zen.represent import case as case_mod
+    from zen.represent.schema import CaseFileError
+
+    monkeypatch.setenv("ZEN_CACHE_DIR", str(tmp_path / "cache"))
+    c = tmp_path / "case"
+    zen("recover", image, "-o", c)
+    what = f"manifest.schema.json {case_mod._manifest_schema()[1]}"
+
+    def digest(m):
+        return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
+
+    m = case_mod.load_manifest(c)
+    assert digest_cache.passed(what, digest(m))  # recorded by the recovery's own check or this one
+    bad = {**m, "problems": "not a list"}
+    assert not digest_cache.passed(what, digest(bad))
+    with pytest.raises(CaseFileError, match="problems"):
+        case_mod.check_manifest(bad, "manifest.json")
+    assert not digest_cache.passed(what, digest(bad))  # a failure is never remembered
+    digest_cache.remember_passed(what, digest(bad))  # a planted record: commands trust it, verify-case does not
+    assert case_mod.check_manifest(bad, "manifest.json") is bad
+    with pytest.raises(CaseFileError, match="problems"):
+        case_mod.check_manifest(bad, "manifest.json", memo=False)
+    (c / "manifest.json").write_text(json.dumps(bad))
+    r = zen("verify-case", c, check=False)
+    assert r.returncode == 2 and "problems" in r.stderr

@@ -35,6 +35,10 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS digests (dev INTEGER, ino INTEGER, size I
 _TENSOR_SCHEMA = ("CREATE TABLE IF NOT EXISTS tensor_files (dev INTEGER, ino INTEGER, size INTEGER, mtime_ns INTEGER, "
                   "ctime_ns INTEGER, path TEXT, sha256 TEXT, tensors TEXT, computed_at TEXT, tool TEXT, "
                   "PRIMARY KEY (dev, ino, size, mtime_ns, ctime_ns))")  # fmt: skip
+# Checks that are a pure function of a file's bytes (a manifest against its JSON Schema), by the bytes' sha256: no
+# stat and no ctime are involved, so they hold on any file system
+_CHECKED_SCHEMA = ("CREATE TABLE IF NOT EXISTS checked (what TEXT, sha256 TEXT, computed_at TEXT, tool TEXT, "
+                   "PRIMARY KEY (what, sha256))")  # fmt: skip
 _KEY = "dev=? AND ino=? AND size=? AND mtime_ns=? AND ctime_ns=?"
 
 
@@ -111,6 +115,7 @@ def _connect() -> sqlite3.Connection | None:
         con = sqlite3.connect(str(f), timeout=5)
         con.execute(_SCHEMA)
         con.execute(_TENSOR_SCHEMA)
+        con.execute(_CHECKED_SCHEMA)
         return con
     except (OSError, sqlite3.Error):
         return None
@@ -197,3 +202,34 @@ def remember_tensor_file(path: Path | str, sha256: str, tensors: dict[str, str],
 
     # ensure_ascii (json's default): a tensor name read from an image may hold a lone surrogate (its escape is stored)
     _store("tensor_files", path, key, (sha256, json.dumps(tensors, sort_keys=True)))
+
+
+def passed(what: str, sha256: str) -> bool:
+    """Whether content with this sha256 passed the check `what` (a name that changes with the check's rules)."""
+    con = _connect()
+    if con is None:
+        return False
+    try:
+        with con:
+            return con.execute("SELECT 1 FROM checked WHERE what=? AND sha256=?", (what, sha256)).fetchone() is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        con.close()
+
+
+def remember_passed(what: str, sha256: str) -> None:
+    """Record that content with this sha256 passed the check `what`."""
+    from zen import __version__
+
+    con = _connect()
+    if con is None:
+        return
+    try:
+        with con:
+            con.execute("INSERT OR REPLACE INTO checked VALUES (?,?,?,?)",
+                        (what, sha256, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), f"zen {__version__}"))  # fmt: skip
+    except sqlite3.Error:
+        pass
+    finally:
+        con.close()

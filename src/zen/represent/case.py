@@ -316,9 +316,10 @@ def require_intact(case_dir: Path, manifest: dict, names: tuple[str, ...]) -> No
                                  "the case is not the one zen wrote; recover it again from the image")  # fmt: skip
 
 
-def load_manifest(case_dir: Path, *, signature: bool = True) -> dict:
-    """The manifest, checked against `schemas/manifest.schema.json`; a signed case's manifest must also match its
-    signature (manifest.sig), else the case is refused: a signed case is never believed after a rewrite."""
+def load_manifest(case_dir: Path, *, signature: bool = True, memo: bool = True) -> dict:
+    """The manifest, checked against `schemas/manifest.schema.json` (`memo`: see `check_manifest`); a signed case's
+    manifest must also match its signature (manifest.sig), else the case is refused: a signed case is never believed
+    after a rewrite."""
     from zen.represent.schema import CaseFileError, parse_json
 
     p = Path(case_dir) / MANIFEST
@@ -335,7 +336,7 @@ def load_manifest(case_dir: Path, *, signature: bool = True) -> dict:
     if type(m) is dict and m.get("kind") == "zen-decompile":
         raise CaseFileError(f"{case_dir} was written by `zen decompile` without probing its kernels: it has no case files",
                             "run `zen decompile MODEL.so -o DIR` where TVM is installed (not --static)")  # fmt: skip
-    m = check_manifest(m, str(p))
+    m = check_manifest(m, str(p), memo=memo)
     if signature and (Path(case_dir) / SIG_FILE).exists():
         from zen.represent.signature import check_signature
 
@@ -346,28 +347,48 @@ def load_manifest(case_dir: Path, *, signature: bool = True) -> dict:
     return m
 
 
-def check_manifest(m: Any, where: str) -> dict:
+def check_manifest(m: Any, where: str, *, memo: bool = True) -> dict:
     """A parsed manifest checked against `schemas/manifest.schema.json` (a case's, or one uploaded to
-    `zen serve` with a fingerprint); `where` names it in errors."""
+    `zen serve` with a fingerprint); `where` names it in errors.
+
+    Validity is a function of the manifest's content and the schema alone, so a manifest that passed once is known
+    by its digest (`digest_cache.passed`): importing jsonschema and building the validator took 0.05-0.1 s of every
+    command that reads a case. `memo=False` (`zen verify-case`) checks afresh."""
     from zen.represent.schema import CaseFileError
 
     if type(m) is not dict or m.get("kind") != "zen-case" or m.get("format") != CASE_FORMAT:
         raise CaseFileError(f"{where} is not a zen case manifest (format {CASE_FORMAT})", "recover the case again")
+    import hashlib
+
+    from zen.evidence import digest_cache
+
+    what = f"manifest.schema.json {_manifest_schema()[1]}"
+    digest = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
+    if memo and digest_cache.passed(what, digest):
+        return m
     errors = sorted(_manifest_validator().iter_errors(m), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         path = ".".join(str(x) for x in e.absolute_path) or "(top level)"
         raise CaseFileError(f"{where}: {path}: {e.message[:200]}", "recover the case again")
+    digest_cache.remember_passed(what, digest)
     return m
+
+
+@functools.cache
+def _manifest_schema() -> tuple[dict, str]:
+    """The manifest's JSON Schema and the sha256 of its text (which names the check in the memo)."""
+    import hashlib
+
+    text = resources.files("zen.represent").joinpath("schemas", "manifest.schema.json").read_text()
+    return json.loads(text), hashlib.sha256(text.encode()).hexdigest()
 
 
 @functools.cache
 def _manifest_validator():
     import jsonschema
 
-    text = resources.files("zen.represent").joinpath("schemas", "manifest.schema.json").read_text()
-    schema = json.loads(text)
-    return jsonschema.Draft202012Validator(schema)
+    return jsonschema.Draft202012Validator(_manifest_schema()[0])
 
 
 def _load_checked(case_dir: Path, name: str, missing_hint: str, cls: type, kind: str, fmt: int):
