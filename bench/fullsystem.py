@@ -95,6 +95,7 @@ def main() -> None:
     sym_s, sym_rss, sym = run_child(["symbols", "--kernel", assets.vmlinuz], env)
     for label, image in images.items():
         drop_cache(image)
+        shutil.rmtree(work / "case-first", ignore_errors=True)  # the previous image's (zen refuses to replace a case)
         first_s, first_rss, _ = run_child(["recover", image, "-o", work / "case-first", "--model", model], env)
         # the virtual disk serves one file at very different speeds from one minute to the next: cold reads and
         # cold recoveries alternate, REPEATS each, and the ratio is of their medians
