@@ -237,7 +237,9 @@ class ValuesMixin:
             if l1 > 40 or l2 > 40 or l3 > 40:
                 continue
             s1, s2, s3 = p1 - (1 << l1), p2 - (1 << l2), p3 - (1 << l3)
-            if s1 == s2 == s3 and s1 > 0 and s1 % 8 == 0:
+            # the field is in the header, before the indices: a byte inside them can equal L for all three dicts by
+            # chance (string hashes are randomised per process; CI met (36, 32) beside the true (9, 32) on 3.11)
+            if s1 == s2 == s3 and s1 > 0 and s1 % 8 == 0 and o < s1:
                 found.append((o, s1))
         lib_off, indices = found[0] if len(found) == 1 else (None, None)
         if lib_off is None:
