@@ -35,8 +35,8 @@ _SCHEMA = ("CREATE TABLE IF NOT EXISTS digests (dev INTEGER, ino INTEGER, size I
 _TENSOR_SCHEMA = ("CREATE TABLE IF NOT EXISTS tensor_files (dev INTEGER, ino INTEGER, size INTEGER, mtime_ns INTEGER, "
                   "ctime_ns INTEGER, path TEXT, sha256 TEXT, tensors TEXT, computed_at TEXT, tool TEXT, "
                   "PRIMARY KEY (dev, ino, size, mtime_ns, ctime_ns))")  # fmt: skip
-# Checks that are a pure function of a file's bytes (a manifest against its JSON Schema), by the bytes' sha256: no
-# stat and no ctime are involved, so they hold on any file system
+# Checks that are a pure function of content (a parsed manifest against its JSON Schema), by the sha256 of the
+# content's canonical JSON: no stat and no ctime are involved, so they hold on any file system
 _CHECKED_SCHEMA = ("CREATE TABLE IF NOT EXISTS checked (what TEXT, sha256 TEXT, computed_at TEXT, tool TEXT, "
                    "PRIMARY KEY (what, sha256))")  # fmt: skip
 _KEY = "dev=? AND ino=? AND size=? AND mtime_ns=? AND ctime_ns=?"
