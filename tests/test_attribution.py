@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import BASES, BENCH, case_of, recovered, zen
 
@@ -182,3 +183,42 @@ def test_entry_with_older_listing_format_is_flagged(family_images, hf_image, wor
         att = attribute(case.load_mr(fork), case.load_pr(fork), lib)
     assert att.attributed == "convnet" and att.details["stale_listings"] == ["convnet"]
     assert "another listing format" in att.explanation and "zen library build --replace" in att.explanation
+
+
+def _networkx_laplacian(mr) -> tuple[list, np.ndarray]:
+    """The module graph's normalised Laplacian as zen formed it with networkx before (the reference)."""
+    import networkx as nx
+
+    g = nx.Graph()
+    paths = {m.path for m in mr.modules}
+    g.add_nodes_from(paths)
+    for parent, child, _ in mr.graph.get("hierarchy", []):
+        g.add_edge(parent, child)
+    for src, dst in mr.graph.get("dataflow", []):
+        if src in paths and dst in paths and src != dst:
+            g.add_edge(src, dst)
+    nodes = sorted(g.nodes)
+    return nodes, nx.normalized_laplacian_matrix(g, nodelist=nodes).toarray()
+
+
+def test_laplacian_is_networkx_bit_for_bit(family_images, hf_image, workdir):
+    """The dense numpy Laplacian (no networkx or scipy.sparse import on attribution's path) equals networkx's to
+    the last bit on every real module graph and on odd ones (self-loop, isolated module, hierarchy ends that are
+    no module), so stored spectra and scores are unchanged."""
+    from types import SimpleNamespace
+
+    from zen.attribute.mr_similarity import module_graph, normalized_laplacian
+
+    mrs = [case.load_mr(case_of(n, s, family_images, hf_image, workdir)) for n, (s, _) in sorted(FORKS.items())]
+    mrs += [case.load_mr(case_of(n, BASES[n], family_images, hf_image, workdir)) for n in sorted(BASES)]
+    mod = [SimpleNamespace(path=p) for p in ("a", "b", "c", "lonely")]
+    odd = {"hierarchy": [["a", "a", 0], ["a", "b", 0], ["b", "ghost", 0]],
+           "dataflow": [["c", "a"], ["a", "c"], ["b", "b"], ["c", "nowhere"]]}  # fmt: skip
+    mrs.append(SimpleNamespace(modules=mod, graph=odd))
+    for mr in mrs:
+        nodes, want = _networkx_laplacian(mr)
+        got_nodes, edges = module_graph(mr)
+        got = normalized_laplacian(got_nodes, edges)
+        assert got_nodes == nodes and got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint64), want.view(np.uint64)), mr
+    assert len(mrs) > 10 and max(len(module_graph(m)[0]) for m in mrs) > 30

@@ -22,7 +22,7 @@ OPTIMAL_LIMIT = 300 * 300  # pairs scored exhaustively for the optimal assignmen
 
 def primary_modules(mr: ModelMR) -> set[str]:
     """Modules defining the model's own module classes (framework modules excluded)."""
-    from zen.cpython.program.closure import excluded
+    from zen.cpython.program.exclusion import excluded
 
     return {m.cls_module for m in mr.modules if not excluded(m.cls_module)}
 

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from zen.attribute.code_views import CodeView, primary_modules, views
-from zen.attribute.mr_similarity import MRScore, module_graph, multiset_jaccard, ratio, spectrum
+from zen.attribute.mr_similarity import MRScore, multiset_jaccard, ratio, spectrum
 from zen.represent.jsontext import loads
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation
@@ -76,7 +76,7 @@ def mr_features(mr: ModelMR) -> MRFeatures:
         ops.setdefault(m.cls_qualname, []).append(_canonical(m.hyperparameters))
     return MRFeatures(
         Counter(m.cls_qualname for m in mr.modules), len(tensors), sum(math.prod(t.shape) for t in tensors),
-        Counter(tuple(t.shape) for t in tensors), ops, spectrum(module_graph(mr)),
+        Counter(tuple(t.shape) for t in tensors), ops, spectrum(mr),
     )  # fmt: skip
 
 

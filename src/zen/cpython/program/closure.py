@@ -26,22 +26,15 @@ Nested code objects belong to the function whose constants hold them.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
+from zen.cpython.program.exclusion import excluded
 from zen.cpython.runtime import Runtime
 from zen.runtime.errors import ZenError
 
-EXCLUDED_PACKAGES = frozenset({"torch", "numpy", "builtins", "__future__"}) | frozenset(sys.stdlib_module_names)
 MAX_ITEMS = 200_000
 _CHAIN = frozenset(("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_ATTR", "LOAD_METHOD"))  # the instructions rule 2 follows
-
-
-def excluded(module: str | None) -> bool:
-    if not module:
-        return True
-    return module.split(".", 1)[0] in EXCLUDED_PACKAGES
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from zen.cpython.program.closure import EXCLUDED_PACKAGES
+from zen.cpython.program.exclusion import EXCLUDED_PACKAGES
 from zen.cpython.runtime import Runtime
 from zen.runtime.errors import ZenError
 
