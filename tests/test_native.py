@@ -267,3 +267,84 @@ def test_canonical_marshal_hostile_structure_left_to_the_bounded_reference():
     for data in (_shared_bomb(6), _chained_set(150)):
         want, got = _canonical_both(data)
         assert isinstance(want, bytes) and got == want
+
+
+def _random_views(rng: random.Random, n: int, alphabet: int, big: bool = False) -> list:
+    """Synthetic code views with few distinct attributes, vectors and texts, so that Attr SS, distance and IBSS
+    tie often (the order among ties is what a wrong port gets wrong first); `big`: vectors that wrap int64."""
+    from types import SimpleNamespace
+
+    out = []
+    for i in range(n):
+        attrs = frozenset(("n", f"a{rng.randrange(alphabet)}") for _ in range(rng.randrange(0, 6)))
+        vec = tuple(rng.choice((-(1 << 63), (1 << 63) - 1, 0, 5)) if big else rng.randrange(3) for _ in range(3))
+        text = "\n".join(f"OP {rng.randrange(alphabet)}" for _ in range(rng.randrange(1, 5)))
+        rec = SimpleNamespace(address=f"0x{i:x}", qualname=f"f{i}")
+        out.append(SimpleNamespace(attrs=attrs, vector=vec, text=text, key=f"k{hash(text)}", rec=rec, weight=1.0))
+    return out
+
+
+@needs_core
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_rows_equal_reference_on_ties_and_wrapping(seed, monkeypatch):
+    """The compiled greedy loop chooses the same base view with the same scores as the numpy loop, row by row,
+    including which of several equal candidates wins and with vectors whose distance overflows int64."""
+    import numpy as np
+
+    from zen.attribute import matching
+    from zen.attribute.code_views import MatchResult
+
+    rng = random.Random(seed)
+    todo, free = _random_views(rng, rng.randrange(1, 60), 6, big=seed % 4 == 0), _random_views(rng, rng.randrange(1, 40), 6)
+    taken = np.array([rng.random() < 0.2 for _ in free], dtype=bool)
+
+    def run(compiled: bool):
+        res, used = MatchResult(), taken.copy()
+        with np.errstate(over="ignore"):
+            if compiled:
+                matching._greedy_compiled(todo, free, used, matching.IbssCache(), res)
+            else:
+                with monkeypatch.context() as m:
+                    m.setattr(native, "core", None)
+                    matching._greedy_rows(todo, free, used, matching.IbssCache(), res)
+        return [(p.recovered.address, p.base.address, p.score, p.attr, p.ibss) for p in res.pairs], res.added, used.tolist()
+
+    assert run(True) == run(False)
+    d, g = _random_views(rng, 30, 4), _random_views(rng, 20, 4)
+    with monkeypatch.context() as m:
+        m.setattr(native, "core", None)
+        want = matching.attr_matrix(d, g)
+    got = matching.attr_matrix(d, g)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+@needs_core
+def test_greedy_rows_refuses_inconsistent_arrays():
+    """Arrays that do not describe sets of rows are refused with ValueError before anything is read; an error in
+    the IBSS callback comes back as itself."""
+    import numpy as np
+
+    i64 = np.int64
+    ids, ptr, vec = np.array([0, 1], i64), np.array([0, 2], i64), np.zeros(3, i64)
+
+    def call(d_ids=ids, d_ptr=ptr, d_vec=vec, g_ids=ids, g_ptr=ptr, g_vec=vec, used=None, topn=3, ibss=lambda i, j: 0.5):
+        used = np.zeros(len(g_ptr) - 1, dtype=bool) if used is None else used
+        return native.core.greedy_rows(d_ids, d_ptr, d_vec, g_ids, g_ptr, g_vec, used, topn, ibss)
+
+    assert call() == [(0, 0.75, 1.0, 0.5)]
+    for bad in (dict(d_ptr=np.array([0, 3], i64)), dict(d_ptr=np.array([1, 2], i64)), dict(g_ptr=np.array([0, 2, 1], i64)),
+                dict(d_ids=np.array([0, -1], i64)), dict(g_ids=np.array([0, 1 << 40], i64)), dict(d_vec=np.zeros(2, i64)),
+                dict(d_ids=np.array([0, 1], np.int32)), dict(used=np.zeros(5, dtype=bool)), dict(topn=0), dict(topn=99),
+                dict(ibss=None)):  # fmt: skip
+        with pytest.raises(ValueError):
+            call(**bad)
+
+    def boom(i, j):
+        raise KeyError("from the callback")
+
+    with pytest.raises(KeyError, match="from the callback"):
+        call(ibss=boom)
+    with pytest.raises(TypeError):
+        call(ibss=lambda i, j: "not a float")
+    with pytest.raises(ValueError):
+        native.core.attr_matrix(ids, np.array([0, 5], i64), ids, ptr)

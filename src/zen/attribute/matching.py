@@ -18,6 +18,12 @@ Python-level `attr_ss`/`distance` calls per comparison, and the optimal assignme
 
 Pair scores are then formed with the reference's expressions in the reference's order, so cos and
 optimal_cos are bit-identical; tests compare both implementations on real fingerprints.
+
+With the compiled core (`zen.native`), the greedy loop over the rows and the Attr SS matrix run in C
+(`match.c`) on attribute sets as int64 ids (`IbssCache.attr_ids`): the same ranking and the same float
+operations, without the per-row Python, the per-comparison attribute map and the sparse product (whose
+scipy.sparse import was 0.1 s of a command, after the fork: in both processes). The numpy path below is
+the fallback (`ZEN_PURE=1`); the tests run both.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from rapidfuzz import fuzz, process
 
+from zen import native
 from zen.attribute.code_views import OPTIMAL_LIMIT, TOP_N, CodeView, MatchResult, Pair
 from zen.attribute.invariants import load_bodies
 
@@ -36,6 +43,23 @@ class IbssCache:
 
     def __init__(self) -> None:
         self.values: dict[tuple[str, str], float] = {}
+        self.ids: dict = {}  # attribute -> int id, for the compiled matching (one map per attribution)
+        self._view_ids: dict[int, tuple[CodeView, np.ndarray]] = {}
+
+    def attr_ids(self, vs: list[CodeView]) -> tuple[np.ndarray, np.ndarray]:
+        """The views' attribute sets as CSR arrays of ids (ids, row pointers), int64. A view's ids are
+        computed once per attribution (the query's views take part in every comparison); the view is held
+        with them, so its `id()` cannot be reused meanwhile."""
+        get, ids, known = self.ids.setdefault, self.ids, self._view_ids
+        rows = []
+        for v in vs:
+            hit = known.get(id(v))
+            if hit is None:
+                hit = known[id(v)] = (v, np.array([get(a, len(ids)) for a in v.attrs], dtype=np.int64))
+            rows.append(hit[1])
+        ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=ptr[1:])
+        return (np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)), ptr
 
     def one(self, a: CodeView, b: CodeView) -> float:
         k = (a.key, b.key)
@@ -97,10 +121,14 @@ def _attr_matrix(d: list[CodeView], g: list[CodeView]) -> tuple[np.ndarray, np.n
     return inter, size_d[:, None] + size_g[None, :] - inter
 
 
-def attr_matrix(d: list[CodeView], g: list[CodeView]) -> np.ndarray:
+def attr_matrix(d: list[CodeView], g: list[CodeView], cache: IbssCache | None = None) -> np.ndarray:
     """`attr_ss` of every (d, g) pair (float64, bit-identical to the per-pair function)."""
     if not d or not g:
         return np.zeros((len(d), len(g)))
+    if native.core is not None:
+        cache = cache or IbssCache()
+        raw = native.core.attr_matrix(*cache.attr_ids(d), *cache.attr_ids(g))
+        return np.frombuffer(raw, dtype=np.float64).reshape(len(d), len(g)).copy()
     inter, union = _attr_matrix(d, g)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = inter / union
@@ -143,36 +171,58 @@ def greedy_match(delta: list[CodeView], gamma: list[CodeView], cache: IbssCache 
     used = np.zeros(len(free), dtype=bool)
     if todo and free:
         load_bodies(free)
-        vg = _vectors(free)
-        rank = np.arange(len(free))
-        for lo in range(0, len(todo), ROW_CHUNK):
-            chunk = todo[lo : lo + ROW_CHUNK]
-            attr = attr_matrix(chunk, free)
-            dist = np.abs(_vectors(chunk)[:, None, :] - vg[None, :, :]).sum(axis=2)
-            for i, d in enumerate(chunk):
-                if used.all():
-                    res.added.append(d.rec)
-                    continue
-                order = np.lexsort((rank, dist[i], -attr[i]))
-                best = None
-                for j in order[~used[order]][:TOP_N]:
-                    a = float(attr[i, j])
-                    if best is not None and (a + 1.0) / 2 <= best[0]:
-                        break  # IBSS <= 1 and Attr SS falls along `order`: no later base can score higher
-                    g = free[j]
-                    b = cache.one(d, g)
-                    s = (a + b) / 2
-                    if best is None or s > best[0]:
-                        best = (s, a, b, j)
-                s, a, b, j = best
-                used[j] = True
-                g = free[j]
-                res.pairs.append(Pair(d.rec, g.rec, s, a, b, False, (d.weight + g.weight) / 2))
+        if native.core is not None:
+            _greedy_compiled(todo, free, used, cache, res)
+        else:
+            _greedy_rows(todo, free, used, cache, res)
     else:
         res.added += [d.rec for d in todo]
     left = {id(g) for g, u in zip(free, used) if not u}
     res.unmatched_base = [g.rec for g in original if id(g) in left]  # in gamma's order, as the reference
     return res
+
+
+def _greedy_rows(todo: list[CodeView], free: list[CodeView], used: np.ndarray, cache: IbssCache, res: MatchResult) -> None:
+    """The greedy choice for each recovered view not paired by key, in order (the numpy reference of `match.c`)."""
+    vg = _vectors(free)
+    rank = np.arange(len(free))
+    for lo in range(0, len(todo), ROW_CHUNK):
+        chunk = todo[lo : lo + ROW_CHUNK]
+        attr = attr_matrix(chunk, free)
+        dist = np.abs(_vectors(chunk)[:, None, :] - vg[None, :, :]).sum(axis=2)
+        for i, d in enumerate(chunk):
+            if used.all():
+                res.added.append(d.rec)
+                continue
+            order = np.lexsort((rank, dist[i], -attr[i]))
+            best = None
+            for j in order[~used[order]][:TOP_N]:
+                a = float(attr[i, j])
+                if best is not None and (a + 1.0) / 2 <= best[0]:
+                    break  # IBSS <= 1 and Attr SS falls along `order`: no later base can score higher
+                g = free[j]
+                b = cache.one(d, g)
+                s = (a + b) / 2
+                if best is None or s > best[0]:
+                    best = (s, a, b, j)
+            s, a, b, j = best
+            used[j] = True
+            g = free[j]
+            res.pairs.append(Pair(d.rec, g.rec, s, a, b, False, (d.weight + g.weight) / 2))
+
+
+def _greedy_compiled(todo: list[CodeView], free: list[CodeView], used: np.ndarray, cache: IbssCache,
+                     res: MatchResult) -> None:  # fmt: skip
+    """`_greedy_rows` in C (`native.core.greedy_rows`): the same choices and scores."""
+    chosen = native.core.greedy_rows(*cache.attr_ids(todo), _vectors(todo), *cache.attr_ids(free), _vectors(free), used,
+                                     TOP_N, lambda i, j: cache.one(todo[i], free[j]))  # fmt: skip
+    for d, c in zip(todo, chosen):
+        if c is None:
+            res.added.append(d.rec)
+            continue
+        j, s, a, b = c
+        g = free[j]
+        res.pairs.append(Pair(d.rec, g.rec, s, a, b, False, (d.weight + g.weight) / 2))
 
 
 def optimal_cos(delta: list[CodeView], gamma: list[CodeView], exact_pairs: list[Pair],
@@ -192,7 +242,7 @@ def optimal_cos(delta: list[CodeView], gamma: list[CodeView], exact_pairs: list[
     wd = np.array([v.weight for v in d])
     wg = np.array([v.weight for v in g])
     # the reference: (attr_ss(x, y) + ibss(x, y)) / 2 * (x.weight + y.weight) / 2, left to right
-    m = (attr_matrix(d, g) + cache.matrix(d, g)) / 2 * (wd[:, None] + wg[None, :]) / 2
+    m = (attr_matrix(d, g, cache) + cache.matrix(d, g)) / 2 * (wd[:, None] + wg[None, :]) / 2
     from zen.attribute.assignment import linear_sum_assignment  # loaded only when an assignment is needed
 
     rows, cols = linear_sum_assignment()(m, maximize=True)

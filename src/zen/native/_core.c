@@ -12,6 +12,8 @@
  *       zen.cpython.code.instructions.decode_pure
  *   canonical(data, layout, budget, max_depth)   marshal_parse.c, marshal_emit.c
  *       zen.cpython.code.canonical_marshal._canonical_pure
+ *   greedy_rows(d_ids, d_ptr, d_vec, g_ids, g_ptr, g_vec, used, topn, ibss), attr_matrix(...)   match.c
+ *       zen.attribute.matching's greedy loop and attr_matrix
  *
  * This file holds the module table; built by setup.py (pip install / install.sh) as zen.native._core.
  */
@@ -22,6 +24,8 @@
 static PyMethodDef methods[] = {
     {"record_ok", zen_record_ok, METH_VARARGS, "record_ok(value, spec, depth, max_depth, max_string) -> bool: zen.represent.schema's one-walk check"},
     {"decode", zen_decode, METH_VARARGS, "decode(...) -> list | None: zen.cpython.code.instructions.decode"},
+    {"greedy_rows", zen_greedy_rows, METH_VARARGS, "greedy_rows(...) -> list: zen.attribute.matching's greedy loop"},
+    {"attr_matrix", zen_attr_matrix, METH_VARARGS, "attr_matrix(d_ids, d_ptr, g_ids, g_ptr) -> bytes: Attr SS, float64"},
     {"canonical", zen_canonical, METH_VARARGS, "canonical(data, layout, budget, max_depth) -> bytes | None: canonical_marshal"},
     {NULL, NULL, 0, NULL},
 };
