@@ -120,3 +120,26 @@ def test_code_check_starts_first_and_leaves_nothing_behind(family_images, hf_ima
     assert len(started) == 2
     for s in started:  # reaped, scratch directory removed
         assert s.proc.returncode is not None and not os.path.exists(s._cwd)
+
+
+@pytest.mark.parametrize("hierarchy", [[[1, "a", 0]], [[None, None, None]], [["a", "b"]], [[["x"], "a", 0]], "abc"])
+def test_a_hand_made_module_graph_is_refused_not_an_internal_error(family_images, hf_image, base_library, workdir,
+                                                                   tmp_path, hierarchy):  # fmt: skip
+    """mr.json's graph is free-form (`dict[str, Any]`); hierarchy edges with a number, null or list for a name, two
+    items, or a string for the list, and the manifest rehashed, made `zen attribute` exit 70 (TypeError or
+    ValueError where the graph was built). Random mutation never made one; they were written by hand."""
+    import hashlib
+    import json
+    import shutil
+
+    c = tmp_path / "case"
+    shutil.copytree(case_of("convnet_se", "convnet", family_images, hf_image, workdir), c)
+    mr = json.loads((c / "mr.json").read_text())
+    mr["graph"]["hierarchy"] = hierarchy
+    (c / "mr.json").write_text(json.dumps(mr))
+    man = json.loads((c / "manifest.json").read_text())
+    man["files"]["mr.json"] = hashlib.sha256((c / "mr.json").read_bytes()).hexdigest()
+    (c / "manifest.json").write_text(json.dumps(man))
+    res = zen("attribute", c, "--library", base_library, check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr[-800:]
+    assert "mr.json: graph.hierarchy" in res.stderr and "recover it again" in res.stderr

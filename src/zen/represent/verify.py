@@ -129,7 +129,26 @@ def check_mr_values(mr) -> list[str]:
                 problems.append(f"{where} has dtype {t.dtype[:30]!r}, which no recovered tensor has")
             elif t.status == "ok" and code is not None and math.prod(t.shape) * ITEMSIZE[code] != t.nbytes:
                 problems.append(f"{where}: {t.nbytes:,} bytes do not follow from shape {t.shape[:8]} and {t.dtype}")
-    return problems
+    return problems + _graph_problems(mr.graph)
+
+
+def _graph_problems(graph) -> list[str]:
+    """The module graph's edges as zen writes them: hierarchy [parent, child, index], data flow [source, target],
+    names as strings. Attribution builds the graph from them unchecked (a hand-made [1, "a", 0] or [null, null,
+    null] made `zen attribute` fail with an internal error, exit 70), as `library.bundle.bounded` refuses for an
+    upload."""
+    if type(graph) is not dict:
+        return [f"mr.json: graph is {type(graph).__name__}, not an object"]
+    for key, width in (("hierarchy", 3), ("dataflow", 2)):
+        edges = graph.get(key, [])
+        if type(edges) is not list:
+            return [f"mr.json: graph.{key} is {type(edges).__name__}, not a list of edges"]
+        bad = next((i for i, e in enumerate(edges) if type(e) is not list or len(e) != width
+                    or type(e[0]) is not str or type(e[1]) is not str), None)  # fmt: skip
+        if bad is not None:
+            shape = "[parent, child, index]" if width == 3 else "[source, target]"
+            return [f"mr.json: graph.{key}[{bad}] is not {shape} with names as strings"]
+    return []
 
 
 def check_requirements(path: Path) -> Verdict:
