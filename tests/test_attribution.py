@@ -222,3 +222,16 @@ def test_laplacian_is_networkx_bit_for_bit(family_images, hf_image, workdir):
         assert got_nodes == nodes and got.dtype == want.dtype and got.shape == want.shape
         assert np.array_equal(got.view(np.uint64), want.view(np.uint64)), mr
     assert len(mrs) > 10 and max(len(module_graph(m)[0]) for m in mrs) > 30
+
+
+def test_lazy_views_equal_eager_ones(family_images, hf_image, workdir):
+    """A query's views compute their attribute set, vector and text on first use (`LazyView`): each equals what
+    the eager `CodeView` of the same record holds, on every code object of a transformers case."""
+    from zen.attribute.code_views import CodeView, LazyView
+
+    vs = views(case.load_pr(case_of("gpt2", "hf", family_images, hf_image, workdir)))
+    lazy = [v for v in vs if isinstance(v, LazyView)]
+    assert len(lazy) > 1000 and len(lazy) < len(vs)  # the views with comprehensions inlined are made eagerly
+    for v in lazy:
+        e = CodeView(v.rec, v.weight, v.model_code)
+        assert (v.key, v.text, v.vector, v.attrs, v.text) == (e.key, e.text, e.vector, e.attrs, e.text)

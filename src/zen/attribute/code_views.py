@@ -36,19 +36,62 @@ class CodeView:
         self, rec: CodeRecord, weight: float = 1.0, model_code: bool = True, inlined: list[CodeRecord] | None = None
     ) -> None:
         self.rec = rec
-        short = rec.qualname.rsplit(".", 1)[-1]
-        parts = [rec, *(inlined or ())]
-        self.attrs = frozenset([("q", short)] + [("n", n) for r in parts for n in r.names]
-                               + [("v", v) for r in parts for v in r.varnames if v != ".0"]
-                               + [("c", c) for r in parts for c in r.consts if not c.startswith("<code ")]
-                               + [("f", f) for r in parts for f in r.freevars])  # fmt: skip
-        calls = sum(1 for line in rec.listing if line.startswith("CALL"))
-        self.vector = (rec.argcount + rec.kwonlyargcount, rec.nlocals, calls)
+        self.attrs = _attrs(rec, [rec, *(inlined or ())])
+        self.vector = _vector(rec)
         listing = inline_comprehensions(rec.listing, inlined) if inlined else rec.listing
         self.text = "\n".join(listing)
         self.key = rec.listing_sha256 if not inlined else hashlib.sha256(self.text.encode("utf-8", "surrogatepass")).hexdigest()
         self.weight = weight
         self.model_code = model_code
+
+
+def _attrs(rec: CodeRecord, parts: list[CodeRecord]) -> frozenset:
+    short = rec.qualname.rsplit(".", 1)[-1]
+    return frozenset([("q", short)] + [("n", n) for r in parts for n in r.names]
+                     + [("v", v) for r in parts for v in r.varnames if v != ".0"]
+                     + [("c", c) for r in parts for c in r.consts if not c.startswith("<code ")]
+                     + [("f", f) for r in parts for f in r.freevars])  # fmt: skip
+
+
+def _vector(rec: CodeRecord) -> tuple[int, int, int]:
+    calls = sum(1 for line in rec.listing if line.startswith("CALL"))
+    return (rec.argcount + rec.kwonlyargcount, rec.nlocals, calls)
+
+
+class LazyView(CodeView):
+    """A `CodeView` of a record with no comprehension inlined, whose attribute set, vector and text are computed
+    on first use. Why: the query's views are made for every code object (a transformers process: ~3,900), but
+    matching reads those three only for the views no candidate holds identically (a few hundred; the others pair
+    by key), and computing them for all was most of the query's 0.15 s of views. The values are `CodeView`'s."""
+
+    __slots__ = ()
+
+    def __init__(self, rec: CodeRecord, weight: float = 1.0, model_code: bool = True) -> None:
+        self.rec, self.key, self.weight, self.model_code = rec, rec.listing_sha256, weight, model_code
+
+    @property
+    def attrs(self) -> frozenset:  # type: ignore[override]
+        return _lazy(self, _ATTRS, lambda r: _attrs(r, [r]))
+
+    @property
+    def vector(self) -> tuple[int, int, int]:  # type: ignore[override]
+        return _lazy(self, _VECTOR, _vector)
+
+    @property
+    def text(self) -> str:  # type: ignore[override]
+        return _lazy(self, _TEXT, lambda r: "\n".join(r.listing))
+
+
+_ATTRS, _VECTOR, _TEXT = (CodeView.__dict__[n] for n in ("attrs", "vector", "text"))  # the slots under the properties
+
+
+def _lazy(v: CodeView, slot, make):
+    try:
+        return slot.__get__(v)
+    except AttributeError:
+        value = make(v.rec)
+        slot.__set__(v, value)
+        return value
 
 
 def attr_ss(a: CodeView, b: CodeView) -> float:
@@ -109,10 +152,13 @@ def views(pr: ProgrammaticRepresentation, primary: set[str] | None = None, *, in
         if c.address in inlined:
             continue
         kids = _comprehensions_of(c, by_addr, inlined)
-        v = CodeView(c, 1.0, primary is None or c.module in primary, kids)
-        if kids:
-            v.text = "\n".join(_uncell(v.text.splitlines(), c, kids, by_addr))
-            v.key = hashlib.sha256(v.text.encode("utf-8", "surrogatepass")).hexdigest()
+        model = primary is None or c.module in primary
+        if not kids:
+            out.append(LazyView(c, 1.0, model))
+            continue
+        v = CodeView(c, 1.0, model, kids)
+        v.text = "\n".join(_uncell(v.text.splitlines(), c, kids, by_addr))
+        v.key = hashlib.sha256(v.text.encode("utf-8", "surrogatepass")).hexdigest()
         out.append(v)
     return out
 
