@@ -348,3 +348,27 @@ def test_greedy_rows_refuses_inconsistent_arrays():
         call(ibss=lambda i, j: "not a float")
     with pytest.raises(ValueError):
         native.core.attr_matrix(ids, np.array([0, 5], i64), ids, ptr)
+
+
+@needs_core
+def test_long_number_scan_equals_reference(monkeypatch):
+    """The compiled scan for integers of 19+ digits (which orjson would read as floats) answers as the reference on
+    text made of digit runs of every length around 19, at the start and end, behind each separator, inside
+    strings, and past the reference's limit on runs looked at."""
+    from zen.represent import jsontext
+
+    rng = random.Random(7)
+    parts = ["[", ":", ",", " ", "-", "\n", '"', "a", "e", ".", "x"]
+    texts = [b"", b"1" * 19, b"1" * 18, b"[" + b"9" * 40, b"a" + b"9" * 19, b"- \t" + b"2" * 19 + b"]"]
+    for _ in range(3000):
+        n = rng.randrange(1, 12)
+        texts.append("".join(rng.choice(parts) + "7" * rng.choice((1, 5, 17, 18, 19, 20, 38, 57)) for _ in range(n)).encode())
+    texts.append(b'"' + b'x"1234567890123456789"' * 200 + b"]")  # more string runs than `most` allows for its length
+    texts.append(("\ud800" + "1" * 25).encode("utf-8", "surrogatepass"))
+    for t in texts:
+        want = None
+        with monkeypatch.context() as m:
+            m.setattr(native, "core", None)
+            want = jsontext._long_number(t)
+        assert jsontext._long_number(t) is want, t[:80]
+    assert any(jsontext._long_number(t) for t in texts) and not all(jsontext._long_number(t) for t in texts)

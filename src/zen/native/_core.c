@@ -14,6 +14,8 @@
  *       zen.cpython.code.canonical_marshal._canonical_pure
  *   greedy_rows(d_ids, d_ptr, d_vec, g_ids, g_ptr, g_vec, used, topn, ibss), attr_matrix(...)   match.c
  *       zen.attribute.matching's greedy loop and attr_matrix
+ *   long_number(text, most)   longnum.c
+ *       zen.represent.jsontext._long_number
  *
  * This file holds the module table; built by setup.py (pip install / install.sh) as zen.native._core.
  */
@@ -26,6 +28,7 @@ static PyMethodDef methods[] = {
     {"decode", zen_decode, METH_VARARGS, "decode(...) -> list | None: zen.cpython.code.instructions.decode"},
     {"greedy_rows", zen_greedy_rows, METH_VARARGS, "greedy_rows(...) -> list: zen.attribute.matching's greedy loop"},
     {"attr_matrix", zen_attr_matrix, METH_VARARGS, "attr_matrix(d_ids, d_ptr, g_ids, g_ptr) -> bytes: Attr SS, float64"},
+    {"long_number", zen_long_number, METH_VARARGS, "long_number(buffer, most) -> bool: jsontext._long_number"},
     {"canonical", zen_canonical, METH_VARARGS, "canonical(data, layout, budget, max_depth) -> bytes | None: canonical_marshal"},
     {NULL, NULL, 0, NULL},
 };

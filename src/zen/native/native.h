@@ -12,5 +12,6 @@ PyObject *zen_canonical(PyObject *self, PyObject *args); /* marshal_emit.c */
 int zen_canonical_init(void);                            /* marshal_parse.c */
 PyObject *zen_greedy_rows(PyObject *self, PyObject *args); /* match.c */
 PyObject *zen_attr_matrix(PyObject *self, PyObject *args); /* match.c */
+PyObject *zen_long_number(PyObject *self, PyObject *args); /* longnum.c */
 
 #endif

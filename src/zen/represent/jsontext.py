@@ -23,6 +23,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from zen import native
+
 try:
     import orjson
 except ImportError:  # pragma: no cover - a declared dependency; the standard encoder is the same text
@@ -84,8 +86,10 @@ def _long_number(text: bytes | bytearray | str) -> bool:
     165 ms). Runs inside strings (hex digests hold some) cost a look back each; past one per 4 KiB of text, json
     is simply used (bounded work)."""
     raw = text if isinstance(text, (bytes, bytearray)) else text.encode("utf-8", "surrogatepass")
-    mask = raw.translate(_DIGIT_MAP)
     most = 64 + len(raw) // 4096
+    if native.core is not None:  # the same answer in one pass, without the copy (0.06 s of a 25 MB pr.json)
+        return native.core.long_number(raw, most)
+    mask = raw.translate(_DIGIT_MAP)
     at, n = mask.find(_RUN), 0
     while at != -1:
         n += 1
