@@ -244,7 +244,8 @@ def _pack(obj: Any) -> bytes:
 
 
 def _unpack(blob: bytes) -> Any:
-    return loads(zlib.decompress(blob).decode("utf-8", "surrogatepass"))
+    # the bytes as they are: json decodes them with surrogatepass as the text was encoded (no str copy made first)
+    return loads(zlib.decompress(blob))
 
 
 def packed(mr: ModelMR, pr: ProgrammaticRepresentation) -> tuple:
