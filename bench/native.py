@@ -1,12 +1,16 @@
 """The compiled core against its pure-Python reference (issue 50), in one run: each path timed both ways, answers compared.
 
-    python bench/native.py --cases DIR --library LIB --image IMAGE [--runs N] [--no-write]
+    python bench/native.py --cases DIR --library LIB [--image IMAGE] [--runs N] [--no-write]
 
 DIR holds real recovered cases (`bench/real_cases.py DIR`); LIB a library of 100 real entries (the one
 `bench/bench_attribute_cli.py --sizes 100 --work W` builds in W); IMAGE a process image (`bench/bench_digest.py`'s gpt2
-target, imaged with `zen acquire`). Measured, compiled (the default) and pure (`ZEN_PURE=1`) alternated:
+target, imaged with `zen acquire`; without it the two rows that need it are left out). Measured, compiled (the
+default) and pure (`ZEN_PURE=1`) alternated:
 
   * the case check (`schema.bounded_record`) of every mr.json, pr.json and ur.json in DIR, in this process;
+  * the scan for 19+ digit integers (`jsontext._long_number`) over the same files, in this process;
+  * code matching (`pr_similarity.code_similarity`: greedy and optimal) of real fork/base pairs in DIR, each run
+    with a fresh IBSS cache (rapidfuzz's work, the same both ways, is in both columns), in this process;
   * decoding every readable code object of IMAGE (`instructions.decode`), in this process;
   * the canonical-marshal rewrite of every code.marshal in DIR, in this process;
   * `zen attribute QUERY --library LIB --json` end to end, one process per run, for the transformers queries;
@@ -45,6 +49,8 @@ from zen.represent.pr import ProgrammaticRepresentation, UnifiedRepresentation  
 SECTION = "Compiled core (issue 50)"
 RECORDS = {"mr.json": ModelMR, "pr.json": ProgrammaticRepresentation, "ur.json": UnifiedRepresentation}
 QUERIES = ("hf_gpt2", "hf_llama", "convnet_se")
+PAIRS = (("hf_lora", "hf_gpt2"), ("hf_mistral", "hf_llama"), ("hf_qwen2", "hf_llama"), ("convnet_se", "convnet"),
+         ("gptmini_lora", "gptmini"), ("mobile_ghost", "mobile"))  # fmt: skip
 WEIGHTS = "weights.safetensors"
 
 
@@ -88,6 +94,57 @@ def case_check(cases: Path, runs: int) -> dict:
     return {"files": len(files), "mb": sum(p.stat().st_size for p, _ in files) / 1e6, "fast": fast, "slow": slow,
             "same": same and bsame, "biggest": f"{biggest.parent.name}/{biggest.name}",
             "biggest_mb": biggest.stat().st_size / 1e6, "bfast": bf, "bslow": bs}  # fmt: skip
+
+
+def _pure(fn):
+    """`fn` run with the compiled core switched off (its callers test `native.core` at each call)."""
+
+    def run():
+        core, native.core = native.core, None
+        try:
+            return fn()
+        finally:
+            native.core = core
+
+    return run
+
+
+def scan(cases: Path, runs: int) -> dict:
+    from zen.represent import jsontext
+
+    texts = [p.read_bytes() for c in sorted(cases.glob("case_*")) for n in RECORDS if (p := c / n).exists()]
+
+    def both() -> list:
+        return [jsontext._long_number(t) for t in texts]
+
+    fast, slow, same = _pair(both, _pure(both), runs)
+    return {"files": len(texts), "mb": sum(map(len, texts)) / 1e6, "fast": fast, "slow": slow, "same": same}
+
+
+def matching(cases: Path, runs: int) -> dict:
+    from zen.attribute.code_views import primary_modules, views
+    from zen.attribute.matching import IbssCache
+    from zen.attribute.pr_similarity import code_similarity
+    from zen.represent import case
+
+    pairs = []
+    for q, b in PAIRS:
+        dirs = [cases / f"case_{n}" for n in (q, b)]
+        if all(d.is_dir() for d in dirs):
+            pairs.append([views(case.load_pr(d), primary_modules(case.load_mr(d))) for d in dirs])
+
+    def both() -> list:
+        out = []
+        for d, g in pairs:
+            r = code_similarity(d, g, cache=IbssCache())
+            out.append(([(p.recovered.address, p.base.address, p.score, p.attr, p.ibss) for p in r.pairs],
+                        [c.address for c in r.added], r.cos, r.optimal_cos))  # fmt: skip
+        return out
+
+    both()  # the query views compute their features on first use: once, before either side is timed
+    _pure(both)()  # and the reference's first call imports scipy.sparse
+    fast, slow, same = _pair(both, _pure(both), runs)
+    return {"pairs": len(pairs), "views": sum(len(d) + len(g) for d, g in pairs), "fast": fast, "slow": slow, "same": same}
 
 
 def rewrite(cases: Path, runs: int) -> dict:
@@ -188,7 +245,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=Path, required=True)
     ap.add_argument("--library", type=Path, required=True)
-    ap.add_argument("--image", type=Path, required=True)
+    ap.add_argument("--image", type=Path, help="a process image (the decoding and recover rows need one)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -196,11 +253,14 @@ def main() -> int:
         raise SystemExit(f"the compiled core is not loaded here: {native.why}")
     load = os.getloadavg()[0]
     cc = case_check(args.cases, args.runs)
-    dc = decode_image(args.image, args.runs)
+    sc = scan(args.cases, args.runs)
+    mt = matching(args.cases, args.runs)
+    dc = decode_image(args.image, args.runs) if args.image else None
     cm = rewrite(args.cases, args.runs)
     at = attribute(args.cases, args.library, args.runs)
-    rc = recover(args.image, max(3, args.runs // 2))
-    lines = [f"One run of `python bench/native.py --cases CASES --library LIB-100 --image gpt2.core --runs {args.runs}` on "
+    rc = recover(args.image, max(3, args.runs // 2)) if args.image else None
+    image = " --image gpt2.core" if args.image else ""
+    lines = [f"One run of `python bench/native.py --cases CASES --library LIB-100{image} --runs {args.runs}` on "
              f"{time.strftime('%Y-%m-%d')}: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
              f"load average {load:.1f} at the start. Compiled: `zen.native._core` (C against the CPython API, built by "
              "install.sh); pure: the same code with `ZEN_PURE=1`, its Python reference. Medians, the two alternated; "
@@ -214,22 +274,30 @@ def main() -> int:
         f"{cc['fast']:.3f}", _r(cc["slow"], cc["fast"]), cc["same"])  # fmt: skip
     row("case check, largest file", f"{cc['biggest']} ({cc['biggest_mb']:.0f} MB)", f"{cc['bslow']:.3f}", f"{cc['bfast']:.3f}",
         _r(cc["bslow"], cc["bfast"]), cc["same"])  # fmt: skip
-    row("bytecode decoding (`instructions.decode`)",
-        f"every code object of the image: {dc['codes']:,} ({dc['instructions']:,} instructions, CPython {dc['minor']})",
-        f"{dc['slow']:.3f}", f"{dc['fast']:.3f}", _r(dc["slow"], dc["fast"]), dc["same"])  # fmt: skip
+    row("integer scan (`jsontext._long_number`)", f"the same {sc['files']} files, {sc['mb']:.0f} MB", f"{sc['slow']:.3f}",
+        f"{sc['fast']:.3f}", _r(sc["slow"], sc["fast"]), sc["same"])  # fmt: skip
+    row("code matching (`code_similarity`, greedy + optimal)", f"{mt['pairs']} real fork/base pairs, {mt['views']:,} views",
+        f"{mt['slow']:.3f}", f"{mt['fast']:.3f}", _r(mt["slow"], mt["fast"]), mt["same"])  # fmt: skip
+    if dc is not None:
+        row("bytecode decoding (`instructions.decode`)",
+            f"every code object of the image: {dc['codes']:,} ({dc['instructions']:,} instructions, CPython {dc['minor']})",
+            f"{dc['slow']:.3f}", f"{dc['fast']:.3f}", _r(dc["slow"], dc["fast"]), dc["same"])  # fmt: skip
     row("canonical-marshal rewrite (`canonical_marshal.canonical`)", f"{cm['files']} real code.marshal, {cm['mb']:.0f} MB",
         f"{cm['slow']:.3f}", f"{cm['fast']:.3f}", _r(cm["slow"], cm["fast"]), cm["same"])  # fmt: skip
     for r in at:
         row("`zen attribute --json`, 100 real entries", r["query"], f"{r['slow']:.2f} (CPU {r['cpu_slow']:.2f})",
             f"{r['fast']:.2f} (CPU {r['cpu_fast']:.2f})", _r(r["slow"], r["fast"]), r["same"])  # fmt: skip
-    row("`zen recover` (warm page cache)", f"gpt2 image, {rc['mb']:,.0f} MB", f"{rc['slow']:.2f} (CPU {rc['cpu_slow']:.2f})",
-        f"{rc['fast']:.2f} (CPU {rc['cpu_fast']:.2f})", _r(rc["slow"], rc["fast"]), rc["same"],
-        "yes (case files byte-identical)")  # fmt: skip
+    if rc is not None:
+        row("`zen recover` (warm page cache)", f"gpt2 image, {rc['mb']:,.0f} MB", f"{rc['slow']:.2f} (CPU {rc['cpu_slow']:.2f})",
+            f"{rc['fast']:.2f} (CPU {rc['cpu_fast']:.2f})", _r(rc["slow"], rc["fast"]), rc["same"],
+            "yes (case files byte-identical)")  # fmt: skip
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
         write_sections({SECTION: text})
-    return 0 if cc["same"] and dc["same"] and cm["same"] and all(r["same"] for r in at) and rc["same"] else 1
+    same = [cc["same"], sc["same"], mt["same"], cm["same"], *(r["same"] for r in at)]
+    same += [x["same"] for x in (dc, rc) if x is not None]
+    return 0 if all(same) else 1
 
 
 if __name__ == "__main__":
