@@ -47,15 +47,23 @@ def saturated() -> Iterator[list[int]]:
             p.wait()
 
 
-def _spinning(pids: list[int]) -> bool:
-    """Whether the spinners are alive and running (state R), i.e. the machine really was loaded."""
-    states = []
-    for pid in pids:
-        try:
-            states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            return False
-    return all(s == "R" for s in states)
+def _spinning(pids: list[int], within: float = 10.0) -> bool:
+    """Whether the spinners are alive and running (state R), i.e. the machine really was loaded. Looked at until
+    `within` seconds have passed: a spinner just started may still be in exec (state S or D) when the machine is
+    already busy (CI failed once on the read right after the start, with another job running beside it)."""
+    import time
+
+    end = time.monotonic() + within
+    while True:
+        states = []
+        for pid in pids:
+            try:
+                states.append(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                return False  # a spinner is gone
+        if all(s == "R" for s in states) or time.monotonic() > end:
+            return all(s == "R" for s in states)
+        time.sleep(0.05)
 
 
 def _files(d: Path) -> dict[str, bytes]:
