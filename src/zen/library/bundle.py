@@ -153,15 +153,15 @@ class Bundle:
 def bounded(mr: ModelMR, pr: ProgrammaticRepresentation, limits: Limits) -> None:
     """Refuse an MR whose module graph, or a PR whose code, exceeds `limits`, and a graph that is
     not lists of names (attribution walks it without further checks)."""
-    graph = mr.graph if isinstance(mr.graph, dict) else {}
-    hierarchy, dataflow = graph.get("hierarchy", []), graph.get("dataflow", [])
-    for key, edges, width in (("hierarchy", hierarchy, 3), ("dataflow", dataflow, 2)):
-        if type(edges) is not list or len(edges) > limits.graph_edges:
+    from zen.represent.verify import graph_problems
+
+    shape = graph_problems(mr.graph)  # the case check's rule: edges of names
+    if shape:
+        raise BundleError(shape[0])
+    hierarchy, dataflow = mr.graph.get("hierarchy", []), mr.graph.get("dataflow", [])
+    for key, edges in (("hierarchy", hierarchy), ("dataflow", dataflow)):
+        if len(edges) > limits.graph_edges:
             raise BundleError(f"mr.json: graph.{key} is not a list of at most {limits.graph_edges:,} edges")
-        bad = next((i for i, e in enumerate(edges) if type(e) is not list or len(e) != width
-                    or not all(type(x) is str for x in e[:2])), None)  # fmt: skip
-        if bad is not None:
-            raise BundleError(f"mr.json: graph.{key}[{bad}]: expected [source, target{', name' if width == 3 else ''}]")
     nodes = {m.path for m in mr.modules} | {x for e in hierarchy for x in e[:2]}
     if len(nodes) > limits.graph_nodes:
         raise BundleError(f"mr.json: {len(nodes):,} modules is more than a fingerprint may hold ({limits.graph_nodes:,})")

@@ -129,10 +129,10 @@ def check_mr_values(mr) -> list[str]:
                 problems.append(f"{where} has dtype {t.dtype[:30]!r}, which no recovered tensor has")
             elif t.status == "ok" and code is not None and math.prod(t.shape) * ITEMSIZE[code] != t.nbytes:
                 problems.append(f"{where}: {t.nbytes:,} bytes do not follow from shape {t.shape[:8]} and {t.dtype}")
-    return problems + _graph_problems(mr.graph)
+    return problems + graph_problems(mr.graph)
 
 
-def _graph_problems(graph) -> list[str]:
+def graph_problems(graph) -> list[str]:
     """The module graph's edges as zen writes them: hierarchy [parent, child, index], data flow [source, target],
     names as strings. Attribution builds the graph from them unchecked (a hand-made [1, "a", 0] or [null, null,
     null] made `zen attribute` fail with an internal error, exit 70), as `library.bundle.bounded` refuses for an
