@@ -12,6 +12,7 @@ default) and pure (`ZEN_PURE=1`) alternated:
   * code matching (`pr_similarity.code_similarity`: greedy and optimal) of real fork/base pairs in DIR, each run
     with a fresh IBSS cache (rapidfuzz's work, the same both ways, is in both columns), in this process;
   * decoding every readable code object of IMAGE (`instructions.decode`), in this process;
+  * the census' word search over IMAGE (every type address, in the heap's pointer map and over all writable memory);
   * the canonical-marshal rewrite of every code.marshal in DIR, in this process;
   * `zen attribute QUERY --library LIB --json` end to end, one process per run, for the transformers queries;
   * `zen recover IMAGE` end to end, one process per run (warm page cache: the disk is not what differs).
@@ -179,6 +180,37 @@ def decode_image(image: Path, runs: int) -> dict:
     return {"codes": len(codes), "instructions": n, "fast": fast, "slow": slow, "same": same, "minor": ip.info.minor}
 
 
+def words(image: Path, runs: int) -> dict:
+    """The census' word searches over IMAGE: every type of the process in the heap's pointer map (what each later
+    search reads) and the first, mapping pass over all writable memory."""
+    from zen.cpython.heap import Heap
+    from zen.cpython.interp import Interpreter
+    from zen.memory import open_space
+    from zen.memory import scan as sc
+
+    space = open_space(image, None)
+    try:
+        heap = Heap(Interpreter.open(space))
+        types = heap.all_types()
+        lo, hi = min(types), max(types)
+        pieces, chunks = sc.pieces_of(space, heap._memo["pointer_map"]), sc.writable_chunks(space)
+
+        def search() -> list:
+            return [x.tolist() for x in sc.find_u64_in(space, types, pieces)]
+
+        def mapped() -> list:
+            got = sc.find_u64_in_mapped(space, types, chunks, lo, hi)
+            return [got[0].tolist(), got[1].tolist(), got[2]]
+
+        fast, slow, same = _pair(search, _pure(search), runs)
+        mfast, mslow, msame = _pair(mapped, _pure(mapped), runs)
+        return {"types": len(types), "mb": sum(p.end - p.start for p in pieces) / 1e6, "fast": fast, "slow": slow,
+                "wmb": sum(c.end - c.start for c in chunks) / 1e6, "mfast": mfast, "mslow": mslow,
+                "same": same and msame}  # fmt: skip
+    finally:
+        space.close()
+
+
 def _cli(args: list, pure: bool) -> tuple[float, float, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("ZEN_PURE", None)
@@ -256,6 +288,7 @@ def main() -> int:
     sc = scan(args.cases, args.runs)
     mt = matching(args.cases, args.runs)
     dc = decode_image(args.image, args.runs) if args.image else None
+    wd = words(args.image, args.runs) if args.image else None
     cm = rewrite(args.cases, args.runs)
     at = attribute(args.cases, args.library, args.runs)
     rc = recover(args.image, max(3, args.runs // 2)) if args.image else None
@@ -282,6 +315,11 @@ def main() -> int:
         row("bytecode decoding (`instructions.decode`)",
             f"every code object of the image: {dc['codes']:,} ({dc['instructions']:,} instructions, CPython {dc['minor']})",
             f"{dc['slow']:.3f}", f"{dc['fast']:.3f}", _r(dc["slow"], dc["fast"]), dc["same"])  # fmt: skip
+    if wd is not None:
+        row("word search (`scan.find_u64_in`)", f"{wd['types']:,} type addresses in the heap's pointer map, {wd['mb']:,.0f} MB",
+            f"{wd['slow']:.3f}", f"{wd['fast']:.3f}", _r(wd["slow"], wd["fast"]), wd["same"])  # fmt: skip
+        row("mapping pass (`scan.find_u64_in_mapped`)", f"the same types, writable memory, {wd['wmb']:,.0f} MB",
+            f"{wd['mslow']:.3f}", f"{wd['mfast']:.3f}", _r(wd["mslow"], wd["mfast"]), wd["same"])  # fmt: skip
     row("canonical-marshal rewrite (`canonical_marshal.canonical`)", f"{cm['files']} real code.marshal, {cm['mb']:.0f} MB",
         f"{cm['slow']:.3f}", f"{cm['fast']:.3f}", _r(cm["slow"], cm["fast"]), cm["same"])  # fmt: skip
     for r in at:
@@ -296,7 +334,7 @@ def main() -> int:
     if not args.no_write:
         write_sections({SECTION: text})
     same = [cc["same"], sc["same"], mt["same"], cm["same"], *(r["same"] for r in at)]
-    same += [x["same"] for x in (dc, rc) if x is not None]
+    same += [x["same"] for x in (dc, wd, rc) if x is not None]
     return 0 if all(same) else 1
 
 

@@ -372,3 +372,79 @@ def test_long_number_scan_equals_reference(monkeypatch):
             want = jsontext._long_number(t)
         assert jsontext._long_number(t) is want, t[:80]
     assert any(jsontext._long_number(t) for t in texts) and not all(jsontext._long_number(t) for t in texts)
+
+
+def _words_oracle(q, vals, plo, pwidth, mark):
+    """What the word search must answer, by numpy's set membership (a third way, not the reference's passes)."""
+    import numpy as np
+
+    inside = (q - np.uint64(plo)) <= np.uint64(pwidth)
+    idx = np.flatnonzero(inside & np.isin(q, vals))
+    marks = [bool(inside[i : i + mark].any()) for i in range(0, q.size, mark)] if mark else None
+    return idx.tolist(), marks
+
+
+@needs_core
+def test_word_search_equals_numpy_on_hostile_words():
+    """Blocks of words at the values, one off them, at 0 and 2**64-1, wrapping the range tests; views at every
+    alignment; with and without the sieve; map pieces that do not divide the block. Inconsistent arguments are
+    refused, not read."""
+    import numpy as np
+
+    from zen.memory.scan import U64_MAX, _Sieve
+
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        vals = np.unique(rng.integers(1 << 40, 1 << 47, size=int(rng.integers(1, 200)), dtype=np.uint64))
+        if trial % 7 == 0:
+            vals = np.unique(np.concatenate([vals, np.array([0, U64_MAX], dtype=np.uint64)]))
+        pool = np.concatenate([vals, vals + np.uint64(1), vals - np.uint64(1), vals + np.uint64(8),
+                               np.array([0, 1, U64_MAX, U64_MAX - 1], dtype=np.uint64)])  # fmt: skip
+        n = int(rng.integers(0, 5000))
+        q = np.where(rng.random(n) < 0.3, rng.choice(pool, n), rng.integers(0, U64_MAX, n, dtype=np.uint64, endpoint=True))
+        off = trial % 8
+        raw = np.zeros(n * 8 + off, dtype=np.uint8)
+        raw[off:] = q.view(np.uint8)
+        view = raw[off:].view(np.uint64) if off == 0 else np.frombuffer(raw.tobytes()[off:], dtype=np.uint64)
+        sieve = _Sieve(vals).bits() if trial % 2 else None
+        plo, pwidth = (0, U64_MAX) if trial % 3 == 0 else (int(vals[0]) - 16, int(vals[-1] - vals[0]) // 2)
+        plo %= 1 << 64
+        mark = (0, 1, 7, 8192)[trial % 4]
+        got_idx, got_marks = native.core.u64_find(view, vals, sieve, plo, pwidth, mark)
+        want_idx, want_marks = _words_oracle(q, vals, plo, pwidth, mark)
+        assert np.frombuffer(got_idx, dtype=np.int64).tolist() == want_idx, trial
+        assert (None if got_marks is None else [bool(b) for b in got_marks]) == want_marks, trial
+    q = np.arange(16, dtype=np.uint64)
+    for bad in ((q, q[::-1].copy(), None), (q, q, b"\x01" * 3), (q.view(np.uint8)[:9], q, None)):
+        with pytest.raises(ValueError):
+            native.core.u64_find(*bad, 0, U64_MAX, 0)
+
+
+@needs_core
+def test_word_search_equals_reference_on_an_image(hf_image, monkeypatch):
+    """find_u64_in and find_u64_in_mapped over a transformers process's writable memory, compiled and reference:
+    the same addresses, values and pointer map for every type of the process (the sieve's case), one type, values
+    that are nowhere, and none."""
+    from zen.memory import scan
+
+    with opened_heap(hf_image[0]) as (ip, heap):
+        chunks = scan.writable_chunks(heap.space)
+        types = heap.all_types()
+        lo, hi = min(types), max(types)
+        heap_pieces = scan.pieces_of(heap.space, heap._memo["pointer_map"])  # what later searches read
+        plain = (types, [ip.wk.types["type"]], [0, 8, scan.U64_MAX, lo - 8])
+        for search, sets in ((scan.find_u64_in, plain), (scan.find_u64_in_mapped, (types, []))):
+            for vals in sets:
+                if search is scan.find_u64_in:
+                    args = (heap.space, vals, heap_pieces)
+                else:
+                    args = (heap.space, vals, chunks, lo, hi)
+                got = search(*args)
+                with monkeypatch.context() as m:
+                    m.setattr(native, "core", None)
+                    want = search(*args)
+                for g, w in zip(got[:2], want[:2]):
+                    assert g.dtype == w.dtype and g.tolist() == w.tolist(), (search.__name__, len(vals))
+                assert got[2:] == want[2:]
+                assert len(got[0]) > len(types) or vals is not types
+        assert got[2], "the pointer map is empty"

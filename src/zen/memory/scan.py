@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from zen import native
 from zen.memory.space import RESIDENT_SOFT_LIMIT, AddressSpace, Chunk, resident_bytes
 
 BLOCK = 16 << 20  # bytes compared per step: bounds the temporary arrays numpy allocates
@@ -90,6 +91,12 @@ def find_u64_in(
     work = _Work()
     addrs: list[np.ndarray] = []
     found: list[np.ndarray] = []
+    if native.core is not None:  # the same words, each loaded once (native/scan.c)
+        bits = sieve.bits() if sieve is not None else None
+        for start, arr in space.iter_arrays(chunks, keep=keep):
+            for base, q in _u64_blocks(start, arr):
+                _keep(base, q, native.core.u64_find(q, vals, bits, 0, U64_MAX, 0)[0], addrs, found)
+        return _joined(addrs, found)
     for start, arr in space.iter_arrays(chunks, keep=keep):
         for base, q in _u64_blocks(start, arr):
             cand = np.flatnonzero(work.in_range(q, lo, width))  # one unsigned compare: lo <= q <= hi
@@ -98,6 +105,18 @@ def find_u64_in(
             if sieve is not None:
                 cand = sieve.keep(q, cand)
             _match(base, q, cand, vals, addrs, found)
+    return _joined(addrs, found)
+
+
+def _keep(base: int, q: np.ndarray, idx: bytes, addrs: list, found: list) -> None:
+    """The compiled search's hits (int64 word indexes into `q`) as `_match` keeps them."""
+    if idx:
+        at = np.frombuffer(idx, dtype=np.int64)
+        addrs.append(np.uint64(base) + at.astype(np.uint64) * np.uint64(8))
+        found.append(q[at])
+
+
+def _joined(addrs: list, found: list) -> tuple[np.ndarray, np.ndarray]:
     if not addrs:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
     return np.concatenate(addrs), np.concatenate(found)
@@ -135,6 +154,10 @@ class _Sieve:
         self.mask = np.uint64((1 << self.BITS) - 1)
         self.table = np.zeros(1 << self.BITS, dtype=bool)
         self.table[((vals >> np.uint64(3)) & self.mask).astype(np.intp)] = True
+
+    def bits(self) -> bytes:
+        """The table as a bitset (bit i of byte i // 8, least significant first): the compiled search's form."""
+        return np.packbits(self.table, bitorder="little").tobytes()
 
     def keep(self, q: np.ndarray, cand: np.ndarray) -> np.ndarray:
         words = q[cand]
@@ -176,6 +199,11 @@ def find_u64_in_mapped(
     ranges: list[tuple[int, int]] = []
     for start, arr in space.iter_arrays(chunks):
         for base, q in _u64_blocks(start, arr):
+            if native.core is not None:  # the same marks and hits in one load of each word (native/scan.c)
+                idx, marks = native.core.u64_find(q, vals, None, int(plo), int(pwidth), words)
+                _add_ranges(ranges, base, np.flatnonzero(np.frombuffer(marks, dtype=np.uint8)).tolist(), words, q.size)
+                _keep(base, q, idx, addrs, found)
+                continue
             inside = work.in_range(q, plo, pwidth)
             n = q.size
             full = n // words * words
@@ -183,12 +211,7 @@ def find_u64_in_mapped(
             if full < n:
                 marks.append(bool(inside[full:].any()))
             hit = np.flatnonzero(marks).tolist()
-            for i in hit:
-                a, b = base + i * MAP_BLOCK, base + min((i + 1) * words, n) * 8
-                if ranges and ranges[-1][1] == a:
-                    ranges[-1] = (ranges[-1][0], b)
-                else:
-                    ranges.append((a, b))
+            _add_ranges(ranges, base, hit, words, n)
             if not vals.size or not hit:  # no word in [lo, hi]: none of the values either
                 continue
             cand = work.in_range(q, vlo, vwidth, out="mask2")
@@ -196,9 +219,17 @@ def find_u64_in_mapped(
             cand = np.flatnonzero(cand)
             if cand.size:
                 _match(base, q, cand, vals, addrs, found)
-    if not addrs:
-        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64), ranges
-    return np.concatenate(addrs), np.concatenate(found), ranges
+    return (*_joined(addrs, found), ranges)
+
+
+def _add_ranges(ranges: list[tuple[int, int]], base: int, hit: list[int], words: int, n: int) -> None:
+    """The pointer map's pieces `hit` of a block at `base` (n words), adjacent ones merged."""
+    for i in hit:
+        a, b = base + i * MAP_BLOCK, base + min((i + 1) * words, n) * 8
+        if ranges and ranges[-1][1] == a:
+            ranges[-1] = (ranges[-1][0], b)
+        else:
+            ranges.append((a, b))
 
 
 def find_u64_in_ranges(

@@ -13,5 +13,6 @@ int zen_canonical_init(void);                            /* marshal_parse.c */
 PyObject *zen_greedy_rows(PyObject *self, PyObject *args); /* match.c */
 PyObject *zen_attr_matrix(PyObject *self, PyObject *args); /* match.c */
 PyObject *zen_long_number(PyObject *self, PyObject *args); /* longnum.c */
+PyObject *zen_u64_find(PyObject *self, PyObject *args);    /* scan.c */
 
 #endif
