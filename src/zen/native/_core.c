@@ -18,6 +18,8 @@
  *       zen.represent.jsontext._long_number
  *   u64_find(block, vals, sieve, plo, pwidth, mark)   scan.c
  *       zen.memory.scan's word search (find_u64_in, find_u64_in_mapped)
+ *   find_all(buffer, needle, start, end, most)   find.c
+ *       zen.memory.system.kernel._find_all
  *
  * This file holds the module table; built by setup.py (pip install / install.sh) as zen.native._core.
  */
@@ -32,6 +34,7 @@ static PyMethodDef methods[] = {
     {"attr_matrix", zen_attr_matrix, METH_VARARGS, "attr_matrix(d_ids, d_ptr, g_ids, g_ptr) -> bytes: Attr SS, float64"},
     {"long_number", zen_long_number, METH_VARARGS, "long_number(buffer, most) -> bool: jsontext._long_number"},
     {"u64_find", zen_u64_find, METH_VARARGS, "u64_find(block, vals, sieve, plo, pwidth, mark) -> (indexes, marks): zen.memory.scan"},
+    {"find_all", zen_find_all, METH_VARARGS, "find_all(buffer, needle, start, end, most) -> list: kernel._find_all"},
     {"canonical", zen_canonical, METH_VARARGS, "canonical(data, layout, budget, max_depth) -> bytes | None: canonical_marshal"},
     {NULL, NULL, 0, NULL},
 };

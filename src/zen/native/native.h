@@ -14,5 +14,6 @@ PyObject *zen_greedy_rows(PyObject *self, PyObject *args); /* match.c */
 PyObject *zen_attr_matrix(PyObject *self, PyObject *args); /* match.c */
 PyObject *zen_long_number(PyObject *self, PyObject *args); /* longnum.c */
 PyObject *zen_u64_find(PyObject *self, PyObject *args);    /* scan.c */
+PyObject *zen_find_all(PyObject *self, PyObject *args);    /* find.c */
 
 #endif

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zen import native
 from zen.memory.system.formats import PhysicalImage
 from zen.runtime.errors import ImageError, KernelSymbolsError
 
@@ -32,6 +33,8 @@ _BANNER_RE = re.compile(rb"Linux version [0-9][\x20-\x7e]{8,400}\n?\x00")
 MAX_BANNER_HITS = 4096
 # init_task's comm is "swapper/0" (SMP) or "swapper": the same signature Volatility scans for.
 _SWAPPER_RE = re.compile(rb"swapper(/0|\x00\x00)\x00\x00\x00\x00\x00\x00")
+SWAPPER_SIGNATURES = (b"swapper/0" + b"\x00" * 6, b"swapper" + b"\x00" * 8)  # its two spellings, as byte strings
+SWAPPER_LEN = 15  # bytes of either: the windows of a scan overlap by this much
 MAX_SWAPPER_HITS = 4096
 KERNEL_MAP_BASE = 0xFFFFFFFF80000000  # x86_64 __START_KERNEL_map
 
@@ -110,22 +113,49 @@ def find_banners(phys: PhysicalImage, mm: mmap.mmap | None, extents: list[tuple[
     first. The running kernel's banner appears several times (its .rodata, the log buffer, page
     cache copies of /proc/version readers); another kernel's (a kexec'd one, a VM image file in
     the page cache) may appear too, which is why the ISF lookup tries each."""
+    return scan_image(mm, extents)[0] if mm is not None else []
+
+
+def scan_image(mm: mmap.mmap, extents: list[tuple[int, int]] | None = None) -> tuple[list[bytes], list[int]]:
+    """The image's kernel banners (as `find_banners` gives them) and the file offsets of init_task's comm signature
+    (`_SWAPPER_RE`, at most MAX_SWAPPER_HITS, ascending), in one pass: each window of the file is faulted in and
+    searched for both while it is resident (two passes cost a second 1.5 GiB of page faults). A window of nothing but
+    near-misses ("swapper" alone) costs no Python per near-miss: the signature's two spellings are searched as
+    they are."""
     counts: dict[bytes, int] = {}
-    if mm is not None:
-        hits = 0
-        for lo, hi in _windows(mm, len(BANNER_PREFIX), extents):
-            pos = lo
-            while hits < MAX_BANNER_HITS:
-                i = mm.find(BANNER_PREFIX, pos, hi)
-                if i < 0:
-                    break
-                hits += 1
-                m = _BANNER_RE.match(mm, i)
-                if m:
-                    text = m.group(0).rstrip(b"\x00")
-                    counts[text] = counts.get(text, 0) + 1
-                pos = i + 1
-    return sorted(counts, key=lambda b: (-counts[b], b))
+    swappers: list[int] = []
+    seen: set[int] = set()
+    banner_hits = 0
+    for lo, hi in _windows(mm, SWAPPER_LEN, extents):
+        # a banner's prefix must end within the window plus its own length, as a window of that overlap would have it
+        for i in _find_all(mm, BANNER_PREFIX, lo, min(hi, lo + SCAN_WINDOW + len(BANNER_PREFIX)), MAX_BANNER_HITS - banner_hits):
+            banner_hits += 1
+            m = _BANNER_RE.match(mm, i)
+            if m:
+                text = m.group(0).rstrip(b"\x00")
+                counts[text] = counts.get(text, 0) + 1
+        room = MAX_SWAPPER_HITS + 1 - len(swappers)
+        if room > 0:  # the window's first `room` new matches; one of each spelling's may be the last window's
+            found = {i for sig in SWAPPER_SIGNATURES for i in _find_all(mm, sig, lo, hi, room + 1)}
+            hits = sorted(found - seen)[:room]  # windows overlap by a few bytes
+            swappers += hits
+            seen.update(hits)
+    return sorted(counts, key=lambda b: (-counts[b], b)), swappers[:MAX_SWAPPER_HITS]
+
+
+def _find_all(mm, needle: bytes, lo: int, hi: int, most: int) -> list[int]:
+    """Offsets of `needle` within [lo, hi) of `mm`, ascending, at most `most` (`native/find.c`: sixteen positions at a
+    time without the GIL; this loop of bytes.find is its reference)."""
+    if native.core is not None:
+        return native.core.find_all(mm, needle, lo, hi, most)
+    out: list[int] = []
+    while len(out) < most:
+        i = mm.find(needle, lo, hi)
+        if i < 0:
+            break
+        out.append(i)
+        lo = i + 1
+    return out
 
 
 SCAN_WINDOW = 128 << 20
@@ -165,7 +195,11 @@ class Kernel:
         self.ctx.add_layer(physical.FileLayer(self.ctx, "zen.file", "file"))
         self.phys_layer = self._physical_layer()
         self.extents = data_extents(self._fh.fileno(), file_ranges(phys)) if self.mm is not None else None
-        banners = find_banners(phys, self.mm, self.extents) if self.mm is not None else self._scan_banners()
+        self._swappers: list[int] = []  # file offsets of init_task's comm signature (`scan_image`)
+        if self.mm is not None:
+            banners, self._swappers = scan_image(self.mm, self.extents)
+        else:
+            banners = self._scan_banners()
         if not banners:
             raise ImageError(
                 f"no Linux kernel banner ('Linux version ...') in {phys.path}",
@@ -311,20 +345,11 @@ class Kernel:
     def _swapper_hits(self):
         if self.mm is not None:
             by_file = sorted(((s.file_offset, s) for s in self.phys.segments if s.file_offset is not None), key=lambda t: t[0])
-            n, seen = 0, set()
-            for lo, hi in _windows(self.mm, 16, self.extents):
-                for m in _SWAPPER_RE.finditer(self.mm, lo, hi):
-                    off = m.start()
-                    if off in seen:  # windows overlap by a few bytes
-                        continue
-                    seen.add(off)
-                    n += 1
-                    if n > MAX_SWAPPER_HITS:
-                        return
-                    for foff, seg in by_file:  # few segments: a linear pass is fine
-                        if foff <= off < foff + seg.length:
-                            yield seg.start + (off - foff)
-                            break
+            for off in self._swappers[:MAX_SWAPPER_HITS]:
+                for foff, seg in by_file:  # few segments: a linear pass is fine
+                    if foff <= off < foff + seg.length:
+                        yield seg.start + (off - foff)
+                        break
             return
         from volatility3.framework.layers import scanners
 
