@@ -113,8 +113,9 @@ def test_find_all_equals_bytes_find():
         finally:
             native.core = native_core
         assert got == want, (trial, data, needle, lo, hi, most)
-    with pytest.raises(ValueError):
-        native.core.find_all(b"abc", b"", 0, 3, 5)
+    for bad in ((b"", 0, 3, 5), (b"a", 0, 3, -1), (b"a", 0, 3, 1 << 25)):
+        with pytest.raises(ValueError):
+            native.core.find_all(b"abc", *bad)
 
 
 @needs_core

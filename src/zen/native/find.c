@@ -64,8 +64,10 @@ PyObject *zen_find_all(PyObject *self, PyObject *args)
         end = 0;
     if (end > b.len)
         end = b.len;
-    if (most > ((Py_ssize_t)1 << 24))
-        most = (Py_ssize_t)1 << 24; /* bounds the offsets array; callers ask for thousands */
+    if (most > ((Py_ssize_t)1 << 24)) { /* bounds the offsets array; callers ask for thousands */
+        PyErr_SetString(PyExc_ValueError, "find_all: most above 2**24");
+        goto done;
+    }
     at = PyMem_RawMalloc(sizeof(Py_ssize_t) * (size_t)(most ? most : 1));
     if (at == NULL) {
         PyErr_NoMemory();
