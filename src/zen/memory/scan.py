@@ -88,7 +88,6 @@ def find_u64_in(
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
     lo, width = vals[0], vals[-1] - vals[0]
     sieve = _Sieve(vals) if vals.size >= _Sieve.MIN_VALUES else None
-    work = _Work()
     addrs: list[np.ndarray] = []
     found: list[np.ndarray] = []
     if native.core is not None:  # the same words, each loaded once (native/scan.c)
@@ -97,6 +96,7 @@ def find_u64_in(
             for base, q in _u64_blocks(start, arr):
                 _keep(base, q, native.core.u64_find(q, vals, bits, 0, U64_MAX, 0)[0], addrs, found)
         return _joined(addrs, found)
+    work = _Work()
     for start, arr in space.iter_arrays(chunks, keep=keep):
         for base, q in _u64_blocks(start, arr):
             cand = np.flatnonzero(work.in_range(q, lo, width))  # one unsigned compare: lo <= q <= hi

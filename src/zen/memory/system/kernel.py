@@ -108,20 +108,15 @@ def file_ranges(phys: PhysicalImage) -> list[tuple[int, int]]:
     return merged
 
 
-def find_banners(phys: PhysicalImage, mm: mmap.mmap | None, extents: list[tuple[int, int]] | None = None) -> list[bytes]:
-    """Distinct kernel banners (text of `linux_banner`, NUL-terminated) in the image, most frequent
-    first. The running kernel's banner appears several times (its .rodata, the log buffer, page
-    cache copies of /proc/version readers); another kernel's (a kexec'd one, a VM image file in
-    the page cache) may appear too, which is why the ISF lookup tries each."""
-    return scan_image(mm, extents)[0] if mm is not None else []
-
-
 def scan_image(mm: mmap.mmap, extents: list[tuple[int, int]] | None = None) -> tuple[list[bytes], list[int]]:
-    """The image's kernel banners (as `find_banners` gives them) and the file offsets of init_task's comm signature
-    (`_SWAPPER_RE`, at most MAX_SWAPPER_HITS, ascending), in one pass: each window of the file is faulted in and
-    searched for both while it is resident (two passes cost a second 1.5 GiB of page faults). A window of nothing but
-    near-misses ("swapper" alone) costs no Python per near-miss: the signature's two spellings are searched as
-    they are."""
+    """The image's kernel banners (text of `linux_banner`, NUL-terminated; distinct, most frequent first) and the file
+    offsets of init_task's comm signature (`_SWAPPER_RE`, at most MAX_SWAPPER_HITS, ascending).
+
+    The running kernel's banner appears several times (its .rodata, the log buffer, page cache copies of
+    /proc/version readers); another kernel's (a kexec'd one, a VM image file in the page cache) may appear too, which
+    is why the ISF lookup tries each. One pass: each window of the file is faulted in and searched for both while it
+    is resident (two passes cost a second 1.5 GiB of page faults). A window of nothing but near-misses ("swapper"
+    alone) costs no Python per near-miss: the signature's two spellings are searched as they are."""
     counts: dict[bytes, int] = {}
     swappers: list[int] = []
     seen: set[int] = set()
@@ -345,7 +340,7 @@ class Kernel:
     def _swapper_hits(self):
         if self.mm is not None:
             by_file = sorted(((s.file_offset, s) for s in self.phys.segments if s.file_offset is not None), key=lambda t: t[0])
-            for off in self._swappers[:MAX_SWAPPER_HITS]:
+            for off in self._swappers:  # at most MAX_SWAPPER_HITS (`scan_image`)
                 for foff, seg in by_file:  # few segments: a linear pass is fine
                     if foff <= off < foff + seg.length:
                         yield seg.start + (off - foff)
