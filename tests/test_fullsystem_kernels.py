@@ -97,13 +97,14 @@ def test_cyclic_page_tables_cost_bounded_work(kernels, tmp_path):
     import time
 
     from zen.memory.system.image import SystemImage
+    from zen.memory.system.tasks import task_object
 
     k = next(iter(kernels.values()))
     pid = k["record"]["workload_pid"]
     img = SystemImage(k["image"], "elf", [k["isf"]])
     try:
         entry = img.process(pid)
-        pgd_virtual = int(entry.task.mm.pgd)
+        pgd_virtual = int(task_object(img.kernel, entry).mm.pgd)
         pgd_phys, _ = img.kernel.ctx.layers[img.kernel.layer_name].translate(pgd_virtual)
         file_off, _ = img.phys.file_offset(pgd_phys, 4096)
     finally:

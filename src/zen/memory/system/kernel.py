@@ -25,6 +25,7 @@ from pathlib import Path
 
 from zen import native
 from zen.memory.system.formats import PhysicalImage
+from zen.memory.system.kernel_memory import KernelMemory, Unsupported
 from zen.runtime.errors import ImageError, KernelSymbolsError
 
 # Where `linux_banner` (and /proc/version) text starts; the kernel adds "\n" and a NUL.
@@ -242,39 +243,31 @@ class Kernel:
         return sorted(found, key=lambda b: (-found[b], b))
 
     def _stack(self, isf) -> KernelFacts:
-        from volatility3.framework import contexts
         from volatility3.framework.layers import intel
-        from volatility3.framework.symbols import linux
 
-        table_name = self.ctx.symbol_space.free_table_name("kernel")
-        try:
-            table = linux.LinuxKernelIntermedSymbols(
-                self.ctx, "zen.kernel_symbols", name=table_name, isf_url=isf.path.resolve().as_uri(), validate=False
-            )
-        except Exception as exc:
-            raise KernelSymbolsError(f"symbol file {isf.path} cannot be loaded: {exc}", "rebuild it with `zen symbols`") from None
-        self.ctx.symbol_space.append(table)
-        self.table_name = table_name
+        from zen.memory.system.symbols.layout import isf_layout
+
+        self._isf = isf
+        self._table_name: str | None = None
+        self._module_name: str | None = None
+        self.layout = isf_layout(isf)  # what the direct reads need; Volatility's full table only on first use
+        symbols, types = self.layout.get("symbols") or {}, self.layout.get("user_types") or {}
         for need in ("init_task", "init_files", "init_mm", "task_struct"):
-            try:
-                (table.get_type if need.endswith("_struct") else table.get_symbol)(need)
-            except Exception:
+            if not isinstance((types if need.endswith("_struct") else symbols).get(need), dict):
                 raise KernelSymbolsError(
                     f"symbol file {isf.path} lacks {need}: it is not a complete Linux kernel ISF",
                     "build one with `zen symbols --kernel VMLINUZ` (see `zen symbols --help`)",
-                ) from None
-        kaslr, aslr = self._find_aslr(table_name, isf)
-        self._check_la57(table, kaslr)
-        if "init_top_pgt" in table.symbols:
-            dtb_symbol = "init_top_pgt"
-        elif "init_level4_pgt" in table.symbols:
-            dtb_symbol = "init_level4_pgt"
-        else:
+                )
+        kaslr, aslr = self._find_aslr(isf)
+        self.memory: KernelMemory | None = None
+        self._check_la57(kaslr)
+        dtb_symbol = next((n for n in ("init_top_pgt", "init_level4_pgt") if _address(symbols, n) is not None), None)
+        if dtb_symbol is None:
             raise KernelSymbolsError(
                 f"symbol file {isf.path} has neither init_top_pgt nor init_level4_pgt: not an x86_64 kernel?",
                 "zen reads x86_64 Linux images",
             )
-        dtb = table.get_symbol(dtb_symbol).address + kaslr - KERNEL_MAP_BASE
+        dtb = _address(symbols, dtb_symbol) + kaslr - KERNEL_MAP_BASE
         cfg = "zen.kernel_layer"
         self.ctx.config[f"{cfg}.memory_layer"] = self.phys_layer
         self.ctx.config[f"{cfg}.page_map_offset"] = dtb
@@ -283,13 +276,9 @@ class Kernel:
         layer.config["kernel_virtual_offset"] = aslr
         self.ctx.add_layer(layer)
         self.layer_name = layer.name
-        module = contexts.Module.create(
-            self.ctx, module_name="kernel", layer_name=layer.name, offset=aslr, symbol_table_name=table_name
-        )
-        if module.name not in self.ctx.modules:
-            self.ctx.modules.add_module(module)
-        self.module_name = module.name
-        self.module = module
+        self._aslr = aslr
+        if self.mm is not None or self.phys.avml is not None:
+            self.memory = KernelMemory(self.layout, self.read_physical, dtb, aslr)
         return KernelFacts(
             banner=self.banner.decode("latin-1").strip(),
             isf=str(isf.path),
@@ -300,32 +289,63 @@ class Kernel:
             aslr_shift=aslr,
         )
 
-    def _find_aslr(self, table_name: str, isf) -> tuple[int, int]:
+    @property
+    def table_name(self) -> str:
+        """Volatility's symbol table of the kernel (the whole ISF), loaded on first use: the direct reads need only
+        the layout, so a recovery that never falls back to Volatility's objects never pays for it."""
+        if self._table_name is None:
+            self._load_volatility_symbols()
+        return self._table_name
+
+    @property
+    def module_name(self) -> str:
+        if self._module_name is None:
+            self._load_volatility_symbols()
+        return self._module_name
+
+    def _load_volatility_symbols(self) -> None:
+        from volatility3.framework import contexts
+        from volatility3.framework.symbols import linux
+
+        isf = self._isf
+        table_name = self.ctx.symbol_space.free_table_name("kernel")
+        try:
+            table = linux.LinuxKernelIntermedSymbols(
+                self.ctx, "zen.kernel_symbols", name=table_name, isf_url=isf.path.resolve().as_uri(), validate=False
+            )
+        except Exception as exc:
+            raise KernelSymbolsError(f"symbol file {isf.path} cannot be loaded: {exc}", "rebuild it with `zen symbols`") from None
+        self.ctx.symbol_space.append(table)
+        module = contexts.Module.create(
+            self.ctx, module_name="kernel", layer_name=self.layer_name, offset=self._aslr, symbol_table_name=table_name
+        )
+        if module.name not in self.ctx.modules:
+            self.ctx.modules.add_module(module)
+        self._table_name, self._module_name, self.module = table_name, module.name, module
+
+    def _find_aslr(self, isf) -> tuple[int, int]:
         """(physical, virtual) KASLR shifts from the one `init_task` that validates.
 
-        The signature scan runs over the mmap'ed file with `re` (C speed) rather than through
-        Volatility's layer scanner; each hit is then checked with Volatility's objects exactly as
-        its Linux stacker does (pid 0, `files` pointing at `init_files` once shifted).
+        The signature scan runs over the mmap'ed file (`scan_image`) rather than through Volatility's layer scanner;
+        each hit is then checked as Volatility's Linux stacker checks it (pid 0, `files` pointing at `init_files`
+        once shifted), reading pid and files at the offsets the layout gives.
         """
-        from volatility3.framework import exceptions
-
-        # Objects are made directly over the physical layer, without a module: a second module
-        # of the kernel's symbol table would be found first by Volatility's type-to-module lookup
-        # and make later reads (tk_core for start times) go to the physical layer.
-        space, bang = self.ctx.symbol_space, table_name + "!"
-        init_task_sym = space.get_symbol(bang + "init_task").address
-        init_files = space.get_symbol(bang + "init_files").address
-        comm = space.get_type(bang + "task_struct").relative_child_offset("comm")
+        symbols = self.layout["symbols"]
+        init_task_sym = _address(symbols, "init_task")
+        init_files = _address(symbols, "init_files")
+        layout = KernelMemory(self.layout, self.read_physical, 0, 0)
+        try:
+            comm, pid_at, files_at = (layout.offset("task_struct", m) for m in ("comm", "pid", "files"))
+        except Unsupported:
+            raise KernelSymbolsError(
+                f"symbol file {isf.path}: its task_struct lacks comm, pid or files", "rebuild it with `zen symbols`"
+            ) from None
         for paddr in self._swapper_hits():
             task_addr = paddr - comm
-            try:
-                task = self.ctx.object(bang + "task_struct", layer_name=self.phys_layer, offset=task_addr)
-                if task.pid != 0:
-                    continue
-                # Raw bytes: a pointer read through the physical layer is masked to its address width.
-                files = int.from_bytes(task.files.cast("bytes", length=8), "little")
-            except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - not the swapper task
+            pid, files = self.read_physical(task_addr + pid_at, 4), self.read_physical(task_addr + files_at, 8)
+            if pid is None or files is None or int.from_bytes(pid, "little") != 0:
                 continue
+            files = int.from_bytes(files, "little")
             aslr = files - init_files
             kaslr = task_addr - (init_task_sym - KERNEL_MAP_BASE)
             if aslr & 0xFFF or kaslr & 0xFFF or not -(1 << 32) < aslr < (1 << 32):
@@ -336,6 +356,34 @@ class Kernel:
             f"in this image (banner {self.banner.decode('latin-1').strip()!r})",
             "build the ISF from this exact kernel's vmlinuz/BTF and kallsyms (`zen symbols --help`)",
         )
+
+    def read_physical(self, paddr: int, size: int) -> bytes | None:
+        """`size` bytes at a physical address from the image (across adjacent ranges), or None where it holds none."""
+        if paddr < 0 or size <= 0:
+            return None
+        img, out, pos, end = self.phys, [], paddr, paddr + size
+        while pos < end:
+            if self.mm is not None:
+                hit = img.file_offset(pos, end - pos)
+                if hit is None:
+                    return None
+                out.append(self.mm[hit[0] : hit[0] + hit[1]])
+                pos += hit[1]
+            elif img.avml is not None:
+                hit = img.physical_run(pos, end - pos)
+                if hit is None:
+                    return None
+                try:
+                    out.append(img.avml.read(pos, hit[1]))
+                except ImageError:  # a corrupt frame: this structure is unreadable, the rest may not be
+                    return None
+                pos += hit[1]
+            else:  # a container zen does not map: Volatility's physical layer reads it
+                try:
+                    return self.ctx.layers.read(self.phys_layer, paddr, size)
+                except Exception:  # noqa: BLE001 - Volatility's InvalidAddressException and kin
+                    return None
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def _swapper_hits(self):
         if self.mm is not None:
@@ -354,17 +402,17 @@ class Kernel:
                 return
             yield off
 
-    def _check_la57(self, table, kaslr: int) -> None:
+    def _check_la57(self, kaslr: int) -> None:
         """Refuse 5-level paging clearly: Volatility 3 walks 4-level tables only, and with LA57 it
         silently lists nothing (QEMU `-cpu max` guests and Ice Lake+ hosts with CONFIG_X86_5LEVEL)."""
-        name = next((n for n in ("__pgtable_l5_enabled", "pgtable_l5_enabled") if n in table.symbols), None)
+        symbols = self.layout["symbols"]
+        name = next((n for n in ("__pgtable_l5_enabled", "pgtable_l5_enabled") if _address(symbols, n) is not None), None)
         if name is None:
             return
-        paddr = table.get_symbol(name).address - KERNEL_MAP_BASE + kaslr
-        try:
-            value = int.from_bytes(self.ctx.layers.read(self.phys_layer, paddr, 4), "little")
-        except Exception:
+        raw = self.read_physical(_address(symbols, name) - KERNEL_MAP_BASE + kaslr, 4)
+        if raw is None:
             return
+        value = int.from_bytes(raw, "little")
         if value:
             raise ImageError(
                 "the imaged kernel uses 5-level page tables (LA57), which Volatility 3 cannot translate",
@@ -381,3 +429,10 @@ class Kernel:
             except BufferError:
                 pass
         self._fh.close()
+
+
+def _address(symbols: dict, name: str) -> int | None:
+    """A symbol's address as the ISF gives it (KASLR not applied), or None."""
+    s = symbols.get(name)
+    a = s.get("address") if isinstance(s, dict) else None
+    return a if isinstance(a, int) else None

@@ -20,7 +20,7 @@ from zen.memory.elfcore import CoreInfo
 from zen.memory.regions import Region, Source
 from zen.memory.space import AddressSpace, BytesChunk, Chunk, MmapChunk, resident_bytes
 from zen.memory.system.kernel import Kernel
-from zen.memory.system.tasks import ProcessEntry, process_layer, process_vmas
+from zen.memory.system.tasks import ProcessEntry, pgd_physical, process_layer, process_vmas
 from zen.runtime.errors import ImageError
 
 PAGE = 4096
@@ -81,8 +81,11 @@ class SystemProcessSpace(AddressSpace):
         if entry.kernel_thread:
             raise ImageError(f"PID {entry.pid} ({entry.comm}) is a kernel thread: it has no user address space")
         regions = process_vmas(kernel, entry)
-        layer = process_layer(kernel, entry)
-        if layer is None or not regions:
+        self._pgd = pgd_physical(kernel, entry)
+        numpy_walk = walker == "numpy" and (kernel.mm is not None or kernel.phys.avml is not None) and self._pgd is not None
+        # Volatility's process layer only where its page-by-page walk is used (the reference, or no mmap to read)
+        layer = None if numpy_walk else process_layer(kernel, entry)
+        if (layer is None and not numpy_walk) or not regions:
             raise ImageError(
                 f"PID {entry.pid} ({entry.comm}): its page tables or mappings are not readable in the image",
                 "the process may have exited while the image was taken; choose another with `zen ps`",
@@ -100,7 +103,7 @@ class SystemProcessSpace(AddressSpace):
         self.release()  # pages touched while verifying and walking need not stay in zen's RSS
 
     # -- resident pages ----------------------------------------------------------------------
-    def _translations(self, layer_name: str, regions: list[Region], walker: str, budget: int):
+    def _translations(self, layer_name: str | None, regions: list[Region], walker: str, budget: int):
         """(virtual, size, physical, physical layer) runs of resident pages, region by region.
 
         `walker` "numpy" reads whole page tables from the image's mmap, or from its AVML frames
@@ -110,7 +113,7 @@ class SystemProcessSpace(AddressSpace):
         kernel = self.kernel
         readable = [r for r in regions if r.readable or r.path]  # PROT_NONE reservations hold nothing
         if walker == "numpy" and (kernel.mm is not None or kernel.phys.avml is not None):
-            pgd = self._pgd_physical()
+            pgd = self._pgd
             if pgd is not None:
                 pt = PageTableWalker(self._read_table, max_tables=budget // 64 + 4096, max_pages=budget)
                 try:
@@ -129,16 +132,6 @@ class SystemProcessSpace(AddressSpace):
                     raise _Budget(f"more than {budget:,} resident pages mapped")
                 yield vaddr, size, paddr, lname
 
-    def _pgd_physical(self) -> int | None:
-        from volatility3.framework import exceptions
-
-        try:
-            pgd = int(self.entry.task.mm.pgd)
-            phys, _ = self.kernel.ctx.layers[self.kernel.layer_name].translate(pgd)
-            return phys
-        except (exceptions.InvalidAddressException, Exception):  # noqa: BLE001 - damaged mm: no page tables
-            return None
-
     def _read_table(self, phys: int):
         import numpy as np
 
@@ -153,7 +146,7 @@ class SystemProcessSpace(AddressSpace):
             return None
         return np.frombuffer(self.kernel.mm, dtype=np.uint64, count=512, offset=hit[0])
 
-    def _resident_chunks(self, layer_name: str, regions: list[Region], problems: list[str], walker: str) -> list[Chunk]:
+    def _resident_chunks(self, layer_name: str | None, regions: list[Region], problems: list[str], walker: str) -> list[Chunk]:
         phys = self.kernel.phys
         budget = max(1 << 18, MAPPING_BUDGET_FACTOR * (phys.physical_bytes // PAGE))
         chunks: list[Chunk] = []
