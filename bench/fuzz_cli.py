@@ -13,8 +13,9 @@ layer (argument parsing, forked children, Volatility, the console) is in the pat
   * case     - the case recovered from that image, one file mutated (JSON values, nesting, huge strings, bytes of
                the safetensors and marshal files), the manifest rehashed to match (a lie) in most runs, and the case
                signed in some: show / attribute / diff / report / reuse / library add / verify-case;
-  * system   - (`--system-dir`, from `bench/fullsystem.py --keep DIR`) the guest's ELF and LiME images with bytes
-               of kernel structures (task list, maple tree nodes) mutated; `zen ps` / `zen recover --pid`;
+  * system   - (`--system-dir`, from `bench/fullsystem.py --keep DIR`) the guest's ELF and LiME images, 70% with
+               words of the kernel structures zen walks mutated (bench/fuzz_kernel.py: tasks, mms, maple nodes, VMAs,
+               files, dentries), 30% with pages or words anywhere; `zen ps` / `zen recover`;
   * tvm      - (`--tvm-dir`, the libraries tests/targets/tvm_models.py builds) a TVM model library with mutated
                bytes; `zen decompile`.
   * gpu, service, lying - hand-built hostile inputs (issue 49): see bench/fuzz_hostile.py.
@@ -369,6 +370,10 @@ def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
             print(f"{kind}: no inputs (give --{kind}-dir): skipped", flush=True)
             return
         isf = [p for p in src.glob("isf*")] if kind == "system" else []
+        if kind == "system":  # most mutations land on the kernel structures zen walks (bench/fuzz_kernel.py)
+            from fuzz_kernel import kernel_spans, mutate_kernel
+
+            structs = {f: kernel_spans(f, {".elf": "elf", ".lime": "lime"}.get(f.suffix, "raw"), isf) for f in files}
         for i in range(a.runs):
             jobs.append((kind, i))
 
@@ -393,7 +398,10 @@ def run_kind(kind: str, a, work: Path, stats: Stats) -> None:
         else:
             srcf = files[i % len(files)]
             dst = slot / ("m" + srcf.suffix)
-            label = f"input {i}: {srcf.name} {mutate_bytes(srcf, dst, rng)}"
+            if kind == "system" and structs[srcf][0] and rng.random() < 0.7:
+                label = f"input {i}: {srcf.name} {mutate_kernel(srcf, dst, rng, *structs[srcf])}"
+            else:
+                label = f"input {i}: {srcf.name} {mutate_bytes(srcf, dst, rng)}"
             if kind == "system":
                 sym = [x for p in isf for x in ("--symbols", p)]
                 runs = [[["ps", dst, *sym], ["recover", dst, "-o", slot / "case", "--force", *sym]][rng.random() < 0.5]]
