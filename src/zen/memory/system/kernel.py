@@ -250,6 +250,7 @@ class Kernel:
         self._isf = isf
         self._table_name: str | None = None
         self._module_name: str | None = None
+        self.module = None  # Volatility's kernel module, with the table (`table_name`)
         self.layout = isf_layout(isf)  # what the direct reads need; Volatility's full table only on first use
         symbols, types = self.layout.get("symbols") or {}, self.layout.get("user_types") or {}
         for need in ("init_task", "init_files", "init_mm", "task_struct"):
