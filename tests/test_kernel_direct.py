@@ -247,3 +247,23 @@ def test_dentry_cycles_and_endless_names_are_bounded():
     path = kw.file_path(km, BASE + task, BASE + file)
     assert path.startswith("<potentially smeared> /aaaa") and len(path) < 3 * kw.MAX_PATH_DEPTH
     assert ram.reads < 200_000
+
+
+def test_a_damaged_layout_cache_is_cut_again(tmp_path, monkeypatch):
+    """The layout cache is the user's file: one that parses but lacks what the readers index is replaced by a fresh
+    cut of the ISF, never indexed (a KeyError there would be an exit 70)."""
+    import json
+
+    from zen.memory.system.symbols.layout import isf_layout, layout_path
+    from zen.memory.system.symbols.lookup import IsfMatch
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    isf = tmp_path / "k.json"
+    symbols = {"init_task": {"address": 0xFFFFFFFF82000000, "type": _t("struct", "task_struct")}, "unused": {"address": 1}}
+    isf.write_text(json.dumps({"metadata": {"format": "6.2.0"}, "symbols": symbols, "user_types": TYPES}))
+    match = IsfMatch(isf, b"Linux version x", "ab" * 32, "given (--symbols)")
+    first = isf_layout(match)
+    assert set(first["symbols"]) == {"init_task"} and "task_struct" in first["user_types"] and "loop" not in first["user_types"]
+    for damaged in ({**first, "symbols": None}, {**first, "symbols": {"init_task": 5}}, [1, 2], {**first, "isf_sha256": "cd"}):
+        layout_path(match.sha256).write_text(json.dumps(damaged))
+        assert isf_layout(match) == first

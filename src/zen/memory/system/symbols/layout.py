@@ -34,20 +34,34 @@ def isf_layout(isf: IsfMatch) -> dict:
     path = layout_path(isf.sha256)
     try:
         doc = json.loads(path.read_text())
-        if isinstance(doc, dict) and doc.get("isf_sha256") == isf.sha256 and isinstance(doc.get("user_types"), dict):
+        if _usable(doc, isf.sha256):
             return doc
     except (OSError, ValueError, UnicodeDecodeError):
         pass
     doc = cut_layout(load_isf_json(isf.path))
     doc["isf_sha256"] = isf.sha256
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(doc, sort_keys=True))
         os.replace(tmp, path)
     except OSError:
         pass  # only a cache: the next run cuts it again
+    finally:
+        tmp.unlink(missing_ok=True)  # an interrupted write leaves nothing behind
     return doc
+
+
+def _usable(doc, sha256: str) -> bool:
+    """A cached layout is used only when it is this ISF's and has the shape the readers index (a damaged or edited
+    cache file is cut again, not trusted)."""
+    return (
+        isinstance(doc, dict)
+        and doc.get("isf_sha256") == sha256
+        and isinstance(doc.get("user_types"), dict)
+        and isinstance(doc.get("symbols"), dict)
+        and all(isinstance(v, dict) for v in doc["symbols"].values())
+    )
 
 
 def layout_path(sha256: str) -> Path:
