@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import booby_trapped, zen_command
+from tvm_builds import build_libraries, run_each
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -59,11 +60,7 @@ def zen(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tvm_libs")
-    specs = [m.replace("_unfused", ":unfused").replace("_detached", ":detached") for m in BUILT]
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "targets" / "tvm_models.py"), str(out), *specs], capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    build_libraries(out, [m.replace("_unfused", ":unfused").replace("_detached", ":detached") for m in BUILT])
     strip = shutil.which("strip")
     if strip:
         subprocess.run([strip, "--strip-all", "-o", str(out / "cnn_stripped.so"), str(out / "cnn.so")], check=True)
@@ -76,11 +73,10 @@ def built(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def decompiled(built, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     root = tmp_path_factory.mktemp("decompiled")
-    res = {}
-    for lib in sorted(built.glob("*.so")):
-        pkg = root / f"pkg_{lib.stem}"
-        res[lib.stem] = (zen("decompile", str(lib), "-o", str(pkg), "--json"), pkg)
-    return res
+    libs = sorted(built.glob("*.so"))
+    pkgs = [root / f"pkg_{lib.stem}" for lib in libs]
+    runs = run_each(zen, [["decompile", str(lib), "-o", str(pkg), "--json"] for lib, pkg in zip(libs, pkgs)])
+    return {lib.stem: (res, pkg) for lib, res, pkg in zip(libs, runs, pkgs)}
 
 
 def _run_package(pkg: Path, x: np.ndarray, params: Path | None = None) -> np.ndarray:

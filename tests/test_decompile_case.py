@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tvm_builds import build_libraries, run_each
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -88,14 +89,11 @@ def zen(*args) -> subprocess.CompletedProcess:
 def decompiled_cases(tmp_path_factory) -> dict[str, Path]:
     """Each model's TVM library (fused, llvm) decompiled into a case directory."""
     out = tmp_path_factory.mktemp("tvm_case_libs")
-    specs = MODELS + [u.replace("_unfused", ":unfused") for u in UNFUSED] + ["resnet:detached"]
-    proc = subprocess.run(
-        [sys.executable, str(TARGETS / "tvm_models.py"), str(out), *specs], capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    build_libraries(out, MODELS + [u.replace("_unfused", ":unfused") for u in UNFUSED] + ["resnet:detached"])
+    names = MODELS + UNFUSED + ["resnet_detached"]
+    runs = run_each(zen, [["decompile", out / f"{n}.so", "-o", out / f"dec_{n}", "--no-check"] for n in names])
     cases = {}
-    for name in MODELS + UNFUSED + ["resnet_detached"]:
-        res = zen("decompile", out / f"{name}.so", "-o", out / f"dec_{name}", "--no-check")
+    for name, res in zip(names, runs):
         assert res.returncode == 0, res.stderr[-2000:]
         cases[name] = out / f"dec_{name}"
     return cases

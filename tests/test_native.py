@@ -150,11 +150,14 @@ def test_case_check_equals_reference_on_real_and_altered_files(family_images, hf
     c = case_of(name, source, family_images, hf_image, workdir)
     rng = random.Random(name)
     rejected = 0
+    # GPT-2's pr.json is 25 MB: the pure reference checks it in ~0.4 s, so its 180 checks a file were 100 s of CI;
+    # the alterations' kinds are the same on every case, the size is what GPT-2 adds (issue 50's CI budget)
+    alterations = 12 if name == "gpt2" else 60
     for fname, cls in RECORDS.items():
         data = loads((c / fname).read_bytes())
         assert _both(data, cls), f"{fname} of a real case does not pass"
         slots = _slots(data)
-        for _ in range(60):
+        for _ in range(alterations):
             parent, key = rng.choice(slots)
             old = parent[key]
             parent[key] = rng.choice(HOSTILE)
@@ -168,7 +171,7 @@ def test_case_check_equals_reference_on_real_and_altered_files(family_images, hf
                 rejected += not _both(data, cls)
                 parent[key] = old
         assert _both(data, cls), "the file was not put back"
-    assert rejected > 50  # the alterations reached places the check rejects
+    assert rejected > alterations * 5 // 6  # the alterations reached places the check rejects (50 of 60 before)
 
 
 @needs_core
