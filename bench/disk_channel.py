@@ -7,7 +7,8 @@ share the disk, and recovering such a model cannot take less than about that sum
 
     python bench/disk_channel.py FILE OUT [--runs 3]
 
-FILE is left as it is (only evicted from the page cache); OUT is deleted after each run.
+FILE is left as it is (only evicted from the page cache); OUT must not exist, and is deleted after each run and
+on an interrupt.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 def evict(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
+        os.fsync(fd)  # dirty pages (a file just written) are not dropped: they would be read from memory
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
@@ -56,24 +58,38 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
+    if not os.path.isfile(a.file):
+        ap.error(f"{a.file} is not a regular file: give the file to read (an image of a few GB)")
+    if os.path.lexists(a.out):
+        ap.error(f"{a.out} exists: give a path that does not (it is written with zeros and deleted after each run)")
     size = os.path.getsize(a.file)
     print(f"{a.file}: {size / 1e9:.2f} GB", flush=True)
-    for i in range(a.runs):
-        r = read(a.file)
-        w = write(a.out, size)
-        os.unlink(a.out)
-        evict(a.file)
-        got: dict[str, float] = {}
-        th = threading.Thread(target=_timed_write, args=(got, a.out, size))
-        t = time.perf_counter()
-        th.start()
-        got["r"] = read(a.file)
-        th.join()
-        both = time.perf_counter() - t
-        os.unlink(a.out)
-        print(f"run {i}: read alone {r:.2f} s ({size / r / 1e9:.2f} GB/s), write alone {w:.2f} s "
-              f"({size / w / 1e9:.2f} GB/s), both at once {both:.2f} s = {both / (r + w):.0%} of the sum "
-              f"(read {got['r']:.2f}, write {got['w']:.2f})", flush=True)  # fmt: skip
+    try:
+        for i in range(a.runs):
+            _one_run(i, a.file, a.out, size)
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    finally:  # an interrupted run leaves no file of zeros behind
+        if os.path.lexists(a.out):
+            os.unlink(a.out)
+
+
+def _one_run(i: int, path: str, out: str, size: int) -> None:
+    r = read(path)
+    w = write(out, size)
+    os.unlink(out)
+    evict(path)
+    got: dict[str, float] = {}
+    th = threading.Thread(target=_timed_write, args=(got, out, size))
+    t = time.perf_counter()
+    th.start()
+    got["r"] = read(path)
+    th.join()
+    both = time.perf_counter() - t
+    os.unlink(out)
+    print(f"run {i}: read alone {r:.2f} s ({size / r / 1e9:.2f} GB/s), write alone {w:.2f} s "
+          f"({size / w / 1e9:.2f} GB/s), both at once {both:.2f} s = {both / (r + w):.0%} of the sum "
+          f"(read {got['r']:.2f}, write {got['w']:.2f})", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
