@@ -276,25 +276,38 @@ def _watched_forks(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("fork", ["lora", "convnet_se", "gptmini_lora"])
-def test_parallel_comparisons_equal_one_process(scale_library, family_images, hf_image, workdir, fork, monkeypatch):
+def _split_path(monkeypatch) -> None:
+    """The comparisons split beforehand, the child's entries read decoded (entries an older zen stored)."""
+    import zen.attribute.algorithm as alg
+
+    monkeypatch.setattr(alg, "_detached", lambda library, names: None)
+
+
+@pytest.mark.parametrize("fork,path", [("lora", "shared"), ("convnet_se", "shared"), ("gptmini_lora", "shared"),
+                                       ("lora", "split")])  # fmt: skip
+def test_parallel_comparisons_equal_one_process(scale_library, family_images, hf_image, workdir, fork, path, monkeypatch):
     """Part of the full comparisons in a forked child (`zen attribute`): the same candidates, scores,
-    explanation and every matched pair as in one process, and the child did deliver its part."""
+    explanation and every matched pair as in one process, and the child did deliver its part; both
+    with the queue the two processes share and with the split made beforehand."""
     import gc
 
     mr, pr, _ = _loaded(fork, FORKS[fork], family_images, hf_image, workdir)
     with Library(scale_library, invariants=packed) as lib:
         one = attribute(mr, pr, lib)
         seen = _watched_forks(monkeypatch)
+        if path == "split":
+            _split_path(monkeypatch)
         two = attribute(mr, pr, lib, parallel=True)
     _same(two, one)
     assert _pairs(two) == _pairs(one) and sum(c.method == "algorithm-1" for c in two.candidates) >= 3
     assert seen == ["child"] and gc.isenabled()
 
 
-def test_parallel_child_without_bodies_falls_back(scale_library, family_images, hf_image, workdir, monkeypatch):
+@pytest.mark.parametrize("path", ["shared", "split"])
+def test_parallel_child_without_bodies_falls_back(scale_library, family_images, hf_image, workdir, monkeypatch, path):
     """The child never reads the library: a body not read before the fork fails the child, and this
-    process computes the child's part itself (same answer; the collector left on here)."""
+    process computes the child's part itself (same answer; the collector left on here). With the shared
+    queue, this process's own entries read what the prefetch lacked from the library."""
     import gc
 
     import zen.attribute.parallel_compare as pc
@@ -303,7 +316,11 @@ def test_parallel_child_without_bodies_falls_back(scale_library, family_images, 
     with Library(scale_library, invariants=packed) as lib:
         one = attribute(mr, pr, lib)
         seen = _watched_forks(monkeypatch)
-        monkeypatch.setattr(pc, "_bodies_read", lambda delta, gamma: [])
+        if path == "split":
+            _split_path(monkeypatch)
+            monkeypatch.setattr(pc, "_bodies_read", lambda delta, gamma: [])
+        else:
+            monkeypatch.setattr(Library, "entry_bodies", lambda self, names: {})
         two = attribute(mr, pr, lib, parallel=True)
     _same(two, one)
     assert _pairs(two) == _pairs(one)
@@ -348,6 +365,22 @@ def test_early_selection_is_used_only_for_the_checked_code(scale_library, family
         assert EarlySharing(lib, tmp_path / "missing.json").result(keys) is None
 
 
+def test_early_selection_keys_equal_the_pattern(family_images, hf_image, workdir):
+    """The listing hashes taken from pr.json's bytes by offset (compiled search) are the pattern's, on a real
+    pr.json and on hand-made variants the offsets alone would misread (spaces, upper-case digits, a key cut
+    off at the end, a second key inside a string)."""
+    from zen.attribute.early_selection import _by_pattern, listing_keys
+
+    data = (case_of("lora", FORKS["lora"], family_images, hf_image, workdir) / "pr.json").read_bytes()
+    key = data.index(b'"listing_sha256":"') + len(b'"listing_sha256":"')
+    variants = [data, data.replace(b'"listing_sha256":"', b'"listing_sha256": "', 1),
+                data[:key] + data[key : key + 64].upper() + data[key + 64 :], data[: key + 30],
+                data[:key] + b'\\"listing_sha256\\":\\"' + data[key:], b"", b'"listing_sha256":']  # fmt: skip
+    for v in variants:
+        assert listing_keys(v) == _by_pattern(v)
+    assert len(listing_keys(data)) > 100
+
+
 def test_early_selection_never_waits_on_a_planted_file(scale_library, tmp_path):
     """pr.json is read before the case is checked: a FIFO (an ordinary open would block until a writer
     came) or a directory in its place leaves the thread at once with no guess."""
@@ -364,9 +397,11 @@ def test_early_selection_never_waits_on_a_planted_file(scale_library, tmp_path):
             assert not early._thread.is_alive() and early.value is None and early.keys is None
 
 
-def test_parallel_prefetch_failure_falls_back_to_one_process(scale_library, family_images, hf_image, workdir, monkeypatch):
-    """Reading the child's bodies before the fork fails (a body missing from a damaged library, which
-    matching might never read): no child, and the answer one process gives."""
+@pytest.mark.parametrize("path", ["shared", "split"])
+def test_parallel_prefetch_failure_falls_back_to_one_process(scale_library, family_images, hf_image, workdir, monkeypatch,
+                                                             path):  # fmt: skip
+    """Reading the child's bodies before the fork fails (a damaged library, whose missing body matching
+    might never read): no child, and the answer one process gives."""
     import zen.attribute.parallel_compare as pc
 
     mr, pr, _ = _loaded("lora", FORKS["lora"], family_images, hf_image, workdir)
@@ -374,10 +409,14 @@ def test_parallel_prefetch_failure_falls_back_to_one_process(scale_library, fami
         one = attribute(mr, pr, lib)
         seen = _watched_forks(monkeypatch)
 
-        def missing(vs):
+        def missing(*args):
             raise KeyError("a body the library lost")
 
-        monkeypatch.setattr(pc, "load_bodies", missing)
+        if path == "split":
+            _split_path(monkeypatch)
+            monkeypatch.setattr(pc, "load_bodies", missing)
+        else:
+            monkeypatch.setattr(Library, "entry_bodies", missing)
         two = attribute(mr, pr, lib, parallel=True)
     _same(two, one)
     assert seen == []

@@ -48,7 +48,7 @@ from zen.attribute.early_selection import EarlySharing
 from zen.attribute.invariants import INVARIANTS_VERSION, OpMemo, mr_features, mr_score, unpack_mr, unpack_views
 from zen.attribute.matching import IbssCache
 from zen.attribute.mr_similarity import MRScore, mr_similarity
-from zen.attribute.parallel_compare import compare_all
+from zen.attribute.parallel_compare import Prefetched, compare_all
 from zen.attribute.pr_similarity import class_similarity, code_similarity
 from zen.library.store import InvariantRow, Library
 from zen.represent.mr import ModelMR
@@ -179,6 +179,16 @@ class _Stored:
             return unpack_views(stored[1], self.library.code_bodies)
         e = self._entry()
         return views(e.pr, primary_modules(e.mr))
+
+
+def _detached(library: Library, names: list[str]):
+    """name -> the entry's views, decoded from bytes read now (packed views, every body they refer to), so that a
+    forked child can decode them (`parallel_compare`); None if an entry has no packed views of this version."""
+    blobs = {n: library.views_blob(n) for n in names}
+    if any(b is None or b[0] != INVARIANTS_VERSION for b in blobs.values()):
+        return None
+    fetch = Prefetched(library.entry_bodies(names), library.code_bodies)
+    return lambda n: unpack_views(blobs[n][1], fetch)
 
 
 def compiled_query(pr: ProgrammaticRepresentation) -> bool:
@@ -313,7 +323,8 @@ def _attribute(mr: ModelMR, pr: ProgrammaticRepresentation, library: Library, *,
         ranked = sorted(names, key=lambda n: (-shared[n] / max(len(pr.codes), sizes.get(n, 1)), -mrs[n].mrss, n))
         done = compare_all(sorted(ranked[:budget]), lambda n: stored[n].views(), delta,
                            lambda n, gamma: _match(delta, gamma, optimal, cache=cache), parallel,
-                           {n: sizes.get(n, 1) - shared[n] - repeats for n in ranked[:budget]})  # fmt: skip
+                           {n: sizes.get(n, 1) - shared[n] - repeats for n in ranked[:budget]},
+                           lambda names: _detached(library, names))  # fmt: skip
         cands = [Candidate(n, mrs[n], "algorithm-1", m.cos, cls, m.optimal_cos, shared[n], m) for n, (m, cls) in done.items()]
         for name in sorted(ranked[budget:]):
             est = shared[name] / max(len(pr.codes), sizes.get(name, 1))

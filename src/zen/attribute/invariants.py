@@ -175,7 +175,7 @@ class StoredView(CodeView):
         except AttributeError:
             if self.attrs_json is None:
                 self.bodies.load([self])
-            value = frozenset(tuple(a) for a in loads(self.attrs_json))
+            value = frozenset(map(tuple, loads(self.attrs_json)))
             _ATTRS_SLOT.__set__(self, value)
             return value
 

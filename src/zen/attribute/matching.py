@@ -40,24 +40,49 @@ from zen.attribute.invariants import load_bodies
 ROW_CHUNK = 512  # recovered rows scored at a time: bounds memory at ROW_CHUNK x |gamma| per matrix
 
 
+class _Ids(dict):
+    """attribute -> int id: a new attribute gets the next id (0, 1, 2, ...) on first lookup."""
+
+    def __missing__(self, key) -> int:
+        v = self[key] = len(self)
+        return v
+
+
 class IbssCache:
     """IBSS of listing pairs, keyed by the two listings' keys (sha256 of the text)."""
 
     def __init__(self) -> None:
         self.values: dict[tuple[str, str], float] = {}
-        self.ids: dict = {}  # attribute -> int id, for the compiled matching (one map per attribution)
+        self.ids: dict = _Ids()  # attribute -> int id, for the compiled matching (one map per attribution)
         self._view_ids: dict[int, tuple[CodeView, np.ndarray]] = {}
+        self._memo: dict[tuple, tuple[list[CodeView], list[CodeView]]] = {}
+
+    def side(self, vs: list[CodeView], model_code: bool) -> list[CodeView]:
+        """The views of one side (model code or framework code), in their order. The query's views take part in
+        every comparison of an attribution: split once, not once per candidate. The list is held with its result,
+        so its `id()` cannot be reused meanwhile."""
+        return self._memoised(vs, model_code, lambda: [v for v in vs if v.model_code is model_code])
+
+    def ranked(self, vs: list[CodeView]) -> list[CodeView]:
+        """`vs` sorted by (qualname, address), the tie-break rank; once per list (see `side`)."""
+        return self._memoised(vs, "ranked", lambda: sorted(vs, key=_order))
+
+    def _memoised(self, vs: list[CodeView], what, make) -> list[CodeView]:
+        hit = self._memo.get((id(vs), what))
+        if hit is None or hit[0] is not vs:
+            hit = self._memo[id(vs), what] = (vs, make())
+        return hit[1]
 
     def attr_ids(self, vs: list[CodeView]) -> tuple[np.ndarray, np.ndarray]:
         """The views' attribute sets as CSR arrays of ids (ids, row pointers), int64. A view's ids are
         computed once per attribution (the query's views take part in every comparison); the view is held
         with them, so its `id()` cannot be reused meanwhile."""
-        get, ids, known = self.ids.setdefault, self.ids, self._view_ids
+        get, known = self.ids.__getitem__, self._view_ids
         rows = []
         for v in vs:
             hit = known.get(id(v))
-            if hit is None:
-                hit = known[id(v)] = (v, np.array([get(a, len(ids)) for a in v.attrs], dtype=np.int64))
+            if hit is None:  # `map` over the set: a Python call only for an attribute not seen before
+                hit = known[id(v)] = (v, np.array(list(map(get, v.attrs)), dtype=np.int64))
             rows.append(hit[1])
         ptr = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum([len(r) for r in rows], out=ptr[1:])
@@ -156,17 +181,14 @@ def greedy_match(delta: list[CodeView], gamma: list[CodeView], cache: IbssCache 
     for j, g in enumerate(gamma):
         by_hash.setdefault(g.key, []).append(j)
     todo = []
-    for d in sorted(delta, key=_order):
-        same = by_hash.get(d.key)
-        if same is not None:
-            same = [j for j in same if not taken[j]]
-        if same:
-            j = same[0] if len(same) == 1 else next((x for x in same if gamma[x].rec.qualname == d.rec.qualname), same[0])
-            taken[j] = True
-            g = gamma[j]
-            res.pairs.append(Pair(d.rec, g.rec, 1.0, 1.0, 1.0, True, (d.weight + g.weight) / 2))
-        else:
+    for d in cache.ranked(delta):
+        j = _identical(by_hash.get(d.key), taken, gamma, d)
+        if j is None:
             todo.append(d)
+            continue
+        taken[j] = True
+        g = gamma[j]
+        res.pairs.append(Pair(d.rec, g.rec, 1.0, 1.0, 1.0, True, (d.weight + g.weight) / 2))
     # what identical code left: only these base code objects can still be chosen, in rank order
     free = [g for g, t in zip(gamma, taken) if not t]
     used = np.zeros(len(free), dtype=bool)
@@ -178,9 +200,23 @@ def greedy_match(delta: list[CodeView], gamma: list[CodeView], cache: IbssCache 
             _greedy_rows(todo, free, used, cache, res)
     else:
         res.added += [d.rec for d in todo]
-    left = {id(g) for g, u in zip(free, used) if not u}
-    res.unmatched_base = [g.rec for g in original if id(g) in left]  # in gamma's order, as the reference
+    left = {id(g) for g, u in zip(free, used.tolist()) if not u}  # (a list: numpy's bools one by one are slow)
+    if left:
+        res.unmatched_base = [g.rec for g in original if id(g) in left]  # in gamma's order, as the reference
     return res
+
+
+def _identical(same: list[int] | None, taken: list[bool], gamma: list[CodeView], d: CodeView) -> int | None:
+    """The base view paired with `d` by key: the first of `same` (positions with d's key) not taken, one of the
+    same qualname first where several are free; None if none is free."""
+    if same is None:
+        return None
+    if len(same) == 1:  # most keys: one base view, no list to filter
+        return None if taken[same[0]] else same[0]
+    same = [j for j in same if not taken[j]]
+    if not same:
+        return None
+    return same[0] if len(same) == 1 else next((x for x in same if gamma[x].rec.qualname == d.rec.qualname), same[0])
 
 
 def _greedy_rows(todo: list[CodeView], free: list[CodeView], used: np.ndarray, cache: IbssCache, res: MatchResult) -> None:

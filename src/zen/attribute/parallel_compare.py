@@ -3,21 +3,25 @@
 Algorithm 1 compares the ten candidates sharing most code in full. On a transformers query that is
 ~0.1 s of pure Python each (greedy matching of ~4,000 code views, then the optimal assignment),
 the largest part of `zen attribute` (issue 34, target 1). They do not depend on each other, so a
-forked child (`zen.runtime.forking.Forked`) computes some while this process computes the others.
+forked child (`zen.runtime.forking.Forked`) computes some while this process computes the others,
+each taking the next from one queue, the most costly first (`_shared`).
 
 The child never touches the library. An SQLite connection must not be used across `fork`, and even
 a fresh one opened in the child would share the parent's lock bookkeeping (SQLite keeps it per
 process, and the child's copy claims locks the child does not hold). So this process reads, before
-the fork, everything the child's comparisons will read: each entry's code views, and the bodies
-(listing text, attribute set) of the views the query does not hold identically, which are the
-ones matching reads (views whose key the query has, beyond the query's own count of it, too). A
-body the child still lacks fails the child, never the answer: this process then computes the
-child's comparisons itself, as it does when fork is unavailable, the child dies or `ZEN_FORK=0`.
+the fork, everything the child's comparisons will read: each entry's packed code views and every
+code body (listing text, attribute set) the entry refers to, as stored bytes in two queries; the
+child decodes them (`Prefetched`). Decoding them here first, and reading only the bodies matching
+would read, kept both cores waiting: 0.14 s of a GPT-2 attribution at 100 entries, where the
+bytes take 0.04 s. (An entry stored by an older zen has no packed views: its views are computed and
+its bodies read here, as before.) A body the child still lacks fails the child, never the answer:
+this process then computes the child's comparisons itself, as it does when fork is unavailable,
+the child dies or `ZEN_FORK=0`.
 
 Results are those of the comparisons in one process: the same functions on copies of the same
 views; the IBSS cache (`matching.IbssCache`) is a memo of a pure function, so splitting it changes
 no score. The child hands back its `MatchResult`s as arrays, every code record by its index in the
-query's views or the entry's (this process holds both: it read the child's entries itself).
+query's views or the entry's (this process decodes the same views from the same bytes meanwhile).
 """
 
 from __future__ import annotations
@@ -34,28 +38,37 @@ from zen.attribute.code_views import CodeView, MatchResult, Pair
 from zen.attribute.invariants import StoredView, load_bodies
 from zen.runtime.forking import Forked, enabled
 
-Compare = Callable[[str, list[CodeView]], tuple[MatchResult, float]]  # name, entry's views -> (match, CLS)
+Compared = tuple[MatchResult, float]  # (match, CLS)
+Compare = Callable[[str, list[CodeView]], Compared]  # name, entry's views -> (match, CLS)
+# names -> (name -> that entry's views, decoded from bytes read now; usable in a forked child), or None
+Detach = Callable[[list[str]], Callable[[str], list[CodeView]] | None]
 MIN_PARALLEL = 3  # fewer comparisons than this: one process (the fork and the prefetch cost more than they save)
 # Less estimated work than this (code objects of the entries the query does not hold identically), one process:
 # a CNN query's ten comparisons take ~0.1 s, less than the fork and the prefetch save (measured when forking also
 # imported all of scipy.optimize: 0.59 -> 0.76 s at 1,000 entries; `assignment` now loads only its C extension)
 MIN_WORK = 500
 FIXED_COST = 30  # estimated cost of one comparison besides the bodies it reads (the matching's own passes)
+MAX_SHARED = 255  # names the queue of `_shared` can hold (one byte each); attribution compares at most 13
 
 
 def compare_all(names: list[str], gammas: Callable[[str], list[CodeView]], delta: list[CodeView], compare: Compare,
-                parallel: bool, cost: dict[str, int]) -> dict[str, tuple[MatchResult, float]]:  # fmt: skip
-    """`compare(name, gammas(name))` for every name; with `parallel`, split with a forked child by
-    `cost` (an estimate per name: the entry's code objects the query does not hold identically).
+                parallel: bool, cost: dict[str, int], detach: Detach | None = None) -> dict[str, Compared]:  # fmt: skip
+    """`compare(name, gammas(name))` for every name; with `parallel`, part of them in a forked child.
 
-    Before the fork this process reads the child's entries (their views, the bodies it will need)
-    and loads the optimal assignment (both processes need it); its own entries it reads
-    while the child runs."""
+    With `detach` (entries stored with packed views), this process reads every entry's stored bytes before the
+    fork and both processes take the next comparison, most costly first (`cost`: an estimate per name, the
+    entry's code objects the query does not hold identically), from one queue (`_shared`). Otherwise (or where
+    `detach` gives None: an entry stored by an older zen) the names are split by `cost` beforehand and this
+    process reads the child's entries decoded, with the bodies matching will read (`_split`). Either way the
+    optimal assignment is loaded before the fork (both processes need it)."""
     work = {n: max(0, cost.get(n, 0)) for n in names}
     if not parallel or len(names) < MIN_PARALLEL or sum(work.values()) < MIN_WORK or not enabled():
         return {n: compare(n, gammas(n)) for n in names}
-    mine, theirs = _split(names, {n: FIXED_COST + work[n] for n in names})
     try:
+        entry = detach(names) if detach is not None and len(names) <= MAX_SHARED else None
+        if entry is not None:
+            return _shared(names, entry, delta, compare, work)
+        mine, theirs = _split(names, {n: FIXED_COST + work[n] for n in names})
         views = {n: gammas(n) for n in theirs}
         for n in theirs:
             load_bodies(_bodies_read(delta, views[n]))
@@ -63,10 +76,7 @@ def compare_all(names: list[str], gammas: Callable[[str], list[CodeView]], delta
         return {n: compare(n, gammas(n)) for n in names}  # one process: it fails only where that would
     for n in theirs:
         _parent_only(views[n])
-    from zen.attribute.assignment import linear_sum_assignment
-
-    linear_sum_assignment()  # loaded once, before the fork (both processes assign)
-
+    _load_assignment()
     parent = os.getpid()
 
     def child_part() -> bytes:
@@ -81,6 +91,75 @@ def compare_all(names: list[str], gammas: Callable[[str], list[CodeView]], delta
     finally:
         child.cancel()
     return {n: out[n] for n in names}
+
+
+def _shared(names: list[str], entry: Callable[[str], list[CodeView]], delta: list[CodeView], compare: Compare,
+            work: dict[str, int]) -> dict[str, Compared]:  # fmt: skip
+    """The comparisons taken in turn by this process and a forked child from one queue: a pipe holding one byte per
+    name, most costly first (a read of one byte is atomic), until it is empty. Whichever side is faster does more,
+    whatever the estimates say or the load on the machine (a split made beforehand left one side waiting 0.05 s of
+    a GPT-2 attribution's 0.5 s). This process then decodes the views of the entries the child took, for the
+    records of its results, while the child finishes; what the child took and did not deliver, it computes."""
+    order = sorted(names, key=lambda n: (-work[n], n))
+    r, w = os.pipe()
+    try:
+        os.write(w, bytes(range(len(order))))
+    finally:
+        os.close(w)  # before the fork: the queue ends (a read gives b"") once both have taken everything
+
+    def take() -> str | None:
+        b = os.read(r, 1)
+        return order[b[0]] if b else None
+
+    _load_assignment()
+    parent = os.getpid()
+
+    def child_part() -> bytes:
+        if os.getpid() != parent:
+            gc.disable()  # (as in `compare_all`)
+        views, done = {}, {}
+        while (n := take()) is not None:
+            views[n] = entry(n)
+            done[n] = compare(n, views[n])
+        return _dumps(done, delta, views)
+
+    try:
+        child = Forked(child_part)
+        try:
+            out = {}
+            while (n := take()) is not None:
+                out[n] = compare(n, entry(n))
+            views = {n: entry(n) for n in names if n not in out}  # the same views as the child's, from the same bytes
+            out.update(_loads(child.result(), delta, views))
+            for n in views.keys() - out.keys():  # taken by a child that did not deliver
+                out[n] = compare(n, views[n])
+        finally:
+            child.cancel()
+    finally:
+        os.close(r)
+    return {n: out[n] for n in names}
+
+
+def _load_assignment() -> None:
+    from zen.attribute.assignment import linear_sum_assignment
+
+    linear_sum_assignment()  # loaded once, before the fork (both processes assign)
+
+
+class Prefetched:
+    """A `Bodies.fetch` over bodies read before a fork: what this dict lacks, the process that read it fetches with
+    `fetch` (the library); a forked child refuses (LookupError: it fails, and this process computes its part)."""
+
+    def __init__(self, bodies: dict[str, tuple[bytes, str]], fetch) -> None:
+        self.bodies, self.fetch, self.pid = bodies, fetch, os.getpid()
+
+    def __call__(self, keys: list[str]) -> dict[str, tuple[bytes, str]]:
+        got = {k: self.bodies[k] for k in keys if k in self.bodies}
+        if len(got) < len(keys):
+            if os.getpid() != self.pid:
+                raise LookupError(f"{len(keys) - len(got)} code bodies were not read before the fork")
+            got.update(self.fetch([k for k in keys if k not in got]))
+        return got
 
 
 def _bodies_read(delta: list[CodeView], gamma: list[CodeView]) -> list[CodeView]:

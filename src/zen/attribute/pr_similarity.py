@@ -128,7 +128,7 @@ def code_similarity(delta: list[CodeView], gamma: list[CodeView], *, optimal: bo
     cache = cache if cache is not None else matching.IbssCache()
     parts = []
     for flag in (True, False):
-        d = [v for v in delta if v.model_code is flag]
+        d = cache.side(delta, flag)  # the query's, split once per attribution
         g = [v for v in gamma if v.model_code is flag]
         if not d and not g:
             continue

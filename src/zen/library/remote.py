@@ -217,7 +217,7 @@ class RemoteLibrary:
     def _local_only(self, *args: Any, **kwargs: Any) -> Any:
         raise LibraryError("attribution against a zen serve library runs on the server", "use `zen attribute CASE --library URL`")
 
-    sharing = mr_invariants = views_blob = code_bodies = _local_only
+    sharing = mr_invariants = views_blob = code_bodies = entry_bodies = _local_only
 
 
 def _model_path(route: str, name: str) -> str:

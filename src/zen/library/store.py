@@ -275,6 +275,12 @@ class Library:
             out.update((k, (bytes(t), a)) for k, t, a in self.query(q, part).fetchall())
         return out
 
+    def entry_bodies(self, names: list[str]) -> dict[str, tuple[bytes, str]]:
+        """Every code body the named entries refer to, as `code_bodies` gives them, in one query."""
+        q = ("SELECT key, text, attrs FROM code_bodies WHERE key IN (SELECT r.body FROM code_body_refs r JOIN models m "
+             f"ON m.id = r.model_id WHERE m.name IN ({','.join('?' * len(names))}))")  # fmt: skip
+        return {k: (bytes(t), a) for k, t, a in self.query(q, names).fetchall()} if names else {}
+
     def close(self) -> None:
         self.db.close()
 
