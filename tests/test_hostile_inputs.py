@@ -143,3 +143,47 @@ def test_a_hand_made_module_graph_is_refused_not_an_internal_error(family_images
     res = zen("attribute", c, "--library", base_library, check=False)
     assert res.returncode == 2 and "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr[-800:]
     assert "mr.json: graph.hierarchy" in res.stderr and "recover it again" in res.stderr
+
+
+def test_altered_and_malformed_json_give_the_verdicts_of_one_after_the_other(family_images, hf_image, workdir, tmp_path):
+    """The JSON files are parsed while a thread hashes the files: a pr.json both altered (hash) and malformed
+    (content) is reported altered first, then malformed, as when hashing came first; a FIFO in mr.json's place is
+    never opened by either (the check returns, saying what it is)."""
+    import shutil
+
+    from zen.represent import case
+
+    c = tmp_path / "case"
+    shutil.copytree(case_of("convnet_se", "convnet", family_images, hf_image, workdir), c)
+    (c / "pr.json").write_bytes(b'{"kind": "zen-pr", "format": 1, "codes": [')
+    v = case.verdicts(c, case.load_manifest(c))["pr.json"]
+    assert v.status == "altered" and len(v.reasons) == 2 and "altered" in v.reasons[0] and "malformed" in v.reasons[1], v
+    (c / "mr.json").unlink()
+    os.mkfifo(c / "mr.json")
+    got = case.verdicts(c, case.load_manifest(c))
+    assert got["mr.json"].status == "missing" and "not a regular file" in got["mr.json"].reasons[0], got["mr.json"]
+
+
+def test_code_records_are_built_as_their_constructor_builds_them(family_images, hf_image, workdir):
+    """pr.json's code records are built without the keyword call: equal to `CodeRecord(**d)` field for field and in
+    field order, with fresh default lists, and an unknown or missing field refused as the call refuses it."""
+    import dataclasses
+    import json
+
+    from zen.represent.pr import CodeRecord, Signature, record_from_json
+
+    c = case_of("convnet_se", "convnet", family_images, hf_image, workdir)
+    raw = json.loads((c / "pr.json").read_text())["codes"]
+    for d in raw:
+        want = CodeRecord(**{**d, "signature": Signature(**d["signature"]) if d.get("signature") else None})
+        got = record_from_json(d)
+        assert got == want and list(vars(got)) == list(vars(want))
+    required = [f.name for f in dataclasses.fields(CodeRecord) if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    lean = {k: v for k, v in raw[0].items() if k in required}
+    a, b = record_from_json(lean), record_from_json(lean)
+    assert a.children == [] and a.children is not b.children and list(vars(a)) == [f.name for f in dataclasses.fields(a)]
+    with pytest.raises(TypeError):
+        record_from_json({**raw[0], "planted": 1})
+    with pytest.raises((TypeError, KeyError)):
+        record_from_json({k: v for k, v in raw[0].items() if k != "listing"})
