@@ -73,3 +73,29 @@ def test_zen_command_output_and_status_unchanged(tmp_path):
     assert res.returncode == 2 and "error:" in res.stderr and "Traceback" not in res.stderr
     res = subprocess.run([*zen, "recover", "--bogus"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "No such option" in res.stderr
+
+
+def test_json_output_is_the_text_rich_writes():
+    """`--json` into a file or pipe is written without rich's highlighting pass: the same text rich writes, for
+    strings that rich or JSON treat specially (markup, emoji codes, escapes, line separators, combining and
+    zero-width characters, lone surrogates, non-finite numbers); a capture still goes through rich."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from zen.runtime.console import SafeConsole
+
+    odd = {"markup": "[bold]x[/bold] :smile:", "escapes": "\t\r\n\x1b[31m\x7f\x85", "seps": "a\u2028b\u2029",
+           "marks": "e\u0301\u200b漢字😀", "surrogate": "\ud800", "numbers": [1.5, -0.0, 1e300, float("nan"), float("inf")],
+           "nested": {"empty": {}, "list": [], "none": None, "long": "x" * 500 + "   "}}  # fmt: skip
+    for doc in (odd, [odd, odd], "plain", 3):
+        text = json.dumps(doc)
+        ours, theirs = io.StringIO(), io.StringIO()
+        SafeConsole(highlight=False, file=ours).print_json(text)
+        Console(highlight=False, file=theirs).print_json(text)
+        assert ours.getvalue() == theirs.getvalue()
+        c = SafeConsole(highlight=False, file=io.StringIO())
+        with c.capture() as cap:
+            c.print_json(text)
+        assert cap.get() == theirs.getvalue()

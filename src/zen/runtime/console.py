@@ -26,6 +26,18 @@ class SafeConsole(Console):
             finally:
                 self._markup = saved
 
+    def print_json(self, json: str | None = None, **kwargs: Any) -> None:  # type: ignore[override]
+        """Into a file or pipe (not a terminal: no colours), the same text rich writes, without rich: its
+        highlighting pass over a command's `--json` took 12 ms of `zen attribute` for 10 KB. A terminal, a
+        capture or any option but the JSON text goes through rich."""
+        if json is None or kwargs or self.is_terminal or self.record or self._buffer_index:
+            return super().print_json(json, **kwargs)
+        import json as json_module
+
+        text = json_module.dumps(json_module.loads(json), indent=2, ensure_ascii=False) + "\n"
+        self.file.write(text)
+        self.file.flush()
+
 
 def consoles() -> tuple[SafeConsole, SafeConsole]:
     """(stdout, stderr) consoles as every zen command uses them."""
