@@ -181,11 +181,9 @@ def _check_files(case_dir: Path, manifest: dict, out: dict, code_check, rehash: 
 
     recorded = manifest.get("files") or {}
     hashing = _hash_meanwhile([case_dir / n for n in out if n in recorded and n not in TENSOR_FILES])
-    try:
-        ahead = {n: check_json(case_dir, n, load) for n, load in _JSON_LOADERS
-                 if n in recorded and not isinstance(_stat_regular(case_dir / n), str)}  # fmt: skip
-    finally:
-        hashing.join()
+    ahead = {n: check_json(case_dir, n, load) for n, load in _JSON_LOADERS
+             if n in recorded and not isinstance(_stat_regular(case_dir / n), str)}  # fmt: skip
+    hashing.join()  # (not on an interrupt: the daemon thread is then left to end with the process)
     tensor_files = {}
     for name, v in out.items():
         p = case_dir / name
