@@ -173,7 +173,8 @@ def record_json(c: CodeRecord) -> dict[str, Any]:
 def record_from_json(d: dict[str, Any]) -> CodeRecord:
     """`CodeRecord(**d)` (the signature as a `Signature`), without the call: a transformers pr.json holds ~4,500
     records of 35 fields, and the keyword call took 0.08 s of every command reading it (this: 0.03 s). The fields
-    in their order, defaults where absent; an unknown or missing field is the same TypeError or KeyError."""
+    in their order, defaults where absent; an unknown field is a TypeError, a missing one a KeyError (the callers
+    catch both, as they caught the call's TypeError)."""
     if not d.keys() <= _CODE_FIELD_SET:
         raise TypeError(f"CodeRecord got unexpected fields {sorted(d.keys() - _CODE_FIELD_SET)[:3]}")
     r = _new(CodeRecord)
