@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,7 +137,10 @@ def main() -> int:
     ap.add_argument("--only", choices=["gpt2", "resnet50"])
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="zen-bench-recover-"))
-    rows = [bench(n, work) for n in (["gpt2", "resnet50"] if not args.only else [args.only])]
+    try:
+        rows = [bench(n, work) for n in (["gpt2", "resnet50"] if not args.only else [args.only])]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the recovered cases hold the models' weights (500 MB for GPT-2)
     lines = [
         "# Recovery benchmark (issue 3)",
         "",
