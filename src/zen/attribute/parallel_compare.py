@@ -192,23 +192,10 @@ def _split(names: list[str], cost: dict[str, int]) -> tuple[list[str], list[str]
     return mine, theirs
 
 
-class _ParentOnly:
-    """A `Bodies.fetch` that reads the library in the process that opened it, and refuses in a forked
-    child (which then fails, and this process computes its part)."""
-
-    def __init__(self, fetch) -> None:
-        self.fetch, self.pid = fetch, os.getpid()
-
-    def __call__(self, keys: list[str]):
-        if os.getpid() != self.pid:
-            raise LookupError(f"{len(keys)} code bodies were not read before the fork")
-        return self.fetch(keys)
-
-
 def _parent_only(gamma: list[CodeView]) -> None:
     for v in gamma:
-        if isinstance(v, StoredView) and not isinstance(v.bodies.fetch, _ParentOnly):
-            v.bodies.fetch = _ParentOnly(v.bodies.fetch)
+        if isinstance(v, StoredView) and not isinstance(v.bodies.fetch, Prefetched):
+            v.bodies.fetch = Prefetched({}, v.bodies.fetch)  # nothing read ahead: the library here, a refusal in a child
 
 
 def _dumps(results: dict[str, tuple[MatchResult, float]], delta: list[CodeView], gammas: dict[str, list[CodeView]]) -> bytes:
