@@ -101,6 +101,10 @@ class Truth:
                 push("function", v)
             elif isinstance(v, type):
                 push("class", v)
+            elif "<locals>" in type(v).__qualname__:  # an instance of a class made inside a function: its methods
+                for x in list(vars(type(v)).values()):
+                    for f in functions_in(x):
+                        push("function", f)
             else:
                 for f in functions_in(v):
                     push("function", f)

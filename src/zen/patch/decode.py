@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from zen.runtime.errors import ZenError
@@ -139,6 +140,7 @@ class Decoder:
         self.modules = modules if modules is not None else {}
         self.memo: dict[int, Any] = {}
         self.unrecovered: list[str] = []
+        self.pending: Callable[[str], Any] | None = None  # "module:name" -> that global, made now (or None)
 
     def decode(self, enc: Any, where: str = "") -> Any:
         try:
@@ -157,6 +159,8 @@ class Decoder:
             return self._partial(enc, where)
         if "function" in enc:
             return self._function(enc, where)
+        if "class" in enc:
+            return self._local_class(enc, where)
         if "id" in enc and ("list" in enc or "dict" in enc or "set" in enc):
             return self._shared(enc, where)
         for kind, build in (("tuple", tuple), ("list", list), ("set", set), ("frozenset", frozenset)):
@@ -170,7 +174,7 @@ class Decoder:
                 items[key] = self.decode(v, f"{where}[{key!r}]"[:300])
             return self._typed(enc, items, where)
         if "cls" in enc:
-            return self.r.cls(enc["cls"])
+            return self._class(enc, "cls")
         if "func" in enc:
             if enc.get("fn") in self.r.by_function:
                 return self.r.by_function[enc["fn"]]
@@ -180,7 +184,7 @@ class Decoder:
         if "module" in enc:
             return self.r.module(enc["module"])
         if "global" in enc:
-            return self.r.func(enc["global"])  # a name in a module, through the maps like a function
+            return self._named_global(enc["global"])
         if "method" in enc:
             owner = self.decode(enc["self"], f"{where}.__self__")
             if isinstance(owner, Unrecovered):
@@ -247,7 +251,7 @@ class Decoder:
 
     def _instance(self, enc: dict, where: str) -> Any:
         """An instance by its state, without calling its constructor (`cls.__new__(cls)`)."""
-        cls = self.r.cls(enc["obj"])
+        cls = self._class(enc, "obj")
         try:
             obj = cls.__new__(cls)
         except Exception as exc:  # noqa: BLE001 - a C type whose __new__ needs arguments zen does not have
@@ -263,6 +267,49 @@ class Decoder:
         for k, v in enc.get("slots", {}).items():
             object.__setattr__(obj, k, self.decode(v, f"{where}.{k}"))
         return obj
+
+    def _class(self, enc: dict, key: str) -> type:
+        """The class `enc[key]` names; one made inside a function through the object its module holds
+        (`"cls_of"`, see `Encoder._anchored`), which must be of a class of that same qualname."""
+        if isinstance(enc.get("local_class"), dict) and not isinstance(enc.get("cls_of"), str):
+            cls = self.decode(enc["local_class"], f"class {enc[key]}")
+            if not isinstance(cls, type):
+                why = getattr(cls, "_zen_reason", None) or f"a {type(cls).__name__}"
+                raise ReuseError(f"class {enc[key]} made inside a function could not be made again ({why})")
+            return cls
+        if not isinstance(enc.get("cls_of"), str):
+            return self.r.cls(enc[key])
+        held = self.r.func(enc["cls_of"])
+        cls = held if isinstance(held, type) else type(held)
+        want = str(enc[key]).partition(":")[2]
+        if getattr(cls, "__qualname__", None) != want:
+            raise ReuseError(f"{enc['cls_of'].replace(':', '.')} is of class {cls.__module__}.{cls.__qualname__} here, "
+                             f"not {str(enc[key]).replace(':', '.')}")  # fmt: skip
+        return cls
+
+    def _named_global(self, ref: str) -> Any:
+        """A name in a module, through the maps like a function. One the patch is about to set in a module it
+        rebuilds (an instance its code reads as a global, referenced from a closure decoded before the module's
+        globals) is decoded first through `pending`, where the patch's applier sets it."""
+        made = self.pending(ref) if self.pending is not None else None
+        return made if made is not None else self.r.func(ref)
+
+    def _local_class(self, enc: dict, where: str) -> type:
+        """A class made inside a function (`Encoder._local_class`): its metaclass called on its bases and its
+        decoded `__dict__`, as the class statement did (its methods' code is recovered code)."""
+        mod, _, qual = str(enc["class"]).partition(":")
+        bases = tuple(self.decode(b, f"{where}.__bases__[{i}]") for i, b in enumerate(enc.get("bases") or []))
+        if not bases or not all(isinstance(b, type) for b in bases):
+            raise ReuseError(f"bases of {qual} could not be rebuilt")
+        meta = self.decode(enc["meta"], f"{where}.__class__") if enc.get("meta") else type
+        if not isinstance(meta, type) or not issubclass(meta, type):
+            raise ReuseError(f"metaclass of {qual} could not be rebuilt")
+        ns = {k: self.decode(v, f"{where}.{k}") for k, v in enc.get("dict") or [] if isinstance(k, str)}
+        ns.setdefault("__module__", mod)
+        ns["__qualname__"] = qual
+        cls = meta(str(enc.get("name") or qual.rpartition(".")[2]), bases, ns)
+        self.memo[enc["id"]] = cls
+        return cls
 
     def _partial(self, enc: dict, where: str) -> Any:
         """functools.partial: created around a placeholder, memoised, then given its real state

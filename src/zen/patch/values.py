@@ -25,6 +25,8 @@ class ValuePhase:
     def values(self) -> None:
         r = self.report.resolver
         dec = Decoder(r)
+        busy: set[str] = set()
+        dec.pending = lambda ref: self._global_now(dec, ref, busy)
         for c in self.data["classes"]:
             cls = self.made_classes.get(c["key"])
             if cls is None or c["recovered_module"] in self.installed:
@@ -107,6 +109,35 @@ class ValuePhase:
         top = enc[kind].partition(":")[0]
         return top not in self.report.modules and not any(top.startswith(m + ".") for m in self.report.modules)
 
+    def _global_now(self, dec: Decoder, ref: str, busy: set) -> Any:
+        """The global `ref` ("module:name") of a module this patch rebuilds, decoded and set before its turn in
+        `_globals` (a closure cell or default refers to it); None when the patch holds none, or the name holds
+        it already (see `_displaces`), or it cannot be rebuilt, or it is being decoded already (a cycle)."""
+        mod, _, name = ref.partition(":")
+        enc = self.data.get("globals", {}).get(mod, {}).get(name)
+        if enc is None or mod not in self.report.modules or ref in busy:
+            return None
+        busy.add(ref)
+        ns = self._module(mod).__dict__
+        if name in ns and not self._displaces(ns[name], enc):
+            return None  # there already: resolved by name
+        v = dec.decode(enc, f"{mod}.{name}")
+        if isinstance(v, Unrecovered):
+            return None
+        ns[name] = v
+        return v
+
+    def _displaces(self, current: Any, enc: Any) -> bool:
+        """Whether a recovered instance (`enc`) takes a module name from a function this patch made there: the
+        image held the instance under the function's name (a decorator left a callable object in its place,
+        keeping the function in a cell; see `closure`), so the name must reach the instance."""
+        if not (isinstance(enc, dict) and "obj" in enc and isinstance(current, types.FunctionType)):
+            return False
+        made = getattr(self, "_made_ids", None)
+        if made is None:
+            made = self._made_ids = {id(self.live[i]) for i in self.fresh if i in self.live}
+        return id(current) in made
+
     def _globals(self, dec: Decoder, early: bool = False) -> None:
         for rec_mod, names in self.data.get("globals", {}).items():
             if rec_mod not in self.report.modules:
@@ -117,7 +148,7 @@ class ValuePhase:
                 if early and not (name not in ns and isinstance(enc, dict) and self._outside(enc)):
                     continue
                 kind = next(iter(enc), "")
-                if name in ns and not _value_like(enc):
+                if name in ns and not _value_like(enc) and not self._displaces(ns[name], enc):
                     continue  # keep the base's instance (a logger, a registry)
                 try:
                     v = dec.decode(enc, f"{module.__name__}.{name}")

@@ -6,7 +6,8 @@ objects, enums, function references, dtypes, dicts of adapters... Every value is
 
     {"lit": "(3, 3)"}                    plain value (exact builtin types), Python literal syntax
     {"tuple"|"list"|"set"|"frozenset": [...]}, {"dict": [[k, v], ...], "type": "collections:OrderedDict"}
-    {"cls": "module:qualname"}           a class
+    {"cls": "module:qualname"}           a class (one made inside a function also with "cls_of" or "local_class",
+                                         see `Encoder._anchored`; so is the "obj" of an instance of one)
     {"func": "module:qualname", "fn": ADDR}   a function (ADDR: the function object in the image,
                                          which tells a decorated function from the wrapper holding its name)
     {"module": "name"}                   a module           {"enum": "module:qualname", "name": "X"}
@@ -103,7 +104,7 @@ class Encoder:
             out = {"dict": [[self.encode(k, depth + 1), self.encode(v, depth + 1)] for k, v in items]}
             return out if exact else {**out, "type": self._name(t)}
         if kind == "type":
-            return {"cls": self._name(ip.type_info(addr))}
+            return self._anchored({"cls": self._name(ip.type_info(addr))}, ip.type_info(addr), depth)
         if kind == "function":
             from zen.cpython.names import name_resolves
             from zen.cpython.readers.functions import carries_own_name, read_function
@@ -214,6 +215,61 @@ class Encoder:
             self._globals[module] = shared[module] = names  # type: ignore[index]
         return self._globals[module].get(addr)
 
+    def _anchored(self, enc: dict[str, Any], t, depth: int) -> dict[str, Any]:
+        """`enc` as is, unless `t` is a class made inside a function (`<locals>` in its qualname: no import path
+        reaches it). Then, where its module holds an instance of it (or the class) under a name, with
+        `"cls_of": "module:name"`: the live process takes the class from that object (`type(module.name)`), as
+        pickle would. Else (and always for the module being rebuilt, `home`, whose names are being made) with
+        `"local_class"`: the class itself, by its bases and its `__dict__` (`_local_class`).
+
+        kernels' `use_kernel_forward_from_hub` makes such a class for each function it wraps (transformers 5.25:
+        `apply_rotary_pos_emb`), names it after that function's module and leaves an instance there; each layer
+        using it holds another instance."""
+        if "<locals>" not in t.qualname:
+            return enc
+        name = self._anchor(t) if t.module != self.home else None
+        if name is not None:
+            return {**enc, "cls_of": f"{t.module}:{name}"}
+        return {**enc, "local_class": self._local_class(t, depth)}
+
+    def _anchor(self, t) -> str | None:
+        """A name under which `t`'s module holds `t` or an instance of it (the first in name order)."""
+        self._module_global(0, t.module)  # the module's names, read once per interpreter
+        anchors = self.ip.census_memo.setdefault("module_type_anchors", {})
+        if t.module not in anchors:
+            found: dict[int, str] = {}
+            for v, name in sorted(self._globals[t.module].items(), key=lambda kv: kv[1]):
+                try:
+                    found.setdefault(v if self.ip.kind(v) == "type" else self.ip.type_of(v), name)
+                except ZenError:
+                    continue
+            anchors[t.module] = found  # type: ignore[index]
+        return anchors[t.module].get(t.addr)  # type: ignore[index]
+
+    def _local_class(self, t, depth: int) -> dict[str, Any]:
+        """`{"class": "module:qualname", "id": n, "name": NAME, "bases": [...], "meta": {...} | None,
+        "dict": [[name, {...}], ...]}`: a class made inside a function, to be made again by calling its
+        metaclass (`Decoder._local_class`). Its methods are functions no name reaches, encoded with their code
+        (`values.ValueKinds`); the descriptors `type` makes itself are left out. `{"ref": n}` the next time."""
+        if t.addr in self._ids:
+            return {"ref": self._ids[t.addr]}
+        from zen.cpython.readers.dicts import read_dict
+
+        ip = self.ip
+        n = self._ids[t.addr] = len(self._ids) + 1
+        items = read_dict(ip, t.dict_addr) if t.dict_addr else []
+        if len(items) > MAX_ITEMS:
+            return {"unsupported": f"class {t.qualname} with {len(items)} attributes"}
+        ns = []
+        for k, v in items:
+            name = ip.str(k) if ip.kind(k) == "str" else None
+            if name is None or name in ("__dict__", "__weakref__", "__qualname__"):
+                continue
+            ns.append([name, self.encode(v, depth + 1)])
+        meta = None if t.metatype == ip.wk.types.get("type") else self.encode(t.metatype, depth + 1)
+        return {"class": self._name(t), "id": n, "name": t.name, "bases": [self.encode(b, depth + 1) for b in t.bases],
+                "meta": meta, "dict": ns}  # fmt: skip
+
     def _instance(self, addr: int, t, depth: int) -> dict[str, Any]:
         if addr in self._ids:
             return {"ref": self._ids[addr]}
@@ -229,11 +285,8 @@ class Encoder:
 
         n = self._ids[addr] = len(self._ids) + 1
         inst = read_instance(self.ip, addr)
-        out: dict[str, Any] = {
-            "obj": self._name(t),
-            "id": n,
-            "state": {k: self.encode(v, depth + 1) for k, v in inst.attrs.items()},
-        }
+        out: dict[str, Any] = self._anchored({"obj": self._name(t), "id": n}, t, depth)
+        out["state"] = {k: self.encode(v, depth + 1) for k, v in inst.attrs.items()}
         if inst.slots:
             out["slots"] = {k: self.encode(v, depth + 1) for k, v in inst.slots.items() if v}
         return out

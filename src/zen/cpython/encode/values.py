@@ -170,7 +170,8 @@ class ValueKinds:
 
         ip = self.ip
         f = read_function(ip, addr)
-        if not f.module or ("<" not in f.qualname and (carries_own_name(ip, f) or name_resolves(ip, f.module, f.qualname, addr))):
+        if not f.module or ("<" not in f.qualname and (carries_own_name(ip, f) or name_resolves(ip, f.module, f.qualname, addr))
+                            and not self._replaced(f)):  # fmt: skip
             return None  # reachable by its name: the encoder's {"func": ...}
         n, seen = self._memo(addr)
         if seen:
@@ -190,6 +191,24 @@ class ValueKinds:
         out["closure"] = cells
         out["dict"] = self._enc(f.dict) if f.dict else None
         return out
+
+    def _replaced(self, f) -> bool:
+        """Whether the module-level name of function `f` holds an instance instead (a decorator made the
+        function a callable object: kernels' `use_kernel_forward_from_hub`, whose instances call the function
+        they hold in a closure). Its name then reaches that object, never the function: its code is encoded."""
+        if "." in f.qualname:
+            return False
+        from zen.cpython.readers.dicts import dict_get
+
+        try:
+            from zen.cpython.encode.modules_memo import module_info
+            from zen.cpython.heap import Heap
+
+            mod = Heap(self.ip).sys_modules().get(f.module)
+            held = dict_get(self.ip, module_info(self.ip, mod).dict, f.qualname) if mod else None
+            return held is not None and self.ip.kind(held) == "instance"
+        except ZenError:
+            return False
 
     def _singleton(self, addr: int, tp: int) -> dict | None:
         t = self.ip.type_info(tp)

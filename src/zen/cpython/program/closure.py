@@ -15,8 +15,13 @@ The rules, exactly (tests re-implement them on live objects to get ground truth)
      function (that is `self.n`);
    * any other instruction ends the chain.
    Every resolved function is added; every resolved class is added (rule 1); staticmethods,
-   classmethods, properties and bound methods add the functions inside. The contents of the
-   function's closure cells are resolved the same way.
+   classmethods, properties and bound methods add the functions inside; an instance of a class
+   made inside a function (`<locals>` in its qualname) adds the functions its class's own
+   `__dict__` holds (as rule 1 does, but not the class: no name reaches it, so it is no class
+   record; `reuse` makes it again from the instance's encoding): a decorator that leaves a
+   callable object in a function's place (kernels' `use_kernel_forward_from_hub` in transformers
+   5.25: `apply_rotary_pos_emb`) keeps the function in a cell of that class's methods.
+   The contents of the function's closure cells are resolved the same way.
 3. Excluded: anything whose module (a function's `__module__`, else its globals' `__name__`; a
    class's module) is unknown or belongs to torch, numpy, builtins or the standard library. It
    is not followed, and its module is recorded as a dependency of the model code.
@@ -196,4 +201,13 @@ class Closure:
             self.add_class(v)
         elif kind in ("staticmethod", "classmethod", "property", "method"):
             for f in self.rt.functions_in(v):
+                self.add_function(f)
+        elif kind is not None:
+            try:
+                tp = self.rt.ip.type_of(v)
+                local = "<locals>" in self.rt.ip.type_info(tp).qualname
+            except ZenError:
+                return
+            t = self.rt.type(tp) if local else None
+            for _, f in self.rt.methods(t) if t is not None else ():
                 self.add_function(f)
