@@ -182,7 +182,7 @@ class Head(nn.Module):
         self.cyc = cyc
         self.cache = {"cpu": torch.zeros(1000)}  # a tensor in a plain attribute (timm's LeViT caches so)
         self.lock = threading.Lock()  # not rebuildable (state in C), unused by forward: reported
-        self.local_cls = make_local_class()  # not rebuildable (made inside a function): reported
+        self.local_cls = make_local_class()  # made inside a function: rebuilt from its bases and __dict__
 
     def prepare(self, x):
         return x

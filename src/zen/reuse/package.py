@@ -245,7 +245,7 @@ def value_problems(mr) -> list[str]:
             why = str(enc["unsupported"])
         elif "func" in enc and "<locals>" in str(enc["func"]):
             why = f"function {enc['func']} was made inside another function and its code is not in the case"
-        elif "cls" in enc and "<locals>" in str(enc["cls"]) and "cls_of" not in enc:
+        elif "cls" in enc and "<locals>" in str(enc["cls"]) and "cls_of" not in enc and "local_class" not in enc:
             why = f"class {enc['cls']} was made inside a function"
         if why is not None:
             what = describe(enc)
