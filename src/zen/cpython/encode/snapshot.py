@@ -14,6 +14,9 @@ objects, enums, function references, dtypes, dicts of adapters... Every value is
     {"dtype": "float32"}                 a torch dtype (found by address among torch's dtypes)
     {"obj": "module:qualname", "id": n, "state": {...}, "slots": {...}}   an instance, by its __dict__
     {"ref": n}                           an instance already encoded (shared or cyclic)
+    {"class": "module:qualname", "id": n, "name": NAME, "bases": [...], "meta": {...}|None, "dict": [[k, v], ...]}
+                                         a class made inside a function, by what its class statement made
+                                         (the "local_class" of a "cls" or "obj"; `Encoder._local_class`)
     {"global": "module:name"}            an instance its class's module holds under a name (a
                                          registry, a singleton): the live process imports it
     {"logger": "name"}                   a logging.Logger (logging.getLogger(name))
