@@ -74,6 +74,16 @@ def start_target(
     return Target(proc, outdir)
 
 
+def imaged(script: str, outdir: Path, image: Path, *args: str) -> Target:
+    """A target started, imaged with `zen acquire --lean` into `image` and stopped (its truth stays readable)."""
+    t = start_target(script, outdir, *args)
+    try:
+        zen("acquire", "--pid", t.pid, "-o", image, "--lean")
+    finally:
+        t.stop()
+    return t
+
+
 def zen(*args: str, check: bool = True, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the zen CLI in a subprocess, as a user would (`env`: variables added to this process's environment)."""
     res = subprocess.run(
@@ -282,13 +292,8 @@ def light_target(workdir):
 
 
 def _image(workdir, family):
-    t = start_target("models_target.py", workdir / f"{family}-target", family)
     img = workdir / f"{family}.core"
-    try:
-        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
-    finally:
-        t.stop()
-    return img, t
+    return img, imaged("models_target.py", workdir / f"{family}-target", img, family)
 
 
 @pytest.fixture(scope="session")
@@ -344,13 +349,9 @@ def recovered(image, target, name, workdir):
 
 def _family_image(workdir, family, *extra):
     label = family + ("-obf" if extra else "")
-    t = start_target("family_target.py", workdir / f"{label}-target", family, "--src", str(workdir / "families-src"), *extra)
     img = workdir / f"{label}.core"
-    try:
-        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
-    finally:
-        t.stop()
-    return img, t
+    return img, imaged("family_target.py", workdir / f"{label}-target", img, family, "--src", str(workdir / "families-src"),
+                       *extra)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

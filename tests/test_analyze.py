@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import TARGETS, booby_trapped, start_target, zen, zen_command
+from conftest import TARGETS, booby_trapped, imaged, zen, zen_command
 from safetensors.torch import load_file, save_file
 
 pytest.importorskip("art")
@@ -32,12 +32,8 @@ NC_STEPS = "60"  # enough for this model (its triggers converge in fewer); the d
 def analysis_cases(tmp_path_factory):
     """(target, {"clean_model": case, "trojan_model": case}) from one image of the analysis target."""
     where = tmp_path_factory.mktemp("analyze")
-    t = start_target("analysis_target.py", where / "target")
     image = where / "analysis.core"
-    try:
-        zen("acquire", "--pid", t.pid, "-o", image, "--lean")
-    finally:
-        t.stop()
+    t = imaged("analysis_target.py", where / "target", image)
     cases = {}
     for name in ("clean_model", "trojan_model"):
         cases[name] = where / f"case_{name}"

@@ -13,19 +13,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import model_id, start_target, zen
+from conftest import imaged, model_id, zen
 from test_reuse import check
 
 
 @pytest.fixture(scope="module")
 def kfunc(tmp_path_factory):
     work = tmp_path_factory.mktemp("kfunc")
-    t = start_target("local_class_target.py", work / "target")
     image = work / "kfunc.core"
-    try:
-        zen("acquire", "--pid", t.pid, "-o", image, "--lean")
-    finally:
-        t.stop()
+    t = imaged("local_class_target.py", work / "target", image)
     case = work / "case"
     res = zen("recover", image, "-o", case, "--model", hex(model_id(t, "kfunc")), check=False)
     image.unlink()

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TARGETS, case_of, start_target, zen
+from conftest import TARGETS, case_of, imaged, zen
 from families import FAMILIES, VARIANTS, materialize  # noqa: E402
 
 from zen.patch.format import read_patch
@@ -100,12 +100,8 @@ def test_renamed_package_fork_keeps_its_mro(base_library, workdir, tmp_path):
     added, rebuilt on the library's transformers GPT-2: the diff maps the module, the MRO of every class is compared
     through that mapping, and nothing is reported although every class lives under another name (issue 35)."""
     pytest.importorskip("transformers")
-    t = start_target("renamed_fork_target.py", tmp_path / "fork-target")
     img = tmp_path / "fork.core"
-    try:
-        zen("acquire", "--pid", t.pid, "-o", img, "--lean")
-    finally:
-        t.stop()
+    t = imaged("renamed_fork_target.py", tmp_path / "fork-target", img)
     case_dir, pkg = tmp_path / "fork-case", tmp_path / "rebuilt_fork"
     zen("recover", img, "-o", case_dir, "--model", hex(json.loads((t.outdir / "truth.json").read_text())["id"]))
     img.unlink()
