@@ -348,10 +348,9 @@ def recovered(image, target, name, workdir):
 
 
 def _family_image(workdir, family, *extra):
-    label = family + ("-obf" if extra else "")
+    label, src = family + ("-obf" if extra else ""), str(workdir / "families-src")
     img = workdir / f"{label}.core"
-    return img, imaged("family_target.py", workdir / f"{label}-target", img, family, "--src", str(workdir / "families-src"),
-                       *extra)  # fmt: skip
+    return img, imaged("family_target.py", workdir / f"{label}-target", img, family, "--src", src, *extra)
 
 
 @pytest.fixture(scope="session")
