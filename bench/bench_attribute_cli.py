@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import bench_attribution_scale as scale  # noqa: E402
+from bench_recover import fresh_bytecode  # noqa: E402
 from bench_scale import write_sections  # noqa: E402
 
 from zen.attribute.invariants import packed  # noqa: E402
@@ -76,6 +77,7 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    fresh_bytecode()
     cases = scale.load_cases(args.cases)
     queries = [q for q in QUERIES if q in cases]
     if not queries:

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_recover import sequential_read  # noqa: E402
+from bench_recover import fresh_bytecode, sequential_read  # noqa: E402
 
 MODELS = {
     "gpt2": {"family": "gpt2", "config": {}, "dtype": "float32", "reuse": False},
@@ -320,6 +320,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", choices=list(MODELS), help="models to run (default: all)")
     ap.add_argument("--no-write", action="store_true", help="print the tables, leave perf.md alone")
     args = ap.parse_args()
+    fresh_bytecode()
     work = Path(tempfile.mkdtemp(prefix="zen-bench-scale-"))
     t0 = time.perf_counter()
     rows = []
