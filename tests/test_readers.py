@@ -12,10 +12,12 @@ import pytest
 
 from zen.cpython.code.codebuild import can_rebuild, rebuild_code
 from zen.cpython.describe import PLAIN
+from zen.cpython.encode.modules_memo import names_in
 from zen.cpython.heap import Heap
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.code import read_code, uninstrumented
 from zen.cpython.readers.containers import read_set, read_tuple
+from zen.cpython.readers.dicts import dict_get, read_dict
 from zen.cpython.readers.functions import read_cell, read_function, read_method, read_property, read_wrapped
 from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.modules import read_module
@@ -116,9 +118,15 @@ def test_modules(subject):
     assert set(mods) == set(t.truth["sys_modules_keys"])
     for name in t.truth["module_sample"]:
         entry = t.truth["modules"][name]
-        assert mods[name] == entry["id"]
+        assert mods[name] == entry["id"] == heap.sys_module(name)
         m = read_module(ip, entry["id"])
         assert (m.name, m.file) == (name, entry["file"])
+        # a namespace read once (names_in) answers every name as a lookup of it (dict_get) does
+        names = names_in(ip, m.dict)
+        keys = [ip.str(k) for k, _ in read_dict(ip, m.dict) if ip.kind(k) == "str"]
+        assert names and sorted(names) == sorted(set(keys)) and "__name__" in names
+        assert all(names[k] == dict_get(ip, m.dict, k) for k in keys)
+    assert heap.sys_module("no.such.module") is None
 
 
 def test_functions_and_friends(subject):

@@ -284,6 +284,12 @@ class Heap:
         self.problems += problems
         return dict(out)
 
+    def sys_module(self, name: str) -> int | None:
+        """`sys_modules().get(name)` without copying the table (encoders ask once per function they meet)."""
+        if self._memo.get("sys_modules") is None:
+            self.sys_modules()
+        return self._memo["sys_modules"][0].get(name)  # type: ignore[index]
+
     def gc_generations(self) -> list[list[int]]:
         """Objects on each GC generation list (young to old, then the permanent generation)."""
         ip = self.ip

@@ -18,23 +18,22 @@ MAX_PARTS = 8
 
 def name_resolves(ip: Interpreter, module: str, qualname: str, addr: int) -> bool:
     """True when `module`'s namespace in the image reaches the object at `addr` through `qualname`."""
-    from zen.cpython.encode.modules_memo import module_info
+    from zen.cpython.encode.modules_memo import module_info, names_in
     from zen.cpython.heap import Heap
-    from zen.cpython.readers.dicts import dict_get
     from zen.cpython.readers.functions import read_wrapped
 
     parts = qualname.split(".")
     if "<locals>" in parts or len(parts) > MAX_PARTS:
         return False
     try:
-        mod = Heap(ip).sys_modules().get(module)
+        mod = Heap(ip).sys_module(module)
         if not mod:
             return False
-        obj = dict_get(ip, module_info(ip, mod).dict, parts[0])
+        obj = names_in(ip, module_info(ip, mod).dict).get(parts[0])
         for name in parts[1:]:
             if obj is None or ip.kind(obj) != "type":
                 return False
-            obj = dict_get(ip, ip.type_info(obj).dict_addr, name)
+            obj = names_in(ip, ip.type_info(obj).dict_addr).get(name)
         if obj is not None and obj != addr and ip.kind(obj) in ("classmethod", "staticmethod"):
             obj = read_wrapped(ip, obj)
         return obj == addr

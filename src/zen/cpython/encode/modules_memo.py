@@ -22,3 +22,26 @@ def module_info(ip: ImageReader, addr: int):
     if info is None:
         info = memo[addr] = read_module(ip, addr)  # type: ignore[index]
     return info
+
+
+def names_in(ip: ImageReader, addr: int) -> dict[str, int]:
+    """`dict_get`'s answer for every str key of the dict at `addr` (a module's or class's namespace), read once per
+    interpreter: the first entry of a name wins and a key that cannot be read is passed over (there, a key read
+    before the name was found could also end the lookup with an error; here it never hides the others). Whether a
+    function's name reaches it (`names.name_resolves`, `ValueKinds._replaced`) is asked for every function a model's
+    globals and closures hold; one `dict_get` each walked the whole namespace (torch's 1,500 names) every time."""
+    from zen.cpython.readers.dicts import read_dict
+    from zen.runtime.errors import ZenError
+
+    memo = ip.census_memo.setdefault("names_in", {})
+    names = memo.get(addr)  # type: ignore[union-attr]
+    if names is None:
+        names = {}
+        for k, v in read_dict(ip, addr):
+            try:
+                if ip.kind(k) == "str":
+                    names.setdefault(ip.str(k), v)
+            except ZenError:
+                continue
+        memo[addr] = names  # type: ignore[index]
+    return names

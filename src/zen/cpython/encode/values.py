@@ -198,14 +198,12 @@ class ValueKinds:
         they hold in a closure). Its name then reaches that object, never the function: its code is encoded."""
         if "." in f.qualname:
             return False
-        from zen.cpython.readers.dicts import dict_get
-
         try:
-            from zen.cpython.encode.modules_memo import module_info
+            from zen.cpython.encode.modules_memo import module_info, names_in
             from zen.cpython.heap import Heap
 
-            mod = Heap(self.ip).sys_modules().get(f.module)
-            held = dict_get(self.ip, module_info(self.ip, mod).dict, f.qualname) if mod else None
+            mod = Heap(self.ip).sys_module(f.module)
+            held = names_in(self.ip, module_info(self.ip, mod).dict).get(f.qualname) if mod else None
             return held is not None and self.ip.kind(held) == "instance"
         except ZenError:
             return False
