@@ -20,8 +20,10 @@ from conftest import BASES, case_of
 
 from zen.attribute.algorithm import FULL_COMPARE, attribute, primary_modules
 from zen.attribute.blas import _openblas_apis, one_thread
+from zen.attribute.code_views import MatchResult
 from zen.attribute.invariants import invariants, mr_features, mr_score, packed, unpack_mr, unpack_views
 from zen.attribute.mr_similarity import mr_similarity
+from zen.attribute.parallel_compare import SentMatch
 from zen.attribute.pr_similarity import code_similarity, views
 from zen.library.store import MIGRATIONS, SCHEMA_VERSION, Library
 from zen.represent import case
@@ -298,6 +300,11 @@ def test_parallel_comparisons_equal_one_process(scale_library, family_images, hf
         if path == "split":
             _split_path(monkeypatch)
         two = attribute(mr, pr, lib, parallel=True)
+    # the child's comparisons arrive as arrays; reported by their counts and means before any pair is made from them
+    sent = [c.match for c in two.candidates if isinstance(c.match, SentMatch)]
+    unmade = [m for m in sent if m._made is None]
+    assert sent or fork != "lora"  # a transformers query's comparisons (~0.1 s each) always leave the child some
+    assert [m.summary() for m in unmade] == [MatchResult(m.pairs, m.added, m.unmatched_base).summary() for m in unmade]
     _same(two, one)
     assert _pairs(two) == _pairs(one) and sum(c.method == "algorithm-1" for c in two.candidates) >= 3
     assert seen == ["child"] and gc.isenabled()

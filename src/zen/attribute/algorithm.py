@@ -98,12 +98,10 @@ class Candidate:
         if not self.pr_available:
             d.update(pr=None, ur=None, cos=None, cls=None, pr_note=NO_CODE_NOTE)
         if self.match is not None:
-            fuzzy = [p for p in self.match.pairs if not p.exact]
+            exact, changed, added, unmatched, attr, ibss = self.match.summary()
             d.update(
-                exact=self.match.exact, matched=len(self.match.pairs) - self.match.exact, added=len(self.match.added),
-                unmatched_base=len(self.match.unmatched_base),
-                attr=r(sum(p.attr for p in fuzzy) / len(fuzzy)) if fuzzy else 1.0,
-                ibss=r(sum(p.ibss for p in fuzzy) / len(fuzzy)) if fuzzy else 1.0,
+                exact=exact, matched=changed, added=added, unmatched_base=unmatched,
+                attr=r(attr) if changed else 1.0, ibss=r(ibss) if changed else 1.0,
                 pr_optimal=r(PR_WEIGHTS["cos"] * self.optimal_cos + PR_WEIGHTS["cls"] * self.cls)
                 if self.optimal_cos is not None else None,
             )  # fmt: skip

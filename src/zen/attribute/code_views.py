@@ -132,6 +132,15 @@ class MatchResult:
     def exact(self) -> int:
         return sum(p.exact for p in self.pairs)
 
+    def summary(self) -> tuple[int, int, int, int, float, float]:
+        """(identical pairs, changed pairs, added, base left unmatched, mean Attr SS and mean IBSS of the changed
+        pairs (1.0 with none)): what an attribution reports of a comparison."""
+        fuzzy = [p for p in self.pairs if not p.exact]
+        exact = len(self.pairs) - len(fuzzy)
+        attr = sum(p.attr for p in fuzzy) / len(fuzzy) if fuzzy else 1.0
+        ibss = sum(p.ibss for p in fuzzy) / len(fuzzy) if fuzzy else 1.0
+        return exact, len(fuzzy), len(self.added), len(self.unmatched_base), attr, ibss
+
 
 COMPREHENSIONS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>"))
 
