@@ -261,3 +261,19 @@ def test_a_manifest_passes_its_schema_once_by_content_and_verify_case_checks_afr
     (c / "manifest.json").write_text(json.dumps(bad))
     r = zen("verify-case", c, check=False)
     assert r.returncode == 2 and "problems" in r.stderr
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5, 100_000])
+def test_file_sha256_is_sha256sum_at_every_block_boundary(tmp_path, monkeypatch, size):
+    """The buffer is sized to the file and capped at HASH_BLOCK (small here, so files span many blocks): the digest is
+    hashlib's of the whole content, for empty files, one block, a block and a byte, many blocks."""
+    import hashlib
+    import random
+
+    from zen.evidence import digest_cache
+
+    monkeypatch.setattr(digest_cache, "HASH_BLOCK", 4096)
+    data = random.Random(size).randbytes(size)
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    assert file_sha256(p) == hashlib.sha256(data).hexdigest()

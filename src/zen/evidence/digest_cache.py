@@ -42,16 +42,31 @@ _CHECKED_SCHEMA = ("CREATE TABLE IF NOT EXISTS checked (what TEXT, sha256 TEXT, 
 _KEY = "dev=? AND ino=? AND size=? AND mtime_ns=? AND ctime_ns=?"
 
 
+HASH_BLOCK = 16 << 20  # bytes read per call: few calls, each of which gives up the GIL and must take it back
+
+
 def file_sha256(path: Path | str) -> str:
-    """The sha256 of a file's bytes, read sequentially in large blocks (what `sha256sum` prints)."""
+    """The sha256 of a file's bytes, read sequentially in large blocks (what `sha256sum` prints).
+
+    The buffer is an anonymous map no larger than the file: its pages are zeroed by the kernel as the first read
+    fills them, with the GIL released. A 16 MB bytearray per file was zero-filled by Python with the GIL held
+    (~8,000 page faults of `zen attribute`'s case check, taken from the thread parsing pr.json meanwhile), however
+    small the file."""
     import hashlib
+    import mmap
+    import stat
 
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(16 << 20)
-        view = memoryview(buf)
-        while n := fh.readinto(buf):
-            h.update(view[:n])
+        st = os.fstat(fh.fileno())
+        size = max(1, min(HASH_BLOCK, st.st_size)) if stat.S_ISREG(st.st_mode) else HASH_BLOCK
+        with mmap.mmap(-1, size) as buf:
+            view = memoryview(buf)
+            try:
+                while n := fh.readinto(view):
+                    h.update(view[:n])
+            finally:
+                view.release()  # (the map cannot be closed while a view of it exists)
     return h.hexdigest()
 
 
