@@ -235,3 +235,38 @@ def test_lazy_views_equal_eager_ones(family_images, hf_image, workdir):
     for v in lazy:
         e = CodeView(v.rec, v.weight, v.model_code)
         assert (v.key, v.text, v.vector, v.attrs, v.text) == (e.key, e.text, e.vector, e.attrs, e.text)
+
+
+def _renumber_reference(lines: list[str]) -> list[str]:
+    """`code_views._renumber` as it was before it passed over lines no label can end (every line split)."""
+    names: dict[str, str] = {}
+    for line in lines:
+        if line.endswith(":") and " " not in line:
+            names.setdefault(line[:-1], f"L{len(names) + 1}")
+    out = []
+    for line in lines:
+        if line.endswith(":") and line[:-1] in names:
+            out.append(f"{names[line[:-1]]}:")
+            continue
+        head, _, arg = line.rpartition(" ")
+        out.append(f"{head} {names[arg]}" if head and arg in names else line)
+    return out
+
+
+def test_renumber_equals_the_reference(family_images, hf_image, workdir):
+    """Label renumbering (comprehensions inlined into their function) is the reference's on every listing of a
+    transformers case, spliced as views splice them, and on hand-made lines that end in a label's last character
+    without naming it, name a label ending in ':' or are empty."""
+    import random
+
+    from zen.attribute.code_views import _relabel, _renumber
+
+    pr = case.load_pr(case_of("gpt2", "hf", family_images, hf_image, workdir))
+    listings = [c.listing for c in pr.codes] + [[_relabel(x, f"C0.{i}.") for x in c.listing] + c.listing
+                                                for i, c in enumerate(pr.codes[:200])]  # fmt: skip
+    odd = ["L1:", "JUMP L1", "X L11", "a::", "JUMP a:", "NOP a:", ":", "", " ", "JUMP ", "L2:", "FOR_ITER L2", "LOAD 12"]
+    rng = random.Random(7)
+    listings += [[rng.choice(odd) for _ in range(rng.randrange(1, 30))] for _ in range(2000)]
+    assert sum(len(x) for x in listings) > 100_000
+    for lines in listings:
+        assert _renumber(list(lines)) == _renumber_reference(list(lines))

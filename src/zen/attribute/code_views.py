@@ -249,15 +249,23 @@ def _splice(listing: list[str], bodies: dict[str, list[CodeRecord]], depth: int)
 
 
 def _renumber(lines: list[str]) -> list[str]:
-    """Labels renamed L1, L2, ... in the order they are defined."""
+    """Labels renamed L1, L2, ... in the order they are defined.
+
+    A line can name a label only in its last word, so a line whose last character ends no label is kept without
+    being split (most lines: the query's views spent 0.016 s of `zen attribute` here, splitting every line)."""
     names = {}
     for line in lines:
         if line.endswith(":") and " " not in line:
             names.setdefault(line[:-1], f"L{len(names) + 1}")
+    ends = {k[-1:] or " " for k in names}  # (a label named "" is the last word of a line ending in a space)
     out = []
     for line in lines:
-        if line.endswith(":") and line[:-1] in names:
+        last = line[-1:]
+        if last == ":" and line[:-1] in names:
             out.append(f"{names[line[:-1]]}:")
+            continue
+        if last not in ends:
+            out.append(line)
             continue
         head, _, arg = line.rpartition(" ")
         out.append(f"{head} {names[arg]}" if head and arg in names else line)
