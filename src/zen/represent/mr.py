@@ -12,8 +12,10 @@ to the same bytes.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from zen.represent.jsontext import as_plain
 
 MR_FORMAT = 1
 
@@ -125,7 +127,7 @@ class ModelMR:
         raise KeyError(key)
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = as_plain(self)  # dataclasses.asdict, without a deepcopy per leaf
         d = {"format": d.pop("format"), "kind": "zen-mr", **d}
         return d
 

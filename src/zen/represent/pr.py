@@ -17,10 +17,10 @@ Plain data; versioned (`"format": 1`); deterministic for one image.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from zen.represent.jsontext import compact
+from zen.represent.jsontext import as_plain, compact
 
 PR_FORMAT = 1
 UR_FORMAT = 1
@@ -252,7 +252,7 @@ class UnifiedRepresentation:
     format: int = UR_FORMAT
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = as_plain(self)
         return {"format": d.pop("format"), "kind": "zen-ur", **d}
 
     def dumps(self) -> str:
