@@ -12,7 +12,8 @@ last (page cache as it is) and then REPEATS more, median reported; wall time fro
 imports and case verification included. Writes the section "Attribute end to end (issue 34)" of
 bench/results/perf.md.
 
-Targets: <= 1.0 s at 100 real entries and <= 2 s at 1,000.
+Targets: <= 1.0 s at 100 real entries and <= 1.5 s at 1,000 for transformers queries (issue 50; issue 34 asked
+<= 2 s at 1,000).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def main() -> int:
         lines.append(f"| {r['size']:,} | {r['query']} | {r['attributed']} | {r['first']:.2f} | **{r['median']:.2f}** "
                      f"({r['min']:.2f}-{r['max']:.2f}) | {r['load']:.1f} |")  # fmt: skip
     worst = {s: max(r["median"] for r in rows if r["size"] == s) for s in args.sizes}
-    lines += ["", "Targets: ≤ 1.0 s at 100 entries, ≤ 2 s at 1,000 (slowest query, repeated runs): "
+    lines += ["", "Targets: ≤ 1.0 s at 100 entries, ≤ 1.5 s at 1,000 (issue 50; issue 34: ≤ 2 s) (slowest query, repeated runs): "
               + ", ".join(f"{s:,}: {w:.2f} s" for s, w in worst.items()) + "."]  # fmt: skip
     text = "\n".join(lines)
     print(text)
