@@ -354,6 +354,38 @@ def test_greedy_rows_refuses_inconsistent_arrays():
 
 
 @needs_core
+def test_greedy_rows_skips_only_candidates_their_lengths_rule_out():
+    """Given the texts' lengths, a candidate whose IBSS could not make it the best even at the length bound
+    (2 min / (m + n)) is not scored, and the walk goes on past it (a later candidate of another length still wins):
+    the choice and scores are those without lengths, with one IBSS call fewer. Lengths that do not fit are refused."""
+    import numpy as np
+
+    i64 = np.int64
+    d = (np.arange(10, dtype=i64), np.array([0, 10], i64), np.zeros(3, i64))
+    # Attr SS 0.5, 0.4 and 0.3 against the row: the walk meets them in that order
+    g = (np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2], i64), np.array([0, 5, 9, 12], i64), np.zeros(9, i64))
+    ibss, calls = {0: 0.6, 1: 0.01, 2: 1.0}, []
+
+    def one(i, j):
+        calls.append(j)
+        return ibss[j]
+
+    def run(*lengths):
+        calls.clear()
+        return native.core.greedy_rows(*d, *g, np.zeros(3, dtype=bool), 3, one, *lengths), list(calls)
+
+    plain = run()
+    # column 1: a 1-character text against 100: IBSS <= 2/101, (0.4 + 0.0198) / 2 < 0.55, the best so far
+    assert run(np.array([100], i64), np.array([100, 1, 100], i64)) == (plain[0], [0, 2])
+    assert plain == ([(2, 0.65, 0.3, 1.0)], [0, 1, 2])
+    assert run(np.array([100], i64), np.array([100, 100, 100], i64)) == plain  # no bound rules a column out
+    for bad in ((np.array([1], i64), None), (np.array([1, 2], i64), np.array([1, 1, 1], i64)),
+                (np.array([1], i64), np.array([1, -1, 1], i64))):  # fmt: skip
+        with pytest.raises(ValueError):
+            run(*bad)
+
+
+@needs_core
 def test_long_number_scan_equals_reference(monkeypatch):
     """The compiled scan for integers of 19+ digits (which orjson would read as floats) answers as the reference on
     text made of digit runs of every length around 19, at the start and end, behind each separator, inside

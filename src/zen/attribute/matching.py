@@ -163,6 +163,10 @@ def attr_matrix(d: list[CodeView], g: list[CodeView], cache: IbssCache | None = 
     return out
 
 
+def _lengths(vs: list[CodeView]) -> np.ndarray:
+    return np.fromiter((len(v.text) for v in vs), dtype=np.int64, count=len(vs))
+
+
 def _vectors(vs: list[CodeView]) -> np.ndarray:
     return np.array([v.vector for v in vs], dtype=np.int64).reshape(len(vs), 3)
 
@@ -250,9 +254,11 @@ def _greedy_rows(todo: list[CodeView], free: list[CodeView], used: np.ndarray, c
 
 def _greedy_compiled(todo: list[CodeView], free: list[CodeView], used: np.ndarray, cache: IbssCache,
                      res: MatchResult) -> None:  # fmt: skip
-    """`_greedy_rows` in C (`native.core.greedy_rows`): the same choices and scores."""
+    """`_greedy_rows` in C (`native.core.greedy_rows`): the same choices and scores. Given the texts' lengths, it
+    skips the IBSS of a candidate that could not win even if its text matched as well as the lengths allow
+    (~15% of a transformers attribution's IBSS calls, each ~36 µs of LCS)."""
     chosen = native.core.greedy_rows(*cache.attr_ids(todo), _vectors(todo), *cache.attr_ids(free), _vectors(free), used,
-                                     TOP_N, lambda i, j: cache.one(todo[i], free[j]))  # fmt: skip
+                                     TOP_N, lambda i, j: cache.one(todo[i], free[j]), _lengths(todo), _lengths(free))  # fmt: skip
     for d, c in zip(todo, chosen):
         if c is None:
             res.added.append(d.rec)

@@ -134,14 +134,28 @@ static int64_t distance(const int64_t *x, const int64_t *y)
 
 #define MAX_TOP 16
 
-/* greedy_rows(d_ids, d_ptr, d_vec, g_ids, g_ptr, g_vec, used, topn, ibss) -> list
+/* The most IBSS (fuzz.ratio / 100) of two texts of na and nb characters can be: their longest common
+ * subsequence is at most the shorter one, so 2 min / (na + nb); 1 for two empty texts. */
+static double ibss_bound(int64_t na, int64_t nb)
+{
+    return na + nb > 0 ? 2.0 * (double)(na < nb ? na : nb) / (double)(na + nb) : 1.0;
+}
+
+/* A column whose score cannot pass the best by more than this (in case rapidfuzz's division rounds above
+ * the bound) is still scored: skipping is only for columns that certainly lose. */
+#define BOUND_MARGIN 1e-9
+
+/* greedy_rows(d_ids, d_ptr, d_vec, g_ids, g_ptr, g_vec, used, topn, ibss[, d_len, g_len]) -> list
  * For each row in order: None when every column is taken (the row is added code), else (j, s, a, b) and
- * column j marked taken in `used` (a writable uint8/bool buffer, one per column). ibss(i, j) -> float. */
+ * column j marked taken in `used` (a writable uint8/bool buffer, one per column). ibss(i, j) -> float.
+ * With the texts' lengths (int64, one per row and one per column), a column whose IBSS could not make it
+ * the best even at its length bound is not scored (its ibss call skipped): the same choices and scores. */
 PyObject *zen_greedy_rows(PyObject *self, PyObject *args)
 {
-    PyObject *d_ids, *d_ptr, *d_vec, *g_ids, *g_ptr, *g_vec, *used_obj, *ibss;
+    PyObject *d_ids, *d_ptr, *d_vec, *g_ids, *g_ptr, *g_vec, *used_obj, *ibss, *d_len_obj = Py_None, *g_len_obj = Py_None;
     Py_ssize_t topn;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnO", &d_ids, &d_ptr, &d_vec, &g_ids, &g_ptr, &g_vec, &used_obj, &topn, &ibss))
+    if (!PyArg_ParseTuple(args, "OOOOOOOnO|OO", &d_ids, &d_ptr, &d_vec, &g_ids, &g_ptr, &g_vec, &used_obj, &topn, &ibss,
+                          &d_len_obj, &g_len_obj))
         return NULL;
     if (topn < 1 || topn > MAX_TOP || !PyCallable_Check(ibss)) {
         PyErr_SetString(PyExc_ValueError, "greedy_rows: topn in [1, 16] and a callable ibss");
@@ -149,8 +163,9 @@ PyObject *zen_greedy_rows(PyObject *self, PyObject *args)
     }
     Rows d = {0}, g = {0};
     Postings p = {NULL, NULL};
-    Py_buffer ub = {0};
+    Py_buffer ub = {0}, dlb = {0}, glb = {0};
     int64_t maxid = -1, *inter = NULL;
+    const int64_t *d_len = NULL, *g_len = NULL;
     PyObject *out = NULL;
     if (rows_get(&d, d_ids, d_ptr, d_vec, &maxid) < 0 || rows_get(&g, g_ids, g_ptr, g_vec, &maxid) < 0)
         goto done;
@@ -159,6 +174,24 @@ PyObject *zen_greedy_rows(PyObject *self, PyObject *args)
     if (ub.len != g.n) {
         PyErr_SetString(PyExc_ValueError, "greedy_rows: one used flag per column");
         goto done;
+    }
+    if ((d_len_obj == Py_None) != (g_len_obj == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "greedy_rows: the lengths of both sides' texts, or neither");
+        goto done;
+    }
+    if (d_len_obj != Py_None) {
+        if (PyObject_GetBuffer(d_len_obj, &dlb, PyBUF_C_CONTIGUOUS) < 0 || PyObject_GetBuffer(g_len_obj, &glb, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        if (dlb.len != 8 * d.n || glb.len != 8 * g.n) {
+            PyErr_SetString(PyExc_ValueError, "greedy_rows: one int64 text length per row and per column");
+            goto done;
+        }
+        d_len = dlb.buf, g_len = glb.buf;
+        for (Py_ssize_t k = 0; k < d.n + g.n; k++)
+            if ((k < d.n ? d_len[k] : g_len[k - d.n]) < 0) {
+                PyErr_SetString(PyExc_ValueError, "greedy_rows: text lengths must not be negative");
+                goto done;
+            }
     }
     if (postings_build(&p, &g, maxid) < 0)
         goto done;
@@ -209,6 +242,8 @@ PyObject *zen_greedy_rows(PyObject *self, PyObject *args)
             double a = ta[c];
             if (bj >= 0 && (a + 1.0) / 2 <= bs)
                 break; /* IBSS <= 1 and Attr SS falls along the order: no later column can score higher */
+            if (bj >= 0 && d_len != NULL && (a + ibss_bound(d_len[i], g_len[tj[c]])) / 2 + BOUND_MARGIN <= bs)
+                continue; /* this one cannot win; a later one, of other length, still may */
             PyObject *r = PyObject_CallFunction(ibss, "nn", i, tj[c]);
             if (r == NULL)
                 goto fail;
@@ -235,6 +270,10 @@ done:
     postings_free(&p);
     if (ub.obj)
         PyBuffer_Release(&ub);
+    if (dlb.obj)
+        PyBuffer_Release(&dlb);
+    if (glb.obj)
+        PyBuffer_Release(&glb);
     rows_release(&d);
     rows_release(&g);
     return out;

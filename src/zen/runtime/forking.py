@@ -237,7 +237,7 @@ class Forked:
         if self._done is not None:
             os.close(self._done)
             self._done = None
-        if self._reader is not None:  # the child has exited (or was killed): its end of the pipe is closed
+        if self._reader is not None:  # the child closed its end before delivering, or has exited, or was killed
             self._reader.join()
             self._reader = None
 
