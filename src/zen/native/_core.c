@@ -20,6 +20,8 @@
  *       zen.memory.scan's word search (find_u64_in, find_u64_in_mapped)
  *   find_all(buffer, needle, start, end, most)   find.c
  *       zen.memory.system.kernel._find_all
+ *   listing(instructions, consts, tables, hook)   listing.c, listing_tables.c
+ *       zen.cpython.code.listing.normalise_pure (with instructions.with_consts)
  *
  * This file holds the module table; built by setup.py (pip install / install.sh) as zen.native._core.
  */
@@ -35,6 +37,7 @@ static PyMethodDef methods[] = {
     {"long_number", zen_long_number, METH_VARARGS, "long_number(buffer, most) -> bool: jsontext._long_number"},
     {"u64_find", zen_u64_find, METH_VARARGS, "u64_find(block, vals, sieve, plo, pwidth, mark) -> (indexes, marks): zen.memory.scan"},
     {"find_all", zen_find_all, METH_VARARGS, "find_all(buffer, needle, start, end, most) -> list: kernel._find_all"},
+    {"listing", zen_listing, METH_VARARGS, "listing(instructions, consts, tables, hook) -> list | None: listing.normalise"},
     {"canonical", zen_canonical, METH_VARARGS, "canonical(data, layout, budget, max_depth) -> bytes | None: canonical_marshal"},
     {NULL, NULL, 0, NULL},
 };
@@ -44,7 +47,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", "zen's compi
 
 PyMODINIT_FUNC PyInit__core(void)
 {
-    if (zen_decode_init() < 0 || zen_canonical_init() < 0)
+    if (zen_decode_init() < 0 || zen_canonical_init() < 0 || zen_listing_init() < 0)
         return NULL;
     return PyModule_Create(&module);
 }

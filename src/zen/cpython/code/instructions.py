@@ -9,6 +9,7 @@ code from a 3.13 image decodes correctly under zen's 3.11. Input is de-specialis
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Any, NamedTuple
 
 from zen import native
@@ -63,6 +64,8 @@ def _table(ops: OpcodeTable) -> list[tuple[str, int, int, int, bool]]:
             how = _JABS
         else:
             how = _OTHER
+        # interned: the listing's tables (literals, interned) then find a name by identity, not by comparing text
+        name = sys.intern(name) if type(name) is str else name
         rows.append((name, ops.cache_entries.get(op, 0), how, ops.name_arg_shift.get(name, 0), op in ops.backward_jumps))
     _tables[id(ops)] = (ops, rows)
     return rows

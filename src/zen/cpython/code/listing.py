@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
-from zen.cpython.code.instructions import Instruction, pair_parts
+from zen import native
+from zen.cpython.code.instructions import Instruction, pair_parts, with_consts
 
 # Bumped whenever normalisation changes what a listing says: fingerprints made by another
 # listing version do not match exactly (attribution says so). 2: normalised across 3.11-3.14.
@@ -62,6 +63,7 @@ _UNCONDITIONAL = frozenset(("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_I
 
 
 MAX_COPY = 4  # CPython 3.12+ copies exit blocks of at most this many instructions
+_RETURNS = frozenset(("RETURN_VALUE", "RETURN_CONST"))
 
 
 def _thread_jumps_to_return(instructions: list[Instruction]) -> list[Instruction]:
@@ -92,13 +94,29 @@ def _exit_block(instructions: list[Instruction], n: int) -> list[Instruction] | 
         if ins.kind == "jump" or ins.name in DROP:
             return None
         block.append(ins)
-        if ins.name in ("RETURN_VALUE", "RETURN_CONST"):
+        if ins.name in _RETURNS:
             return block
     return None
 
 
-def normalise(instructions: list[Instruction]) -> list[str]:
-    """The listing lines for decoded instructions.
+def normalise(instructions: list[Instruction], consts: list[str] | None = None) -> list[str]:
+    """The listing lines for decoded instructions; `consts`: the constants' displays, where the
+    instructions were decoded without them (`with_consts`: one decoding serves every caller).
+
+    Compiled (`zen.native`, listing.c) where the core is loaded: the same loop, which hands the
+    instructions listed in `normalise_pure`'s docstring to the same Python (`_special`,
+    `_Inlined.skip`); ~0.2 s of a GPT-2 recovery's critical path. `normalise_pure` is the
+    reference and the fallback."""
+    if native.core is not None:
+        steps = _Steps()
+        lines = native.core.listing(instructions, consts, _compiled_tables(), steps)
+        if lines is not None:
+            return lines if steps.comp is None else steps.comp.drop_handlers(lines)
+    return normalise_pure(instructions if consts is None else with_consts(instructions, consts))
+
+
+def normalise_pure(instructions: list[Instruction]) -> list[str]:
+    """The listing lines for decoded instructions (the reference of `normalise`).
 
     Besides dropping and renaming, it undoes what minor versions changed without the source
     changing: 3.13's two-local superinstructions become their two instructions, 3.14's
@@ -145,6 +163,56 @@ def normalise(instructions: list[Instruction]) -> list[str]:
         else:
             append(name)
     return comp.drop_handlers(lines)
+
+
+class _Steps:
+    """`normalise_pure`'s loop body from the comprehension's bookkeeping to `_special`, for the
+    compiled loop, which calls it with the instructions it does not decide itself. Its state is
+    made on the first call: most code objects have no instruction that needs it."""
+
+    __slots__ = ("comp", "state")
+
+    def __init__(self) -> None:
+        self.state: _State | None = None
+        self.comp: _Inlined | None = None
+
+    def __call__(self, ins: Instruction, argval, lines: list[str], labels: dict[int, str]) -> int:
+        """Bit 0 set where the instruction is handled (no common-case line), bit 1 where the state
+        it leaves must see the next instruction, whatever its name."""
+        if self.comp is None or self.state is None:
+            self.state, self.comp = _State(), _Inlined()
+        return _step(self.state, self.comp, ins, argval, lines, labels)
+
+
+def _step(state: _State, comp: _Inlined, ins: Instruction, argval, lines: list[str], labels: dict[int, str]) -> int:
+    name = ins.name
+    handled = 0
+    if (comp.prologue or comp.restore or name in _Inlined.WATCH) and comp.skip(name):
+        handled = 1
+    else:
+        after_end_for, state.after_end_for = state.after_end_for, False
+        if after_end_for and name in ("POP_TOP", "POP_ITER"):
+            handled = 1
+        elif name in _SPECIAL or ins.kind == "local_pair":
+            if argval is not ins.argval:  # a constant's display (`with_consts`)
+                ins = ins._replace(argval=argval)
+            handled = 1 if _special(ins, lines, labels, state) else 0
+    return handled | (2 if comp.prologue or comp.restore or state.after_end_for else 0)
+
+
+_TABLES: tuple | None = None
+
+
+def _compiled_tables() -> tuple:
+    """What listing.c reads: the tables above, and which names it hands to `_step` (BINARY_OP and
+    STORE_NAME only with the argvals `_special` treats)."""
+    global _TABLES
+    if _TABLES is None:
+        hooked: dict[str, frozenset | None] = dict.fromkeys(_SPECIAL | _Inlined.WATCH)
+        hooked["BINARY_OP"] = frozenset(("[]",))
+        hooked["STORE_NAME"] = _CLASS_BOOKKEEPING
+        _TABLES = (DROP, RENAME, _WITH_ARG, _OPERAND_KINDS, hooked, _UNCONDITIONAL, _RETURNS, MAX_COPY)
+    return _TABLES
 
 
 class _State:

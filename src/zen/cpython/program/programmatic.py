@@ -52,13 +52,14 @@ def listing_of(rt: Runtime, ci: CodeInfo, consts: list[str] | None = None) -> li
     """The normalised listing; `consts`: the constants' displays when the caller has them."""
     if consts is None:
         consts = [const_display(rt, a) for a in ci.consts]
+    if not rt.ip.P.code.has("co_code"):
+        return normalise(rt.instructions(ci), consts)
+    # before 3.11: first into the shape 3.11 compiles the source to
     instructions = with_consts(rt.instructions(ci), consts)
-    if rt.ip.P.code.has("co_code"):  # before 3.11: first into the shape 3.11 compiles the source to
-        c = rt.ip.P.constants
-        gen = bool(ci.flags & (c.get("CO_GENERATOR", 0) | c.get("CO_COROUTINE", 0) | c.get("CO_ASYNC_GENERATOR", 0)))
-        first = instructions[0].name if instructions else ""
-        instructions = as_311(prologue(ci.cellvars, ci.varnames, ci.freevars, gen, first) + instructions)
-    return normalise(instructions)
+    c = rt.ip.P.constants
+    gen = bool(ci.flags & (c.get("CO_GENERATOR", 0) | c.get("CO_COROUTINE", 0) | c.get("CO_ASYNC_GENERATOR", 0)))
+    first = instructions[0].name if instructions else ""
+    return normalise(as_311(prologue(ci.cellvars, ci.varnames, ci.freevars, gen, first) + instructions))
 
 
 def _signature(rt: Runtime, ci: CodeInfo, f) -> Signature:
