@@ -42,6 +42,9 @@ class Runtime:
         self._table = None  # zen.cpython.namespaces.NamespaceTable, made on the first namespace asked for
         self._module_dicts: dict[int, int] = {}
         self._attrs: dict[tuple[int, str], int | None] = {}
+        # a constant's listing display by address (programmatic.const_display): None, small ints and interned
+        # strings are shared by many code objects (26,000 displays of 12,000 objects in a GPT-2 recovery)
+        self.const_displays: dict[int, str] = {}
 
     # -- cached readers -----------------------------------------------------------------------
     def function(self, addr: int) -> FunctionInfo | None:

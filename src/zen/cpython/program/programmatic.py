@@ -27,7 +27,15 @@ MAX_CONST = 200
 
 
 def const_display(rt: Runtime, addr: int) -> str:
-    """A constant as it should appear in a listing: stable across processes (sets sorted, code by name)."""
+    """A constant as it should appear in a listing: stable across processes (sets sorted, code by name).
+    Made once per object (`Runtime.const_displays`)."""
+    text = rt.const_displays.get(addr)
+    if text is None:
+        text = rt.const_displays[addr] = _const_display(rt, addr)
+    return text
+
+
+def _const_display(rt: Runtime, addr: int) -> str:
     kind = rt.kind(addr)
     try:
         if kind == "code":
