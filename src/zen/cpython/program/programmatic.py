@@ -407,9 +407,12 @@ def _module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, di
         names = out.setdefault(top.module, {})
         for line in c.listing:
             if line.startswith("LOAD_GLOBAL "):
-                name = line.split(" ", 1)[1]
+                name = line[12:]
                 if name not in names and name in ns:
-                    names[name] = encoders.setdefault(top.module, Encoder(rt.ip, home=top.module)).encode(ns[name])
+                    enc = encoders.get(top.module)
+                    if enc is None:  # (not setdefault: that made an encoder per global, to throw away)
+                        enc = encoders[top.module] = Encoder(rt.ip, home=top.module)
+                    names[name] = enc.encode(ns[name])
     return {m: dict(sorted(v.items())) for m, v in sorted(out.items())}
 
 
