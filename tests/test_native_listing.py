@@ -17,7 +17,7 @@ from conftest import opened_heap
 
 from zen import native
 from zen.cpython.code import listing
-from zen.cpython.code.instructions import Instruction, with_consts
+from zen.cpython.code.instructions import Instruction, decode, with_consts
 from zen.cpython.layout.profile import load_profile
 from zen.cpython.program.programmatic import listing_of
 from zen.cpython.runtime import Runtime
@@ -50,6 +50,29 @@ def _listings_image(image, monkeypatch) -> int:
 @needs_core
 def test_listing_equals_reference_on_a_transformers_image(hf_image, monkeypatch):
     assert _listings_image(hf_image[0], monkeypatch) > 20_000
+
+
+@needs_core
+def test_listing_equals_reference_on_mutated_real_bytecode(hf_image):
+    """Real code objects' bytecode with bytes overwritten (what a corrupt page of an image gives the decoder): the
+    decoded instructions, whatever they are, list the same both ways."""
+    rng = random.Random(7)
+    with opened_heap(hf_image[0]) as (ip, _heap):
+        rt = Runtime(ip)
+        ops, n = ip.P.opcodes, 0
+        for addr in rt.code_addrs[::40]:
+            ci = rt.code(addr)
+            if ci is None or not ci.code:
+                continue
+            for _ in range(3):
+                code = bytearray(ci.code)
+                for _ in range(rng.choice([1, 4, 16])):
+                    code[rng.randrange(len(code))] = rng.randrange(256)
+                ins = decode(bytes(code), ci.names, ci.localsplusnames, [], ops, ci.free_base)
+                consts = [f"c{i}" for i in range(len(ci.consts))]
+                assert listing.normalise(ins, consts) == listing.normalise_pure(with_consts(ins, consts)), bytes(code).hex()
+                n += 1
+    assert n > 1_000
 
 
 @needs_core
