@@ -11,7 +11,8 @@ default) and pure (`ZEN_PURE=1`) alternated:
   * the scan for 19+ digit integers (`jsontext._long_number`) over the same files, in this process;
   * code matching (`pr_similarity.code_similarity`: greedy and optimal) of real fork/base pairs in DIR, each run
     with a fresh IBSS cache (rapidfuzz's work, the same both ways, is in both columns), in this process;
-  * decoding every readable code object of IMAGE (`instructions.decode`), in this process;
+  * decoding every readable code object of IMAGE (`instructions.decode`), and normalising its listing
+    (`listing.normalise`: the C loop of listing.c), in this process;
   * the census' word search over IMAGE (every type address, in the heap's pointer map and over all writable memory);
   * the canonical-marshal rewrite of every code.marshal in DIR, in this process;
   * `zen attribute QUERY --library LIB --json` end to end, one process per run, for the transformers queries;
@@ -41,6 +42,8 @@ from bench_scale import CPU, timed, write_sections  # noqa: E402
 
 from zen import native  # noqa: E402
 from zen.cpython.code.instructions import decode, decode_pure  # noqa: E402
+from zen.cpython.code.listing import normalise  # noqa: E402
+from zen.cpython.program.programmatic import const_display  # noqa: E402
 from zen.cpython.runtime import Runtime  # noqa: E402
 from zen.represent import schema  # noqa: E402
 from zen.represent.jsontext import loads  # noqa: E402
@@ -175,9 +178,14 @@ def decode_image(image: Path, runs: int) -> dict:
         args = [(ci.code, ci.names, ci.localsplusnames, [], ops, ci.free_base) for ci in codes]
         fast, slow, same = _pair(lambda: [decode(*a) for a in args], lambda: [decode_pure(*a) for a in args], runs)
         n = sum(len(decode(*a)) for a in args)
+        # the listings of the same code objects, with their constants' real displays (as `listing_of` makes them)
+        work = [(decode(*a), [const_display(rt, c) for c in ci.consts]) for a, ci in zip(args, codes)]
+        lfast, lslow, lsame = _pair(lambda: [normalise(i, c) for i, c in work], _pure(lambda: [normalise(i, c) for i, c in work]),
+                                    runs)  # fmt: skip
     finally:
         space.close()
-    return {"codes": len(codes), "instructions": n, "fast": fast, "slow": slow, "same": same, "minor": ip.info.minor}
+    return {"codes": len(codes), "instructions": n, "fast": fast, "slow": slow, "same": same, "minor": ip.info.minor,
+            "lfast": lfast, "lslow": lslow, "lsame": lsame}  # fmt: skip
 
 
 def words(image: Path, runs: int) -> dict:
@@ -315,6 +323,8 @@ def main() -> int:
         row("bytecode decoding (`instructions.decode`)",
             f"every code object of the image: {dc['codes']:,} ({dc['instructions']:,} instructions, CPython {dc['minor']})",
             f"{dc['slow']:.3f}", f"{dc['fast']:.3f}", _r(dc["slow"], dc["fast"]), dc["same"])  # fmt: skip
+        row("listing normalisation (`listing.normalise`)", "the same code objects' listings, constants shown",
+            f"{dc['lslow']:.3f}", f"{dc['lfast']:.3f}", _r(dc["lslow"], dc["lfast"]), dc["lsame"])  # fmt: skip
     if wd is not None:
         row("word search (`scan.find_u64_in`)", f"{wd['types']:,} type addresses in the heap's pointer map, {wd['mb']:,.0f} MB",
             f"{wd['slow']:.3f}", f"{wd['fast']:.3f}", _r(wd["slow"], wd["fast"]), wd["same"])  # fmt: skip
@@ -334,7 +344,7 @@ def main() -> int:
     if not args.no_write:
         write_sections({SECTION: text})
     same = [cc["same"], sc["same"], mt["same"], cm["same"], *(r["same"] for r in at)]
-    same += [x["same"] for x in (dc, wd, rc) if x is not None]
+    same += [x["same"] for x in (dc, wd, rc) if x is not None] + ([dc["lsame"]] if dc is not None else [])
     return 0 if all(same) else 1
 
 
