@@ -159,3 +159,25 @@ def test_listing_leaves_what_is_not_plain_to_the_reference():
     many = [Instruction(2 * i, 1, "".join(["OP", str(i)]), i, "other", i) for i in range(3000)]
     many += [Instruction(6000, 1, "JUMP_FORWARD", 0, "jump", 0), Instruction(6002, 1, "BUILD_LIST", 3, "other", 3)]
     assert listing.normalise(many) == listing.normalise_pure(many)
+
+
+@needs_core
+def test_listing_survives_a_hook_that_lists_with_other_tables():
+    """The compiled loop's memo belongs to one tables object: a hook that lists something else with another one
+    (another thread could, while the hook runs Python) leaves the first listing's lines unchanged."""
+    tables = listing._compiled_tables()
+    rng = random.Random("reentrant")
+    names = sorted({load_profile("3.13").opcodes.name(op) for op in range(256)} | ODD)
+    other = (frozenset(names), *tables[1:])  # drops every name: its answers in the first listing would show
+    everything = [Instruction(2 * i, 1, n, 0, k, -1) for i, n in enumerate(names) for k in ("other", "local", "jump")]
+    for _ in range(300):
+        ins, consts = _random_listing(rng, names)
+        steps = listing._Steps()
+
+        def hook(*a, steps=steps):
+            assert native.core.listing(everything, None, other, lambda *b: 0) == []
+            return steps(*a)
+
+        got = native.core.listing(ins, consts, tables, hook)
+        got = got if steps.comp is None else steps.comp.drop_handlers(got)
+        assert got == listing.normalise_pure(with_consts(ins, consts)), ins

@@ -321,6 +321,15 @@ static int read_tables(PyObject *tables, Tables *t)
     return 0;
 }
 
+/* the memo as these tables say (emptied where it was filled from others) */
+static void memo_for(PyObject *tables)
+{
+    if (zen_memo_tables != tables) {
+        zen_memo_clear();
+        zen_memo_tables = Py_NewRef(tables);
+    }
+}
+
 PyObject *zen_listing(PyObject *self, PyObject *args)
 {
     PyObject *instructions, *consts, *tables, *hook;
@@ -340,10 +349,7 @@ PyObject *zen_listing(PyObject *self, PyObject *args)
             Py_DECREF(held);
             Py_RETURN_NONE;
         }
-    if (zen_memo_tables != tables) {
-        zen_memo_clear();
-        zen_memo_tables = Py_NewRef(tables);
-    }
+    memo_for(tables);
     PyObject *nconsts = NULL, *labels = NULL, *lines = NULL, *result = NULL;
     Item *items = NULL;
     Py_ssize_t n = 0, cap = 0;
@@ -383,6 +389,7 @@ PyObject *zen_listing(PyObject *self, PyObject *args)
             PyObject *got = PyObject_CallFunctionObjArgs(hook, ins, argval, lines, labels, NULL);
             long r = got ? PyLong_AsLong(got) : -1;
             Py_XDECREF(got);
+            memo_for(tables); /* again: the hook ran Python, which may have listed with other tables */
             if (r == -1 && PyErr_Occurred()) {
                 Py_DECREF(argval);
                 goto done;
@@ -392,7 +399,7 @@ PyObject *zen_listing(PyObject *self, PyObject *args)
                 Py_DECREF(argval);
                 continue;
             }
-            if ((e = zen_info_of(&t, name, &scratch)) == NULL) { /* again: the hook ran Python */
+            if ((e = zen_info_of(&t, name, &scratch)) == NULL) { /* `e` was in the memo before the call */
                 Py_DECREF(argval);
                 goto done;
             }
