@@ -115,6 +115,8 @@ def _random_listing(rng: random.Random, names: list[str]) -> tuple[list[Instruct
             "binop": rng.choice(["+", "[]", "*"]),
             "name": rng.choice(["x", "__firstlineno__", "__static_attributes__", "y"]),
         }.get(kind, arg)
+        if rng.random() < 0.02:  # unhashable: the reference raises or not depending on where it looks
+            argval = [argval]
         out.append(Instruction(off, rng.randrange(256), name, arg, kind, argval))
     consts = [f"c{i}" for i in range(rng.randrange(0, 8))]
     return out, consts
@@ -178,6 +180,13 @@ def test_listing_survives_a_hook_that_lists_with_other_tables():
             assert native.core.listing(everything, None, other, lambda *b: 0) == []
             return steps(*a)
 
-        got = native.core.listing(ins, consts, tables, hook)
-        got = got if steps.comp is None else steps.comp.drop_handlers(got)
-        assert got == listing.normalise_pure(with_consts(ins, consts)), ins
+        try:
+            want: object = listing.normalise_pure(with_consts(ins, consts))
+        except TypeError:  # an unhashable argval where the reference looks one up
+            want = TypeError
+        try:
+            got: object = native.core.listing(ins, consts, tables, hook)
+            got = got if steps.comp is None else steps.comp.drop_handlers(got)  # type: ignore[arg-type]
+        except TypeError:
+            got = TypeError
+        assert got == want, ins

@@ -274,7 +274,14 @@ static int hooked(const Info *name, PyObject *kind, PyObject *argval)
         return 1;
     if (name->when == NULL)
         return 0;
-    return name->when == Py_None ? 1 : zen_has(name->when, argval);
+    if (name->when == Py_None)
+        return 1;
+    int r = zen_has(name->when, argval);
+    if (r < 0 && PyErr_ExceptionMatches(PyExc_TypeError)) { /* unhashable: the hook decides, as the reference does */
+        PyErr_Clear();
+        return 1;
+    }
+    return r;
 }
 
 /* the common case: a renamed opcode and its operand */
