@@ -21,6 +21,7 @@ class ImageReader(Protocol):
     wk: Any  # well-known type addresses (zen.cpython.wellknown.WellKnown)
     _type_cache: dict
     census_memo: dict  # per-interpreter memos (zen.cpython.encode.modules_memo)
+    fast: Any  # the compiled core's reader of small objects (zen.native._core.Objects), or None
 
     def ptr(self, addr: int) -> int: ...
 

@@ -68,6 +68,29 @@ def _checked_against_image(space: AddressSpace, info: InterpreterInfo, prof: Pro
     return prof
 
 
+def _compiled_reader(ip: Interpreter):
+    """The compiled core's reader of small objects (native/objects.c) over this image and sharing
+    `ip`'s caches, or None (no core, ZEN_PURE, a space without buffers: a live process).
+
+    It answers kind/str/read_within and the tuple and bytes readers for the plain cases in one call
+    each and None for everything else, so the Python below stays the reference for every error and
+    every unusual object; tests/test_native_objects.py holds the two to the same answers."""
+    from zen.native import core
+
+    table = getattr(ip.space, "chunk_table", None)
+    if core is None or table is None:
+        return None
+    starts, ends, ids, offs, buffers = table()
+    U, c, lim = ip.P.unicode, ip.P.constants, ip.limits
+    if not len(ids) or not (ids >= 0).any() or U.length + 8 > U.state + 4:  # read_str reads the length in the head
+        return None
+    params = (ip.refcnt_mask, lim.max_refcnt, lim.max_str, lim.max_items, lim.max_bytes, ip.P.varobject.ob_size,
+              ip.P.tuple.ob_item, ip.P.bytes.ob_sval, U.length, U.state, U.ascii_data, U.compact_data,
+              c["UNICODE_KIND_SHIFT"], c["UNICODE_COMPACT_BIT"], c["UNICODE_ASCII_BIT"])  # fmt: skip
+    caches = (ip._obj_kind, ip._obj_type, ip._kind_cache, ip._str_cache)
+    return core.Objects(starts, ends, ids, offs, list(buffers), caches, params)
+
+
 class Interpreter:
     """Readers' shared context for one imaged CPython process."""
 
@@ -91,6 +114,7 @@ class Interpreter:
         self._ob_type = profile.object.ob_type
         # 3.14 keeps flags above a 32-bit count in the refcount word
         self.refcnt_mask = 0xFFFFFFFF if profile.object.fields()["ob_refcnt"][1] == "u32" else (1 << 64) - 1
+        self.fast = _compiled_reader(self)
 
     @classmethod
     def open(cls, space: AddressSpace, *, file_root: str | None = None, profile: Profile | None = None,
@@ -119,6 +143,10 @@ class Interpreter:
         many chunks (one per run of physically contiguous pages), so the check is on the region
         and the read may span chunks.
         """
+        if self.fast is not None:
+            got = self.fast.read(addr, size)
+            if got is not None:
+                return got
         c = self.space.chunk_of(addr)
         if c is not None and 0 <= size and addr + size <= c.end:
             return c.read(addr - c.start, size)
@@ -198,6 +226,8 @@ class Interpreter:
     def kind(self, addr: int) -> str:
         """Reader kind of the object at `addr` (validated header; cached per address)."""
         k = self._obj_kind.get(addr)
+        if k is None and self.fast is not None:  # a plain header of a type whose kind is known: in one call
+            k = self.fast.kind(addr)
         if k is None:
             k = self.kind_of_type(self.type_of(addr))
             self._obj_kind[addr] = k
@@ -209,6 +239,8 @@ class Interpreter:
     # -- convenience wrappers around the readers (imported lazily to keep layers clean) ----
     def str(self, addr: int) -> str:
         s = self._str_cache.get(addr)
+        if s is None and self.fast is not None:  # a compact str, read and cached in one call
+            s = self.fast.str(addr)
         if s is None:
             from zen.cpython.readers.text import read_str
 

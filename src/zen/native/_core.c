@@ -22,6 +22,8 @@
  *       zen.memory.system.kernel._find_all
  *   listing(instructions, consts, tables, hook)   listing.c, listing_tables.c
  *       zen.cpython.code.listing.normalise_pure (with instructions.with_consts)
+ *   Objects(starts, ends, ids, offs, buffers, caches, params): kind, read, str, strs, items, bytes   objects.c
+ *       zen.cpython.interp.Interpreter.kind/.str/.read_within, readers.containers.read_tuple, readers.text
  *
  * This file holds the module table; built by setup.py (pip install / install.sh) as zen.native._core.
  */
@@ -49,5 +51,10 @@ PyMODINIT_FUNC PyInit__core(void)
 {
     if (zen_decode_init() < 0 || zen_canonical_init() < 0 || zen_listing_init() < 0)
         return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&zen_objects_type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "Objects", (PyObject *)&zen_objects_type) < 0)
+        Py_CLEAR(m);
+    return m;
 }

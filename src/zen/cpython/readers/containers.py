@@ -23,6 +23,10 @@ def _items(ip: ImageReader, addr: int, at: int, n: int) -> list[int]:
 
 
 def read_tuple(ip: ImageReader, addr: int, limit: int | None = None) -> list[int]:
+    if ip.fast is not None:  # the compiled reader answers the plain case, None for anything the code below decides
+        got = ip.fast.items(addr, limit)
+        if got is not None:
+            return got
     kind = ip.kind(addr)
     if kind != "tuple":
         raise ObjectError(addr, f"expected a tuple, found {kind}")

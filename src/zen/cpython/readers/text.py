@@ -59,6 +59,10 @@ def read_str(ip: ImageReader, addr: int) -> str:
 
 
 def read_bytes(ip: ImageReader, addr: int) -> bytes:
+    if ip.fast is not None:  # the compiled reader answers the plain case, None for anything the code below decides
+        got = ip.fast.bytes(addr)
+        if got is not None:
+            return got
     _expect(ip, addr, "bytes")
     size = ip.space.i64(addr + ip.P.varobject.ob_size)
     if not 0 <= size <= ip.limits.max_bytes:
