@@ -15,6 +15,7 @@ answers, and their order, are the same (`tests/test_bulk_readers.py` compares th
 from __future__ import annotations
 
 import weakref
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -90,13 +91,22 @@ class OwnerIndex:
         keep = ptrs != 0
         order = np.argsort(ptrs[keep], kind="stable")
         self._ptrs, self._entry = ptrs[keep][order], entry[keep][order]
+        # searched once per function as a list (a numpy search per call cost more than the search)
+        self._ptrs_l: list[int] = self._ptrs.tolist()
+        self._memo: dict[int, list[Holder]] = {}  # the closure asks for a function's holders, its record again
 
     def holders(self, f: int) -> list[Holder]:
+        got = self._memo.get(f)
+        if got is None:
+            got = self._memo[f] = self._holders(f)
+        return list(got)
+
+    def _holders(self, f: int) -> list[Holder]:
         rt, table = self.rt, self.table
         found: list[tuple[int, int, int, Holder]] = list(self._read.get(f, ()))
         if not 0 <= f < (1 << 64) - 1:  # not an address (damaged evidence)
             return []
-        lo, hi = np.searchsorted(self._ptrs, np.array((f, f + 1), dtype=np.uint64)).tolist()  # (uint64: no float copy)
+        lo, hi = bisect_left(self._ptrs_l, f), bisect_left(self._ptrs_l, f + 1)
         if hi > lo:
             for e in sorted(set(self._entry[lo:hi].tolist())):
                 v, k = int(table.values[e]), int(table.keys[e])
