@@ -10,6 +10,8 @@
  *       zen.represent.schema._record_ok / _ok / _walk_ok
  *   decode(code, names, localsplus, consts, table, params, Instruction)   decode.c
  *       zen.cpython.code.instructions.decode_pure
+ *   deoptimize(adaptive, deopt, caches, cache_op)   decode.c
+ *       zen.cpython.code.bytecode.deoptimize_pure
  *   canonical(data, layout, budget, max_depth)   marshal_parse.c, marshal_emit.c
  *       zen.cpython.code.canonical_marshal._canonical_pure
  *   greedy_rows(d_ids, d_ptr, d_vec, g_ids, g_ptr, g_vec, used, topn, ibss), attr_matrix(...)   match.c
@@ -34,6 +36,7 @@
 static PyMethodDef methods[] = {
     {"record_ok", zen_record_ok, METH_VARARGS, "record_ok(value, spec, depth, max_depth, max_string) -> bool: zen.represent.schema's one-walk check"},
     {"decode", zen_decode, METH_VARARGS, "decode(...) -> list | None: zen.cpython.code.instructions.decode"},
+    {"deoptimize", zen_deoptimize, METH_VARARGS, "deoptimize(adaptive, deopt, caches, cache_op) -> bytes: bytecode.deoptimize"},
     {"greedy_rows", zen_greedy_rows, METH_VARARGS, "greedy_rows(...) -> list: zen.attribute.matching's greedy loop"},
     {"attr_matrix", zen_attr_matrix, METH_VARARGS, "attr_matrix(d_ids, d_ptr, g_ids, g_ptr) -> bytes: Attr SS, float64"},
     {"long_number", zen_long_number, METH_VARARGS, "long_number(buffer, most) -> bool: jsontext._long_number"},

@@ -219,6 +219,38 @@ PyObject *zen_decode(PyObject *self, PyObject *args)
     return out;
 }
 
+/* deoptimize(adaptive, deopt, caches, cache_op) -> bytes: zen.cpython.code.bytecode.deoptimize's loop. deopt and
+ * caches are 256-byte tables (base opcode; inline cache entries after it), cache_op the CACHE opcode: each opcode
+ * mapped to its base and every cache entry after it made (cache_op, 0), over the whole 16-bit units. */
+PyObject *zen_deoptimize(PyObject *self, PyObject *args)
+{
+    Py_buffer code, deopt, caches;
+    int cache_op;
+    if (!PyArg_ParseTuple(args, "y*y*y*i:deoptimize", &code, &deopt, &caches, &cache_op))
+        return NULL;
+    PyObject *out = NULL;
+    if (deopt.len != 256 || caches.len != 256 || cache_op < 0 || cache_op > 255) {
+        PyErr_SetString(PyExc_ValueError, "deoptimize: 256-byte tables and an opcode");
+    } else if ((out = PyBytes_FromStringAndSize(NULL, code.len / 2 * 2)) != NULL) {
+        const unsigned char *in = code.buf, *base = deopt.buf, *ncache = caches.buf;
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+        Py_ssize_t n = code.len / 2, i = 0;
+        memcpy(o, in, (size_t)n * 2);
+        for (Py_ssize_t k = 0; k < n; k++)
+            o[2 * k] = base[in[2 * k]];
+        while (i < n) {
+            Py_ssize_t c = ncache[o[2 * i]], j = i + 1 + c < n ? i + 1 + c : n;
+            for (Py_ssize_t k = i + 1; c && k < j; k++)
+                o[2 * k] = (unsigned char)cache_op, o[2 * k + 1] = 0;
+            i = c ? j : i + 1;
+        }
+    }
+    PyBuffer_Release(&code);
+    PyBuffer_Release(&deopt);
+    PyBuffer_Release(&caches);
+    return out;
+}
+
 int zen_decode_init(void)
 {
     struct { PyObject **slot; const char *text; } kinds[] = {

@@ -8,6 +8,7 @@
 PyObject *zen_record_ok(PyObject *self, PyObject *args); /* validate.c */
 PyObject *zen_decode(PyObject *self, PyObject *args);    /* decode.c */
 int zen_decode_init(void);
+PyObject *zen_deoptimize(PyObject *self, PyObject *args); /* decode.c */
 PyObject *zen_canonical(PyObject *self, PyObject *args); /* marshal_emit.c */
 int zen_canonical_init(void);                            /* marshal_parse.c */
 PyObject *zen_greedy_rows(PyObject *self, PyObject *args); /* match.c */

@@ -14,12 +14,15 @@ numpy's per-call overhead dominated.
 
 from __future__ import annotations
 
+from zen import native
 from zen.cpython.layout.profile import OpcodeTable
 
-_tables: dict[int, tuple[bytes, list[int], int]] = {}
+_tables: dict[int, tuple[bytes, list[int], int, bytes | None]] = {}
 
 
-def _lookup(ops: OpcodeTable) -> tuple[bytes, list[int], int]:
+def _lookup(ops: OpcodeTable) -> tuple[bytes, list[int], int, bytes | None]:
+    """(opcode -> base opcode, opcode -> cache entries, CACHE, the cache counts as 256 bytes for the compiled
+    loop: None where one does not fit a byte, which leaves the profile to the reference)."""
     key = id(ops)
     t = _tables.get(key)
     if t is None:
@@ -31,17 +34,27 @@ def _lookup(ops: OpcodeTable) -> tuple[bytes, list[int], int]:
         for op, n in ops.cache_entries.items():
             if 0 <= op < 256:
                 caches[op] = n
-        t = (bytes(deopt), caches, ops.opmap.get("CACHE", 0))
+        cache_op = ops.opmap.get("CACHE", 0)
+        small = all(0 <= c < 256 for c in caches) and 0 <= cache_op < 256
+        t = (bytes(deopt), caches, cache_op, bytes(caches) if small else None)
         _tables[key] = t
     return t
 
 
 def deoptimize(adaptive: bytes, ops: OpcodeTable) -> bytes:
-    """The de-specialised bytecode of `adaptive` (16-bit code units: opcode, oparg)."""
+    """The de-specialised bytecode of `adaptive` (16-bit code units: opcode, oparg): the compiled loop
+    (`zen.native`) where built, `deoptimize_pure` (the reference) otherwise."""
+    deopt, _caches, cache_op, small = _lookup(ops)
+    if native.core is not None and small is not None:
+        return native.core.deoptimize(adaptive, deopt, small, cache_op)
+    return deoptimize_pure(adaptive, ops)
+
+
+def deoptimize_pure(adaptive: bytes, ops: OpcodeTable) -> bytes:
     n = len(adaptive) // 2
     if n == 0:
         return b""
-    deopt, caches, cache_op = _lookup(ops)
+    deopt, caches, cache_op, _ = _lookup(ops)
     out = bytearray(adaptive[: 2 * n])
     base = adaptive[0 : 2 * n : 2].translate(deopt)
     out[0::2] = base
