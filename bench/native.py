@@ -12,7 +12,8 @@ default) and pure (`ZEN_PURE=1`) alternated:
   * code matching (`pr_similarity.code_similarity`: greedy and optimal) of real fork/base pairs in DIR, each run
     with a fresh IBSS cache (rapidfuzz's work, the same both ways, is in both columns), in this process;
   * decoding every readable code object of IMAGE (`instructions.decode`), and normalising its listing
-    (`listing.normalise`: the C loop of listing.c), in this process;
+    (`listing.normalise`: the C loop of listing.c), and reading each with empty caches (`read_code` over the
+    object reader of objects.c), in this process;
   * the census' word search over IMAGE (every type address, in the heap's pointer map and over all writable memory);
   * the canonical-marshal rewrite of every code.marshal in DIR, in this process;
   * `zen attribute QUERY --library LIB --json` end to end, one process per run, for the transformers queries;
@@ -182,10 +183,35 @@ def decode_image(image: Path, runs: int) -> dict:
         work = [(decode(*a), [const_display(rt, c) for c in ci.consts]) for a, ci in zip(args, codes)]
         lfast, lslow, lsame = _pair(lambda: [normalise(i, c) for i, c in work], _pure(lambda: [normalise(i, c) for i, c in work]),
                                     runs)  # fmt: skip
+        ofast, oslow, osame = _pair(_read_codes(ip, rt.code_addrs, True), _pure(_read_codes(ip, rt.code_addrs, False)), runs)
     finally:
         space.close()
     return {"codes": len(codes), "instructions": n, "fast": fast, "slow": slow, "same": same, "minor": ip.info.minor,
-            "lfast": lfast, "lslow": lslow, "lsame": lsame}  # fmt: skip
+            "lfast": lfast, "lslow": lslow, "lsame": lsame, "ofast": ofast, "oslow": oslow, "osame": osame}  # fmt: skip
+
+
+def _read_codes(ip, addrs: list[int], compiled: bool):
+    """Every code object read from the image with empty caches (what a recovery's closure walk and the system
+    table read): through the compiled object reader (objects.c) and deoptimize, or their Python references."""
+    from zen.cpython.interp import Interpreter
+    from zen.cpython.readers.code import read_code
+    from zen.runtime.errors import ZenError
+
+    reader = Interpreter(ip.space, ip.info, ip.P, ip.limits)
+    if not compiled:
+        reader.fast = None
+
+    def run() -> list:
+        reader.clear_caches()
+        out = []
+        for a in addrs:
+            try:
+                out.append(read_code(reader, a))
+            except ZenError as exc:
+                out.append(str(exc))
+        return out
+
+    return run
 
 
 def words(image: Path, runs: int) -> dict:
@@ -325,6 +351,9 @@ def main() -> int:
             f"{dc['slow']:.3f}", f"{dc['fast']:.3f}", _r(dc["slow"], dc["fast"]), dc["same"])  # fmt: skip
         row("listing normalisation (`listing.normalise`)", "the same code objects' listings, constants shown",
             f"{dc['lslow']:.3f}", f"{dc['lfast']:.3f}", _r(dc["lslow"], dc["lfast"]), dc["lsame"])  # fmt: skip
+        row("object reading (`read_code` over `Interpreter.fast`, `deoptimize`)",
+            "the same code objects read with empty caches: headers, names, constants, line tables, bytecode",
+            f"{dc['oslow']:.3f}", f"{dc['ofast']:.3f}", _r(dc["oslow"], dc["ofast"]), dc["osame"])  # fmt: skip
     if wd is not None:
         row("word search (`scan.find_u64_in`)", f"{wd['types']:,} type addresses in the heap's pointer map, {wd['mb']:,.0f} MB",
             f"{wd['slow']:.3f}", f"{wd['fast']:.3f}", _r(wd["slow"], wd["fast"]), wd["same"])  # fmt: skip
@@ -344,7 +373,7 @@ def main() -> int:
     if not args.no_write:
         write_sections({SECTION: text})
     same = [cc["same"], sc["same"], mt["same"], cm["same"], *(r["same"] for r in at)]
-    same += [x["same"] for x in (dc, wd, rc) if x is not None] + ([dc["lsame"]] if dc is not None else [])
+    same += [x["same"] for x in (dc, wd, rc) if x is not None] + ([dc["lsame"], dc["osame"]] if dc is not None else [])
     return 0 if all(same) else 1
 
 
