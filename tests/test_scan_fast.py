@@ -20,7 +20,7 @@ from conftest import opened_heap, recovered
 from zen.cpython.heap import Heap
 from zen.frontends.pytorch.modules import MODULE_BASE, TENSOR_BASE
 from zen.memory.scan import find_u64_in, find_u64_in_mapped, find_u64_in_ranges, writable_chunks
-from zen.represent.safetensors_io import OVERLAP, Entry, SafetensorsWriter
+from zen.represent.safetensors_io import SLICE, STAGE, Entry, SafetensorsWriter
 
 
 def _sha256(path) -> str:
@@ -81,18 +81,21 @@ def test_fast_census_equals_full_census(zoo_heap):
 
 
 def test_streamed_file_digest_matches_file(tmp_path):
-    """The writer's sha256 of its file (blocks written and hashed in a thread, small ones inline)
-    is the sha256 of the bytes on disk, and each tensor's digest is that of its bytes."""
+    """The writer's sha256 of its file (each piece staged and hashed twice a slice at a time) is the sha256 of the
+    bytes on disk, and each tensor's digest is that of its bytes, whatever the pieces' sizes and formats."""
     rng = np.random.default_rng(7)
     blobs = {
-        "big": rng.integers(0, 255, OVERLAP * 3 + 12, dtype=np.uint8).tobytes(),
+        "big": rng.integers(0, 255, SLICE * 3 + 12, dtype=np.uint8).tobytes(),
         "small": rng.integers(0, 255, 1000, dtype=np.uint8).tobytes(),
-        "odd": rng.integers(0, 255, OVERLAP + 5, dtype=np.uint8).tobytes(),
+        "odd": rng.integers(0, 255, SLICE + 5, dtype=np.uint8).tobytes(),
+        "staged": rng.integers(0, 255, STAGE + 7, dtype=np.uint8).tobytes(),  # past one staging block
     }
     path = tmp_path / "t.safetensors"
     w = SafetensorsWriter(path, [Entry(k, "U8", (len(v),), len(v)) for k, v in blobs.items()], {"producer": "test"})
     for k, v in blobs.items():
-        pieces = [v[i : i + OVERLAP + 3] for i in range(0, len(v), OVERLAP + 3)]  # mixed sizes
+        pieces = [v[i : i + SLICE + 3] for i in range(0, len(v), SLICE + 3)]  # mixed sizes
+        if k == "staged":  # a memoryview of 4-byte items first, as a numpy buffer can give
+            pieces = [memoryview(v[:4096]).cast("I"), v[4096:]]
         assert w.write(k, pieces) == hashlib.sha256(v).hexdigest()
     w.close()
     assert w.file_sha256 == _sha256(path)
