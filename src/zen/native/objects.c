@@ -82,6 +82,9 @@ static const unsigned char *at(Reading *r, uint64_t addr, uint64_t size)
     return (const unsigned char *)r->view.buf + pos;
 }
 
+/* a + b, or 0 where it would pass the last address (an object near the top of the space: the reference's read fails) */
+static int plus(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+
 static int word(Reading *r, uint64_t addr, uint64_t *out)
 {
     const unsigned char *p = at(r, addr, 8);
@@ -107,7 +110,8 @@ static int kind_of(Reading *r, uint64_t addr, PyObject *key, PyObject **kind)
         if (PyErr_Occurred())
             return -1;
         uint64_t rc, tp;
-        if (addr == 0 || addr & 7 || !word(r, addr, &rc) || !word(r, addr + 8, &tp))
+        uint64_t second;
+        if (addr == 0 || addr & 7 || !plus(addr, 8, &second) || !word(r, addr, &rc) || !word(r, second, &tp))
             return 0;
         rc &= o->p[P_RC_MASK];
         if (rc == 0 || rc > o->p[P_MAX_REFCNT] || tp == 0 || tp & 7)
@@ -154,7 +158,8 @@ static int address(PyObject *arg, uint64_t *addr)
 /* the size word of a variable-size object, within [0, most]; 0 when not answered */
 static int size_of(Reading *r, uint64_t addr, uint64_t most, uint64_t *n)
 {
-    if (!word(r, addr + r->o->p[P_OB_SIZE], n))
+    uint64_t field;
+    if (!plus(addr, r->o->p[P_OB_SIZE], &field) || !word(r, field, n))
         return 0;
     return (int64_t)*n >= 0 && *n <= most;
 }
@@ -179,9 +184,12 @@ static PyObject *str_at(Reading *r, uint64_t addr, PyObject *key)
     memcpy(&state, head + o->p[P_U_STATE], 4);
     unsigned kind = (state >> o->p[P_KIND_SHIFT]) & 7;
     int compact = (state >> o->p[P_COMPACT_BIT]) & 1, ascii = (state >> o->p[P_ASCII_BIT]) & 1;
-    if (length < 0 || (uint64_t)length > o->p[P_MAX_STR] || !compact || (kind != 1 && kind != 2 && kind != 4))
+    if (length < 0 || (uint64_t)length > o->p[P_MAX_STR] || length > (PY_SSIZE_T_MAX >> 2) || !compact ||
+        (kind != 1 && kind != 2 && kind != 4))
         Py_RETURN_NONE; /* refused or a str subclass's separate data: the reference */
-    const unsigned char *data = at(r, addr + (ascii ? o->p[P_U_ASCII] : o->p[P_U_COMPACT]), (uint64_t)length * kind);
+    uint64_t where;
+    const unsigned char *data = plus(addr, ascii ? o->p[P_U_ASCII] : o->p[P_U_COMPACT], &where)
+                                    ? at(r, where, (uint64_t)length * kind) : NULL;
     if (data == NULL)
         Py_RETURN_NONE;
     if (ascii && kind == 1)
@@ -207,9 +215,10 @@ static PyObject *items_at(Reading *r, uint64_t addr, PyObject *key, uint64_t mos
     uint64_t n;
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    if (!size_of(r, addr, most, &n))
+    uint64_t first;
+    if (!size_of(r, addr, most, &n) || n > (UINT64_MAX >> 4) || !plus(addr, r->o->p[P_TUPLE_ITEMS], &first))
         Py_RETURN_NONE;
-    const unsigned char *p = n ? at(r, addr + r->o->p[P_TUPLE_ITEMS], 8 * n) : NULL;
+    const unsigned char *p = n ? at(r, first, 8 * n) : NULL;
     if (n && p == NULL)
         Py_RETURN_NONE;
     PyObject *out = PyList_New((Py_ssize_t)n);
@@ -298,9 +307,10 @@ static PyObject *m_bytes(Reading *r, uint64_t addr, PyObject *key, PyObject *ext
     uint64_t n;
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    if (!size_of(r, addr, r->o->p[P_MAX_BYTES], &n))
+    uint64_t data;
+    if (!size_of(r, addr, r->o->p[P_MAX_BYTES], &n) || !plus(addr, r->o->p[P_BYTES_SVAL], &data))
         Py_RETURN_NONE;
-    const unsigned char *p = at(r, addr + r->o->p[P_BYTES_SVAL], n);
+    const unsigned char *p = at(r, data, n);
     return p == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)n);
 }
 
