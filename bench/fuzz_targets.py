@@ -18,7 +18,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from zen.memory.space import AddressSpace  # noqa: E402
 from zen.runtime.errors import ZenError  # noqa: E402
 
 # -- mutations ---------------------------------------------------------------------------------
@@ -138,7 +137,6 @@ class ObjectsTarget:
             pick = addrs if len(addrs) <= per_type else rng.choice(addrs, per_type, replace=False)
             self.objects += [(t, int(a)) for a in pick]
         self.pointers = [a for _, a in self.objects] + list(wk.values())
-        self.patched = _Patched(self.space)
         self.errors: Counter[str] = Counter()  # typed errors raised by the readers (mutations bite)
 
     def __call__(self, rng: random.Random) -> None:
@@ -154,10 +152,11 @@ class ObjectsTarget:
         from zen.frontends.pytorch.modules import ModuleIndex
         from zen.frontends.pytorch.mr import module_record
         from zen.frontends.pytorch.tensors import TensorReader
+        from zen.memory.overlay import overlay
 
         t, addr = rng.choice(self.objects)
-        self.patched.patches = patches_for(rng, addr, self.pointers)
-        ip = Interpreter(self.patched, self.ip.info, self.ip.P)
+        # the pages patched become chunks of their own: every reader (the compiled one too) reads the corruption
+        ip = Interpreter(overlay(self.space, patches_for(rng, addr, self.pointers)), self.ip.info, self.ip.P)
         calls = [lambda: ip.value(addr), lambda: describe(ip, addr), lambda: read_instance(ip, addr),
                  lambda: read_type(ip, addr), lambda: read_function(ip, addr), lambda: read_code(ip, addr),
                  lambda: rebuild_code(ip, addr), lambda: read_dict(ip, addr), lambda: Encoder(ip).encode(addr)]  # fmt: skip
@@ -172,29 +171,6 @@ class ObjectsTarget:
                 call()
             except ZenError as exc:
                 self.errors[type(exc).__name__] += 1
-
-
-class _Patched(AddressSpace):
-    """An address space with some bytes overwritten (`patches`, set per input). Every typed read
-    (u64, i64, u32, views) goes through `read`/`view`, so readers see the corruption."""
-
-    def __init__(self, base: AddressSpace) -> None:
-        super().__init__(base.regions, base.chunks, description="patched")
-        self.patches: dict[int, bytes] = {}
-
-    def read(self, addr: int, size: int) -> bytes:
-        data = super().read(addr, size)
-        hit = [(a, b) for a, b in self.patches.items() if a < addr + size and a + len(b) > addr]
-        if not hit:
-            return data
-        buf = bytearray(data)
-        for at, blob in hit:
-            lo, hi = max(at, addr), min(at + len(blob), addr + size)
-            buf[lo - addr : hi - addr] = blob[lo - at : hi - at]
-        return bytes(buf)
-
-    def view(self, addr: int, size: int) -> bytes:
-        return self.read(addr, size)
 
 
 class ElfTarget:

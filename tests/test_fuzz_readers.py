@@ -22,6 +22,7 @@ from zen.cpython.readers.instances import read_instance
 from zen.cpython.readers.modules import read_module
 from zen.cpython.readers.types import read_type
 from zen.memory import open_space
+from zen.memory.overlay import overlay
 from zen.memory.space import AddressSpace, BytesChunk
 from zen.runtime.errors import ZenError
 
@@ -42,22 +43,6 @@ READERS = [
 SETTINGS = settings(
     max_examples=250, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
-
-
-class PatchedSpace(AddressSpace):
-    """A real image with some bytes overwritten (the corruption under test)."""
-
-    def __init__(self, base: AddressSpace, patches: dict[int, bytes]) -> None:
-        super().__init__(base.regions, base.chunks, description="patched")
-        self._patches = patches
-
-    def read(self, addr: int, size: int) -> bytes:
-        data = bytearray(super().read(addr, size))
-        for at, blob in self._patches.items():
-            lo, hi = max(at, addr), min(at + len(blob), addr + size)
-            if lo < hi:
-                data[lo - addr : hi - addr] = blob[lo - at : hi - at]
-        return bytes(data)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +74,7 @@ def test_corrupted_real_objects(fuzz_base, data):
     space, ip0, addrs = fuzz_base
     addr = data.draw(st.sampled_from(addrs))
     patches = data.draw(st.lists(st.tuples(st.integers(-40, 320), st.binary(min_size=1, max_size=8)), min_size=1, max_size=6))
-    ps = PatchedSpace(space, {addr + off: blob for off, blob in patches})
+    ps = overlay(space, {addr + off: blob for off, blob in patches})  # every reader sees it, the compiled one too
     run_all(Interpreter(ps, ip0.info, ip0.P), addr)
 
 

@@ -21,6 +21,7 @@ from zen.cpython.readers.code import read_code
 from zen.cpython.readers.containers import read_tuple
 from zen.cpython.readers.text import read_bytes
 from zen.cpython.runtime import Runtime
+from zen.memory.overlay import overlay
 from zen.memory.space import AddressSpace, BytesChunk
 from zen.runtime.errors import ZenError
 
@@ -178,3 +179,28 @@ def test_objects_answer_none_once_the_image_is_closed(hf_image):
         ip._str_cache.clear()
         ip.space.close()
         assert ip.fast.read(filename, 16) is None and ip.fast.str(filename) is None
+
+
+@needs_core
+def test_overwritten_bytes_are_what_every_reader_reads(hf_image):
+    """zen.memory.overlay writes bytes into a real image for every reader: the reads, the chunk table the bulk and
+    compiled readers use; a space class that rewrites `read` itself gets no compiled reader (it would bypass it)."""
+    from zen.memory.scan import gather_u64
+
+    with opened_heap(hf_image[0]) as (ip, _heap):
+        rt = Runtime(ip)
+        ci = next(c for a in rt.code_addrs if (c := rt.code(a)) is not None and c.filename.isascii() and len(c.filename) > 4)
+        name = ip.ptr(ci.addr + ip.P.code.co_filename)
+        data = name + ip.P.unicode.ascii_data
+        space = overlay(ip.space, {data: b"Z", name + 8: (ip.wk.types["str"]).to_bytes(8, "little")})
+        assert [c.start for c in space.chunks] == sorted(c.start for c in space.chunks) and space.read(data, 1) == b"Z"
+        assert int(gather_u64(space, [data & ~7])[0][0]) == int.from_bytes(space.read(data & ~7, 8), "little")
+        fast, pure = _pair(ip, space)
+        assert fast.str(name) == pure.str(name) == "Z" + ci.filename[1:]
+        assert fast.fast.str(name) == "Z" + ci.filename[1:]
+
+        class Rewriting(AddressSpace):
+            def read(self, addr: int, size: int) -> bytes:
+                return super().read(addr, size)
+
+        assert Interpreter(Rewriting(ip.space.regions, ip.space.chunks), ip.info, ip.P).fast is None

@@ -70,7 +70,8 @@ def _checked_against_image(space: AddressSpace, info: InterpreterInfo, prof: Pro
 
 def _compiled_reader(ip: Interpreter):
     """The compiled core's reader of small objects (native/objects.c) over this image and sharing
-    `ip`'s caches, or None (no core, ZEN_PURE, a space without buffers: a live process).
+    `ip`'s caches, or None (no core, ZEN_PURE, a space without buffers: a live process; a space whose
+    class rewrites `read`: zen.memory.overlay is how to corrupt an image for every reader).
 
     It answers kind/str/read_within and the tuple and bytes readers for the plain cases in one call
     each and None for everything else, so the Python below stays the reference for every error and
@@ -78,8 +79,9 @@ def _compiled_reader(ip: Interpreter):
     from zen.native import core
 
     table = getattr(ip.space, "chunk_table", None)
-    if core is None or table is None:
-        return None
+    cls = type(ip.space)
+    if core is None or table is None or cls.read is not AddressSpace.read or cls.view is not AddressSpace.view:
+        return None  # a space that rewrites what it reads: its chunk table's buffers are not its bytes
     starts, ends, ids, offs, buffers = table()
     U, c, lim = ip.P.unicode, ip.P.constants, ip.limits
     if not len(ids) or not (ids >= 0).any() or U.length + 8 > U.state + 4:  # read_str reads the length in the head
