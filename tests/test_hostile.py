@@ -371,12 +371,11 @@ def test_schema_checker_agrees_with_jsonschema_on_real_cases(intact):
 
 def test_corrupt_sys_modules_key_skips_only_that_entry(hostile):
     """A key of sys.modules whose object header is garbage is a problem, not the end of the census."""
-    from fuzz_targets import _Patched
-
     from zen.cpython.heap import Heap
     from zen.cpython.interp import Interpreter
     from zen.cpython.readers.dicts import read_dict
     from zen.memory import open_space
+    from zen.memory.overlay import overlay
 
     _, img, _ = hostile
     space = open_space(img)
@@ -387,8 +386,7 @@ def test_corrupt_sys_modules_key_skips_only_that_entry(hostile):
         d = ip0.ptr(heap0.interpreter_state() + ip0.P.interp.modules)
         keys = [k for k, _ in read_dict(ip0, d) if ip0.kind(k) == "str"]
         victim = next(k for k in keys if ip0.str(k) == "torch.nn.modules.linear")
-        patched = _Patched(space)
-        patched.patches = {victim + 8: (0xDEAD_BEEF_0000).to_bytes(8, "little")}  # its type pointer
+        patched = overlay(space, {victim + 8: (0xDEAD_BEEF_0000).to_bytes(8, "little")})  # its type pointer
         heap = Heap(Interpreter(patched, ip0.info, ip0.P))
         after = heap.sys_modules()
     finally:
