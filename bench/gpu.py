@@ -12,6 +12,7 @@ Steps (each result is appended to OUTDIR/results.json as soon as it is known, so
   gpt2_cudagdb   a transformers GPT-2 (124M) process started with no preparation: `zen acquire` (auto -> cuda-gdb),
                  recover, all tensors, MB/s of the dump, reuse on the GPU
   default_pipe   a process with only CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 (the driver's default pipe name)
+  cores          issue 50: a GPT-2 CPU image recovered on 1, 2, 4, ... of the machine's cores (`bench/cores.py`)
 With --device cpu (no GPU here) the GPU steps are skipped, saying so; the rest runs, which tests the script.
 Results are written up in bench/results/gpu.md by hand from results.json, saying which machine gave them.
 """
@@ -248,8 +249,19 @@ def main() -> int:
         res["cwd_files"] = sorted(os.listdir(d))[:20]
         return res
 
+    def cores():
+        # issue 50: the same GPT-2 CPU image recovered on 1, 2, 4, ... of this machine's cores (bench/cores.py)
+        raw = a.out / "cores.json"
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "cores.py"), "--runs", "2", "--no-write", "--json",
+                               str(raw)], capture_output=True, text=True, timeout=900, env=r.env)  # fmt: skip
+        res = {"rc": proc.returncode, "page": proc.stdout[-4000:], "stderr": proc.stderr[-2000:]}
+        if raw.exists():
+            res["rows"] = json.loads(raw.read_text())["rows"]
+        return res
+
     steps = [("env", env), ("cnn_driver", cnn_driver), ("cnn_reuse", cnn_reuse), ("gpt2_cudagdb", gpt2_cudagdb),
-             ("cnn_cudagdb", cnn_cudagdb), ("cpu_baseline", cpu_baseline), ("default_pipe", default_pipe)]  # fmt: skip
+             ("cnn_cudagdb", cnn_cudagdb), ("cpu_baseline", cpu_baseline), ("default_pipe", default_pipe),
+             ("cores", cores)]  # fmt: skip
     for name, fn in steps:
         if not a.only or name in a.only:
             r.step(name, fn)
