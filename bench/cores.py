@@ -119,6 +119,15 @@ def summarize(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def _core_line() -> str:
+    """Which path ran: zen's compiled core is built for one Python (install.sh); elsewhere its Python reference runs."""
+    from zen import native
+
+    if native.core is not None and not os.environ.get("ZEN_PURE"):
+        return "zen's compiled core was loaded."
+    return "zen's compiled core was **not** loaded (not built for this Python, or ZEN_PURE): its Python reference ran."
+
+
 def report(rows: list[dict], runs: list[dict], image_mb: float, command: str, seconds: float) -> str:
     same = len({json.dumps(r["digests"], sort_keys=True) for r in runs}) == 1
     base = rows[0]["wall"]
@@ -129,7 +138,7 @@ def report(rows: list[dict], runs: list[dict], image_mb: float, command: str, se
         f"{platform.python_version()}, {seconds:.0f} s in all. Image: a GPT-2 (124M) process of `bench_recover.py`, "
         f"{image_mb:,.0f} MB, in the page cache. Each run is `zen recover` pinned to the first k CPUs; medians of the "
         "alternated rounds. *Tree CPU*: zen and the children it reaped; *zen's own CPU*: its process alone, the chain "
-        "of analysis no core count shortens.",
+        "of analysis no core count shortens. " + _core_line(),
         "",
         "| cores | runs | wall s (range) | speed-up vs fewest | tree CPU s | zen's own CPU s | wall ÷ own CPU | code stage s |",
         "|---:|---:|---|---:|---:|---:|---:|---:|",
