@@ -87,7 +87,12 @@ def one_run(image: Path, cpus: list[int], work: Path) -> dict:
         proc = subprocess.Popen([sys.executable, "-c", WRAPPER, "recover", str(image), "-o", str(case)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=err_fh,
                                 preexec_fn=lambda: os.sched_setaffinity(0, cpus))  # fmt: skip
-        _, status, tree = os.wait4(proc.pid, 0)
+        try:
+            _, status, tree = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted: no zen left writing into the work folder about to be removed
+            proc.kill()
+            proc.wait()
+            raise
         wall = time.perf_counter() - t
     rc = proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: Popen must not wait again
     err = errors.read_text(errors="replace")
@@ -178,6 +183,8 @@ def main() -> int:
     counts = [int(c) for c in args.cores.split(",") if c.strip()] or [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= len(allowed)]
     if any(k < 1 or k > len(allowed) for k in counts):
         raise SystemExit(f"--cores: this process may use {len(allowed)} CPUs")
+    if args.image is not None and not args.image.is_file():
+        raise SystemExit(f"--image {args.image}: no such file (give a process image, or leave --image out to make one)")
     fresh_bytecode()
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="zen-bench-cores-"))
