@@ -8,8 +8,8 @@ this process and forked copies of it (`zen.runtime.forking`), each starting with
                               cost, so that both processes are done about together; with two
                               cores only a tenth: the child shares its core with the others)
     child 3 (after the walk)  code.marshal and the UR (at a lower priority: needed last)
-    this process              the other code records and the context, then the module globals
-                              (in the order of all records) and pr.json
+    this process              the other code records, the context and the module globals (from
+                              the closure, while the child makes its records), then pr.json
 
 Every part is computed by the same functions as in one process, and where a child does not
 deliver, this process computes its part itself: the files are the same either way
@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from zen.cpython.code.codebuild import can_rebuild
+from zen.cpython.program.module_globals import module_globals
 from zen.cpython.program.programmatic import (
     build_pr,
     build_ur,
@@ -33,7 +34,6 @@ from zen.cpython.program.programmatic import (
     code_records,
     gc_paused,
     model_closure,
-    module_globals,
 )
 from zen.cpython.program.system_table import system_table
 from zen.cpython.runtime import Runtime
@@ -99,10 +99,11 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
         machine = "x86_64" if info is not None else None
         model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
         context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
+        loaded = module_globals(rt, result, readable)  # from the closure: while the child makes its records
         records, classes = _unframe(theirs.result())
         pr = build_pr(rt, result, context, system=False, records=mine + records_from_bytes(records),
                       classes=classes_from_bytes(classes))  # fmt: skip
-        pr.module_globals = module_globals(rt, pr)
+        pr.module_globals = loaded
         (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
         textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
         marshal, ur = _unframe(rest.result())

@@ -277,13 +277,7 @@ def class_records(rt: Runtime, result: ClosureResult) -> list[ClassRecord]:
 def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = None) -> list[CodeRecord]:
     """The records of the closure's code objects `addrs` (default: all), in address order; one
     record per readable code object (`rt.code`), each independent of the others."""
-    fns_of_code: dict[int, list[int]] = {}
-    for f, c in sorted(result.code_of_function.items()):
-        fns_of_code.setdefault(c, []).append(f)  # decorators make many functions share one code object
-    for c in sorted(result.codes) if addrs is None else addrs:  # only the groups this call records
-        fns = fns_of_code.get(c)
-        if fns is not None and len(fns) > 1:
-            fns.sort(key=lambda f: _instance_rank(rt, f, result.seeds))
+    fns_of_code = functions_of_codes(rt, result, sorted(result.codes) if addrs is None else addrs)
     children: dict[int, list[int]] = {}
     for c, parent in result.codes.items():
         if parent:
@@ -298,6 +292,19 @@ def code_records(rt: Runtime, result: ClosureResult, addrs: list[int] | None = N
                 rec.others = [other_function(rt, f) for f in fns[1:]]
                 codes.append(rec)
     return codes
+
+
+def functions_of_codes(rt: Runtime, result: ClosureResult, addrs: list[int]) -> dict[int, list[int]]:
+    """The functions running each code object; for `addrs` (only: ranking costs), the one a record
+    describes first (`_instance_rank`). Decorators make many functions share one code object."""
+    fns_of_code: dict[int, list[int]] = {}
+    for f, c in sorted(result.code_of_function.items()):
+        fns_of_code.setdefault(c, []).append(f)
+    for c in addrs:
+        fns = fns_of_code.get(c)
+        if fns is not None and len(fns) > 1:
+            fns.sort(key=lambda f: _instance_rank(rt, f, result.seeds))
+    return fns_of_code
 
 
 def _instance_rank(rt: Runtime, f: int, seeds: set[int]) -> tuple:
@@ -382,38 +389,6 @@ def build_ur(rt: Runtime, nodes: list[tuple[str, int]], codes: Iterable[str], fu
                                sorted(methods), owned, used))  # fmt: skip
     shared = len({c for n in out for c in n.used})
     return UnifiedRepresentation(out, shared)
-
-
-def module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, dict]:
-    """For each model module: the globals its model code loads (LOAD_GLOBAL), encoded for rebuilding."""
-    with gc_paused():
-        return _module_globals(rt, pr)
-
-
-def _module_globals(rt: Runtime, pr: ProgrammaticRepresentation) -> dict[str, dict]:
-    from zen.cpython.encode.snapshot import Encoder
-
-    encoders: dict[str, Encoder] = {}  # one per module: shared objects are references within a module only
-    by_addr = {c.address: c for c in pr.codes}
-    out: dict[str, dict] = {}
-    for c in pr.codes:
-        top = c
-        while top.parent and top.parent in by_addr:
-            top = by_addr[top.parent]
-        f = rt.function(int(top.function, 16)) if top.function else None
-        if f is None:
-            continue
-        ns = rt.namespace(f.globals)
-        names = out.setdefault(top.module, {})
-        for line in c.listing:
-            if line.startswith("LOAD_GLOBAL "):
-                name = line[12:]
-                if name not in names and name in ns:
-                    enc = encoders.get(top.module)
-                    if enc is None:  # (not setdefault: that made an encoder per global, to throw away)
-                        enc = encoders[top.module] = Encoder(rt.ip, home=top.module)
-                    names[name] = enc.encode(ns[name])
-    return {m: dict(sorted(v.items())) for m, v in sorted(out.items())}
 
 
 def model_closure(rt: Runtime, class_addrs: list[int]) -> ClosureResult:
