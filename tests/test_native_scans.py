@@ -80,15 +80,64 @@ def test_word_search_equals_reference_on_an_image(hf_image, monkeypatch):
                     args = (heap.space, vals, heap_pieces)
                 else:
                     args = (heap.space, vals, chunks, lo, hi)
-                got = search(*args)
                 with monkeypatch.context() as m:
                     m.setattr(native, "core", None)
                     want = search(*args)
-                for g, w in zip(got[:2], want[:2]):
-                    assert g.dtype == w.dtype and g.tolist() == w.tolist(), (search.__name__, len(vals))
-                assert got[2:] == want[2:]
-                assert len(got[0]) > len(types) or vals is not types
+                # the compiled search in one thread (one core), in worker threads (two cores: four), and in eight
+                # with 1 MB handed ahead, so that blocks wait, pieces are released and the window turns many times
+                for cores, ahead in ((1, scan.SCAN_AHEAD), (2, scan.SCAN_AHEAD), (16, 1 << 20)):
+                    with monkeypatch.context() as m:
+                        m.setattr(scan, "cores", lambda n=cores: n)
+                        m.setattr(scan, "SCAN_AHEAD", ahead)
+                        got = search(*args)
+                    for g, w in zip(got[:2], want[:2]):
+                        assert g.dtype == w.dtype and g.tolist() == w.tolist(), (search.__name__, len(vals), cores)
+                    assert got[2:] == want[2:]
+                    assert len(got[0]) > len(types) or vals is not types
         assert got[2], "the pointer map is empty"
+
+
+def test_threaded_search_answers_in_order_and_stops_on_an_error(monkeypatch):
+    """The threaded search hands back every block's answer in address order, releases each piece once, after its
+    blocks were consumed, and raises a worker's error where its block is consumed: no block after it is handed
+    back, and no worker thread outlives the search."""
+    import threading
+
+    import numpy as np
+
+    from zen.memory import scan
+    from zen.memory.regions import Region
+    from zen.memory.space import AddressSpace, BytesChunk
+
+    base, piece = 0x10000, 1 << 16
+    chunks = [BytesChunk(base + i * 2 * piece, np.full(piece // 8, i, dtype=np.uint64).tobytes()) for i in range(40)]
+    space = AddressSpace([Region(base, base + 80 * piece, "rw-p", "")], chunks)
+    monkeypatch.setattr(scan, "cores", lambda: 16)
+    monkeypatch.setattr(scan, "SCAN_AHEAD", 3 * piece)
+    released = []
+    real = space.iter_pieces
+
+    def pieces(*a, **k):
+        for start, arr, done in real(*a, **k):
+            yield start, arr, (lambda d=done, s=start: (released.append(s), d()))
+
+    monkeypatch.setattr(space, "iter_pieces", pieces)
+    before = threading.active_count()
+    got = [(b, int(r)) for b, _, r in scan._searched(space, None, False, lambda q: q[0])]  # noqa: SLF001
+    assert got == [(c.start, i) for i, c in enumerate(chunks)]
+    assert released == [c.start for c in chunks]
+
+    def search(q):
+        if q[0] == 7:
+            raise ValueError("block 7")
+        return q[0]
+
+    seen = []
+    with pytest.raises(ValueError, match="block 7"):
+        for b, _, _ in scan._searched(space, None, False, search):  # noqa: SLF001
+            seen.append(b)
+    assert seen == [c.start for c in chunks[:7]]
+    assert threading.active_count() == before
 
 
 @needs_core

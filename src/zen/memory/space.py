@@ -15,7 +15,7 @@ import mmap
 import os
 import struct
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -274,6 +274,14 @@ class AddressSpace:
         (memory the caller will read again) only while zen's resident set is above
         `RESIDENT_SOFT_LIMIT`.
         """
+        for start, arr, done in self.iter_pieces(chunks, block, keep=keep):
+            yield start, arr
+            done()
+
+    def iter_pieces(self, chunks: Sequence[Chunk] | None = None, block: int = SCAN_BLOCK, *,
+                    keep: bool = False) -> Iterator[tuple[int, np.ndarray, Callable[[], None]]]:  # fmt: skip
+        """`iter_arrays` with each piece's release left to the caller (`done()`, once it is finished
+        with the piece): a scan that hands pieces to worker threads releases each after its worker."""
         for start, arr, release in self._coalesced(self._chunks if chunks is None else chunks, block, keep):
             head = (-start) % 8  # keep pieces 8-byte aligned in virtual addresses
             for pos in range(0, len(arr), block):
@@ -281,9 +289,12 @@ class AddressSpace:
                 hi = min(len(arr), pos + block + head)
                 if lo >= hi:
                     continue
-                yield start + lo, arr[lo:hi]
-                if not keep or resident_bytes() > RESIDENT_SOFT_LIMIT:
-                    release(lo, hi - lo)
+
+                def done(release=release, lo=lo, hi=hi) -> None:
+                    if not keep or resident_bytes() > RESIDENT_SOFT_LIMIT:
+                        release(lo, hi - lo)
+
+                yield start + lo, arr[lo:hi], done
 
     @staticmethod
     def _coalesced(chunks: Sequence[Chunk], block: int, keep: bool = False) -> Iterator[tuple[int, np.ndarray, object]]:
