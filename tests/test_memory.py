@@ -87,3 +87,37 @@ def test_reads_and_gaps():
     with pytest.raises(MemoryReadError):
         space.read(base + 2048 * 8 - 4, 8)  # runs off the end of the first chunk into the gap
     assert space.is_readable(base, 2048 * 8) and not space.is_readable(base, 2048 * 8 + 1)
+
+
+def test_prefetch_advises_windows_of_the_image_only(tmp_path, monkeypatch):
+    """`prefetch` asks for one window per distinct 64 KB of the image's mmap holding an address, skips addresses
+    outside the image, asks nothing of buffers that are not mmaps, and stops at MAX_WINDOWS (a hostile table of
+    millions of pointers cannot make zen issue millions of requests)."""
+    import mmap
+
+    from zen.memory import prefetch as pf
+    from zen.memory.space import MmapChunk
+
+    base, size = 0x7F0000000000, 64 << 20
+    path = tmp_path / "img"
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+    fh = open(path, "rb")  # noqa: SIM115 (closed below, after the mmap)
+    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    asked = []
+    monkeypatch.setattr(pf, "_advise", lambda buf, start, length: asked.append((buf, start, length)))
+    try:
+        space = AddressSpace([Region(base, base + size, "rw-p", "")], [MmapChunk(base, base + size, mm, 0, Source.IMAGE)])
+        addrs = [base + 5, base + 100, base + (64 << 10) + 8, base + size - 8, base + size, base - 8, 1 << 70, -1]
+        assert pf.prefetch(space, addrs) == 3
+        assert asked == [(mm, 0, 64 << 10), (mm, 64 << 10, 64 << 10), (mm, size - (64 << 10), 64 << 10)]
+        asked.clear()
+        monkeypatch.setattr(pf, "MAX_WINDOWS", 10)
+        assert pf.prefetch(space, range(base, base + size, 4096)) == 10 and len(asked) == 10
+        plain = AddressSpace([Region(base, base + 4096, "rw-p", "")], [BytesChunk(base, bytes(4096))])
+        assert pf.prefetch(plain, [base]) == 0
+        monkeypatch.undo()
+        assert pf.prefetch(space, [base + 4096]) == 1  # the real advice, on a real mmap
+    finally:
+        mm.close()
+        fh.close()

@@ -22,6 +22,7 @@ import numpy as np
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.types import TypeInfo, read_type
 from zen.memory.allocations import chunk_interiors, without
+from zen.memory.prefetch import prefetch
 from zen.memory.scan import find_u64_in, find_u64_in_mapped, find_u64_in_ranges, gather_u64, writable_chunks
 from zen.runtime.errors import MemoryReadError, ObjectError, ZenError
 
@@ -273,7 +274,9 @@ class Heap:
         d = ip.ptr(self.interpreter_state() + ip.P.interp.modules)
         out = {}
         problems = []
-        for k, v in read_dict(ip, d):
+        items = read_dict(ip, d)
+        prefetch(ip.space, [k for k, _ in items])  # ~3,000 names scattered over the heap: their reads queued at once
+        for k, v in items:
             # one corrupt entry must not hide the others (the model's modules among them)
             try:
                 if ip.kind(k) == "str":
