@@ -16,6 +16,8 @@ default) and pure (`ZEN_PURE=1`) alternated:
     object reader of objects.c), in this process;
   * the census' word search over IMAGE (every type address, in the heap's pointer map and over all writable memory);
   * the canonical-marshal rewrite of every code.marshal in DIR, in this process;
+  * the tensor files of DIR hashed as a case check hashes them (`tensorfile.read_tensor_file`: the file's sha256 and
+    every tensor's, page cache warm), with the compiled sha256 pair and with hashlib, in this process;
   * `zen attribute QUERY --library LIB --json` end to end, one process per run, for the transformers queries;
   * `zen recover IMAGE` end to end, one process per run (warm page cache: the disk is not what differs).
 
@@ -164,6 +166,34 @@ def rewrite(cases: Path, runs: int) -> dict:
 
     fast, slow, same = _pair(compiled, lambda: [cm._canonical_pure(b, layout) for b in blobs], runs)
     return {"files": len(blobs), "mb": sum(map(len, blobs)) / 1e6, "fast": fast, "slow": slow, "same": same}
+
+
+def digests(cases: Path, runs: int) -> dict | None:
+    """The file's and every tensor's sha256 of each weights file in DIR: the compiled pair (`hashing.update_both`)
+    against hashlib's two streams, which `ZEN_PURE=1` and CPUs without the SHA instructions use."""
+    import hashlib
+
+    from zen.evidence import hashing
+    from zen.represent.tensorfile import read_tensor_file
+
+    files = sorted(cases.glob(f"case_*/{WEIGHTS}"))
+    if not files or hashing.sha256 is hashlib.sha256:
+        return None
+
+    def both() -> list:
+        return [(tf.sha256, tf.digests) for tf in (read_tensor_file(p, reuse=False) for p in files)]
+
+    def plain() -> list:
+        pair = hashing.sha256, hashing.update_both
+        hashing.sha256, hashing.update_both = hashlib.sha256, hashing._hashlib_both
+        try:
+            return both()
+        finally:
+            hashing.sha256, hashing.update_both = pair
+
+    fast, slow, same = _pair(both, plain, runs)
+    return {"files": len(files), "mb": sum(p.stat().st_size for p in files) / 1e6, "fast": fast, "slow": slow,
+            "same": same}  # fmt: skip
 
 
 def decode_image(image: Path, runs: int) -> dict:
@@ -324,6 +354,7 @@ def main() -> int:
     dc = decode_image(args.image, args.runs) if args.image else None
     wd = words(args.image, args.runs) if args.image else None
     cm = rewrite(args.cases, args.runs)
+    dg = digests(args.cases, args.runs)
     at = attribute(args.cases, args.library, args.runs)
     rc = recover(args.image, max(3, args.runs // 2)) if args.image else None
     image = " --image gpt2.core" if args.image else ""
@@ -361,6 +392,10 @@ def main() -> int:
             f"{wd['mslow']:.3f}", f"{wd['mfast']:.3f}", _r(wd["mslow"], wd["mfast"]), wd["same"])  # fmt: skip
     row("canonical-marshal rewrite (`canonical_marshal.canonical`)", f"{cm['files']} real code.marshal, {cm['mb']:.0f} MB",
         f"{cm['slow']:.3f}", f"{cm['fast']:.3f}", _r(cm["slow"], cm["fast"]), cm["same"])  # fmt: skip
+    if dg is not None:
+        row("tensor digests (`hashing.update_both` in `tensorfile.read_tensor_file`)",
+            f"{dg['files']} real weights.safetensors, {dg['mb']:,.0f} MB, page cache warm", f"{dg['slow']:.3f}",
+            f"{dg['fast']:.3f}", _r(dg["slow"], dg["fast"]), dg["same"], "yes (every digest equal)")  # fmt: skip
     for r in at:
         row("`zen attribute --json`, 100 real entries", r["query"], f"{r['slow']:.2f} (CPU {r['cpu_slow']:.2f})",
             f"{r['fast']:.2f} (CPU {r['cpu_fast']:.2f})", _r(r["slow"], r["fast"]), r["same"])  # fmt: skip
@@ -373,7 +408,7 @@ def main() -> int:
     if not args.no_write:
         write_sections({SECTION: text})
     same = [cc["same"], sc["same"], mt["same"], cm["same"], *(r["same"] for r in at)]
-    same += [x["same"] for x in (dc, wd, rc) if x is not None] + ([dc["lsame"], dc["osame"]] if dc is not None else [])
+    same += [x["same"] for x in (dc, wd, rc, dg) if x is not None] + ([dc["lsame"], dc["osame"]] if dc is not None else [])
     return 0 if all(same) else 1
 
 

@@ -103,10 +103,13 @@ def _print_problems(space) -> None:
 
 
 def version() -> None:
-    """Print zen's version, and whether its compiled core runs (else pure Python, and why)."""
+    """Print zen's version, whether its compiled core runs (else pure Python, and why), and what computes the two
+    sha256 of every tensor byte (mr.json's and the tensor file's): a report may be asked how its digests were made."""
     from zen import native
+    from zen.evidence import hashing
 
     out.print(f"zen {__version__} ({native.why})", markup=False)
+    out.print(f"tensor digests: {hashing.why}", markup=False)
 
 
 def info(

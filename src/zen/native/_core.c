@@ -44,6 +44,7 @@ static PyMethodDef methods[] = {
     {"find_all", zen_find_all, METH_VARARGS, "find_all(buffer, needle, start, end, most) -> list: kernel._find_all"},
     {"listing", zen_listing, METH_VARARGS, "listing(instructions, consts, tables, hook) -> list | None: listing.normalise"},
     {"canonical", zen_canonical, METH_VARARGS, "canonical(data, layout, budget, max_depth) -> bytes | None: canonical_marshal"},
+    {"update_pair", zen_sha256_update_pair, METH_VARARGS, "update_pair(a, b, data): two Sha256 absorb the same bytes"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -52,12 +53,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", "zen's compi
 
 PyMODINIT_FUNC PyInit__core(void)
 {
-    if (zen_decode_init() < 0 || zen_canonical_init() < 0 || zen_listing_init() < 0)
+    if (zen_decode_init() < 0 || zen_canonical_init() < 0 || zen_listing_init() < 0 || zen_sha256_init() < 0)
         return NULL;
     if (PyType_Ready(&zen_objects_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObjectRef(m, "Objects", (PyObject *)&zen_objects_type) < 0)
+    if (m != NULL && (PyModule_AddObjectRef(m, "Objects", (PyObject *)&zen_objects_type) < 0
+                      || PyModule_AddObjectRef(m, "Sha256", (PyObject *)&zen_sha256_type) < 0
+                      || PyModule_AddObjectRef(m, "sha256_ni", zen_sha256_ni() ? Py_True : Py_False) < 0))
         Py_CLEAR(m);
     return m;
 }

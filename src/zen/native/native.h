@@ -19,5 +19,9 @@ PyObject *zen_find_all(PyObject *self, PyObject *args);    /* find.c */
 PyObject *zen_listing(PyObject *self, PyObject *args);     /* listing.c */
 int zen_listing_init(void);
 extern PyTypeObject zen_objects_type;                      /* objects.c */
+extern PyTypeObject zen_sha256_type;                       /* sha256_pair.c */
+PyObject *zen_sha256_update_pair(PyObject *self, PyObject *args);
+int zen_sha256_init(void);
+int zen_sha256_ni(void);
 
 #endif

@@ -13,7 +13,6 @@ hashing GBs twice. `reuse=False` (`zen verify-case`, `zen sign`) always reads an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -98,6 +97,7 @@ def read_tensor_file(path: Path, *, reuse: bool = True) -> TensorFile:
     """Parse and hash a safetensors file in one sequential pass (file digest + one digest per entry); with `reuse`,
     a large file's digests recorded for its present state are taken instead of hashing it."""
     from zen.evidence import digest_cache
+    from zen.evidence.hashing import sha256, update_both
 
     path = Path(path)
     with open(path, "rb") as fh:
@@ -109,20 +109,29 @@ def read_tensor_file(path: Path, *, reuse: bool = True) -> TensorFile:
         if known is not None and known["tensors"].keys() == entries.keys():
             return TensorFile(size, known["sha256"], entries, known["tensors"], meta, reused=known["how"])
         fh.seek(0)
-        whole = hashlib.sha256()
+        whole = sha256()
         order = sorted(entries, key=lambda k: entries[k]["start"])
-        hashers = {k: hashlib.sha256() for k in order}
+        hashers = {k: sha256() for k in order}
         i, pos = 0, 0
         while block := fh.read(BLOCK):
-            whole.update(block)
             lo, hi = pos, pos + len(block)
             view = memoryview(block)
+            done = lo  # the file's digest has every byte before this one
             j = i
             while j < len(order) and base + entries[order[j]]["start"] < hi:
-                s, t = base + entries[order[j]]["start"], base + entries[order[j]]["end"]
-                if t > lo:
-                    hashers[order[j]].update(view[max(s, lo) - lo : min(t, hi) - lo])
+                s, t = max(base + entries[order[j]]["start"], lo), min(base + entries[order[j]]["end"], hi)
+                h = hashers[order[j]]
+                if s < done:  # bytes the file's digest has (entries overlap: read_header refuses that today)
+                    h.update(view[s - lo : min(t, done) - lo])
+                    s = min(t, done)
+                if t > s:
+                    if s > done:  # the header (entries tile the rest: read_header checked)
+                        whole.update(view[done - lo : s - lo])
+                    update_both(h, whole, view[s - lo : t - lo])  # one pass for both digests
+                    done = t
                 j += 1
+            if done < hi:
+                whole.update(view[done - lo :])
             while i < len(order) and base + entries[order[i]]["end"] <= hi:  # entries finished in this block
                 i += 1
             pos = hi
