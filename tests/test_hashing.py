@@ -12,6 +12,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -136,3 +137,35 @@ def test_a_tensor_file_read_in_any_blocks_gives_sha256_of_the_file_and_of_each_e
     for name, e in tf.entries.items():
         assert tf.digests[name] == hashlib.sha256(raw[base + e["start"] : base + e["end"]]).hexdigest(), name
     assert tf.digests["t1"] == hashlib.sha256(tensors["t1"].tobytes()).hexdigest()
+
+
+@needs_pair
+def test_a_hasher_busy_in_another_thread_is_refused_not_corrupted():
+    """update releases the interpreter lock for large buffers: a second thread's update, digest or copy of the same
+    hasher meanwhile is refused with a clear error, and the first thread's digest is still sha256 of its bytes."""
+    import threading
+
+    big = os.urandom(128 << 20)
+    refused = []
+    for _ in range(10):  # until the second call lands while the first hashes (~0.1 s of work; any machine load)
+        h, started = core.Sha256(), threading.Event()
+
+        def work(h=h, started=started):
+            started.set()
+            h.update(big)
+
+        t = threading.Thread(target=work)
+        t.start()
+        started.wait()
+        time.sleep(0.01)
+        calls = (lambda h=h: h.update(b"x"), h.hexdigest, h.copy, lambda h=h: core.update_pair(core.Sha256(), h, b"x"))
+        for call in calls:
+            try:
+                call()
+            except RuntimeError as exc:
+                refused.append(str(exc))
+        t.join()
+        if refused:
+            assert h.hexdigest() == hashlib.sha256(big).hexdigest()
+            break
+    assert refused and all("another thread" in m or "two threads" in m for m in refused)

@@ -241,9 +241,20 @@ static void finish(const Sha256 *s, uint8_t out[32])
     }
 }
 
+/* digest/copy of an object another thread is updating would read a state being written: refused, as update is */
+static int idle(Sha256 *s)
+{
+    if (!s->busy)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "Sha256 object read while another thread updates it");
+    return -1;
+}
+
 static PyObject *sha_digest(Sha256 *self, PyObject *unused)
 {
     uint8_t out[32];
+    if (idle(self) < 0)
+        return NULL;
     finish(self, out);
     return PyBytes_FromStringAndSize((const char *)out, 32);
 }
@@ -253,6 +264,8 @@ static PyObject *sha_hexdigest(Sha256 *self, PyObject *unused)
     static const char hex[] = "0123456789abcdef";
     uint8_t out[32];
     char text[64];
+    if (idle(self) < 0)
+        return NULL;
     finish(self, out);
     for (int i = 0; i < 32; i++) {
         text[2 * i] = hex[out[i] >> 4];
@@ -263,6 +276,8 @@ static PyObject *sha_hexdigest(Sha256 *self, PyObject *unused)
 
 static PyObject *sha_copy(Sha256 *self, PyObject *unused)
 {
+    if (idle(self) < 0)
+        return NULL;
     Sha256 *c = (Sha256 *)sha_new(Py_TYPE(self), NULL, NULL);
     if (c != NULL) {
         memcpy(c->h, self->h, sizeof self->h);
