@@ -99,3 +99,37 @@ def test_json_output_is_the_text_rich_writes():
         with c.capture() as cap:
             c.print_json(text)
         assert cap.get() == theirs.getvalue()
+
+
+def test_abandoned_object_is_held_frozen_and_replaced_only_in_the_command(tmp_path):
+    """`abandon`: outside the command (a library caller) nothing is held; inside, the last object abandoned is
+    held (never freed: its finalizer does not run) and out of the collector's sight, the one before it freed, and
+    a cycle made after the freeze is still collected."""
+    body = (
+        "import gc, weakref\n"
+        "from zen.runtime import leave\n"
+        "out = sys.argv[1]\n"
+        "class Big:\n    pass\n"
+        "lib = Big()\n"
+        "assert leave.abandon(lib) is False and leave._abandoned == []\n"
+        "def cmd():\n"
+        "    first, second = Big(), Big()\n"
+        "    gone = weakref.ref(first)\n"
+        "    fin = weakref.finalize(second, lambda: open(os.path.join(out, 'freed'), 'w').write('second'))\n"
+        "    fin.atexit = False  # only if it is freed, not because the process ends\n"
+        "    assert leave.abandon(first) is True and gc.get_freeze_count() > 0\n"
+        "    assert leave.abandon(second) is True\n"
+        "    del first, second\n"
+        "    assert gone() is None, 'the object abandoned before the last is freed'\n"
+        "    c = Big()\n"
+        "    c.me = c\n"
+        "    cyc = weakref.ref(c)\n"
+        "    del c\n"
+        "    gc.collect()\n"
+        "    assert cyc() is None, 'garbage made after the freeze is collected'\n"
+        "    open(os.path.join(out, 'ok'), 'w').write('ok')\n"
+        "run_and_leave(cmd)\n"
+    )
+    res = _run(body, tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "ok").exists() and not (tmp_path / "freed").exists()

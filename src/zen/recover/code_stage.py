@@ -42,6 +42,7 @@ from zen.represent.jsontext import compact
 from zen.represent.pr import classes_from_bytes, classes_to_bytes, records_from_bytes, records_to_bytes
 from zen.runtime.errors import ZenError
 from zen.runtime.forking import NICE_ANALYSIS_PART, Forked, cores
+from zen.runtime.leave import abandon
 
 # cost estimate of one code record: a fixed part plus its bytecode (listing, constants)
 RECORD_FIXED_COST = 400
@@ -56,7 +57,8 @@ PARENT_SHARE, PARENT_SHARE_TWO_CORES = 0.6, 0.9
 def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
     """The collector stays off for the whole stage, and the runtime (its caches: a few hundred
     thousand decoded instructions and records) is dropped before it is back on. Its first pass then
-    has next to nothing to look at, instead of 0.05 s over objects about to be freed anyway."""
+    has next to nothing to look at, instead of 0.05 s over objects about to be freed anyway. In the
+    `zen` command, which leaves by os._exit, the runtime is not freed at all (`leave.abandon`)."""
     with gc_paused():
         rt = Runtime(ip, heap, found)
         system = Forked(partial(_system_table_bytes, rt))
@@ -64,7 +66,8 @@ def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
             _write(out, ip, rt, index, mr, space, system)
         finally:
             system.cancel()
-            del rt, system  # freed here by reference counting, while the collector is off
+            abandon(rt)
+            del rt, system  # freed here by reference counting, while the collector is off (unless abandoned)
 
 
 def _system_table_bytes(rt: Runtime) -> bytes:

@@ -23,9 +23,36 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
+_leaving = False  # set by run_and_leave: this process ends by os._exit, which frees nothing object by object
+_abandoned: list = []  # what `abandon` holds for that exit (one object at most)
+
+
+def abandon(obj: object) -> bool:
+    """Hold `obj` for the process's exit instead of freeing it now, where the process leaves by os._exit (the `zen`
+    command); True then, and the caller drops its reference knowing nothing is freed. Elsewhere (zen as a library,
+    the tests) False: the caller frees it as before.
+
+    Why: the code stage's runtime holds about a million small objects (decoded instructions, records, namespaces),
+    made with the cyclic collector off; freeing them one by one took ~0.1 s of `zen recover`'s last, single-core
+    phase, work the exit skips anyway. They are moved out of the collector's sight (`gc.freeze`: the collector,
+    back on, would otherwise walk them all in its first pass). One object at most is held: a process recovering
+    several models (`--model all`, a library build) frees each runtime when it abandons the next, as before, and
+    the collector sees everything again (`gc.unfreeze`) before the new one is frozen."""
+    if not _leaving:
+        return False
+    import gc
+
+    if _abandoned:
+        gc.unfreeze()
+    _abandoned[:] = [obj]
+    gc.freeze()
+    return True
+
 
 def run_and_leave(command: Callable[[], object]) -> NoReturn:
     """Run `command` (which ends by raising SystemExit, or returns for status 0) and exit the process."""
+    global _leaving
+    _leaving = True
     try:
         command()
         code: object = 0
