@@ -3,9 +3,10 @@
  * Why: the tensor writer (zen.represent.safetensors_io) hashes every byte it writes twice, for the tensor's own
  * sha256 (mr.json) and for the file's (the manifest), and so does the check of a case's tensor file. One SHA-256
  * stream is a chain of dependent rounds: on x86 CPUs with the SHA extensions each `sha256rnds2` waits for the one
- * before it (4 cycles on AMD Zen 4), while the unit could start another every 1-2 cycles. OpenSSL (hashlib) hashes
+ * before it, while the unit could start another sooner. OpenSSL (hashlib) hashes
  * one stream at a time, so the two digests cost two chains. Here the rounds of a block of each stream are
- * interleaved, and both chains run in the time of about one.
+ * interleaved, and both chains run in the time of about one (measured: 650 MB, two hashlib streams 0.98 s of CPU,
+ * the pair 0.52 s, one stream 0.49 s).
  *
  * Offered only where the CPU has the SHA extensions (`sha256_ni`); elsewhere the caller uses hashlib, which stays
  * the reference: zen.evidence.hashing checks this code against it before first use, and the tests on every length.
