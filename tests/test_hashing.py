@@ -108,6 +108,8 @@ def test_a_pair_that_disagrees_with_hashlib_is_not_used(monkeypatch):
     assert sha is hashlib.sha256 and "disagreed" in why
     Wrong.sha256_ni = False
     assert "no SHA instructions" in hashing._choose()[2]
+    monkeypatch.setattr(native, "core", type("Old", (), {"sha256_ni": True}))  # a core built before the pair
+    assert "predates the pair" in hashing._choose()[2]
     monkeypatch.setattr(native, "core", None)
     assert hashing._choose()[0] is hashlib.sha256
 

@@ -48,8 +48,10 @@ def _agrees(core) -> bool:
 
 def _choose() -> tuple[Callable, Callable, str]:
     core = native.core
-    if core is None or not hasattr(core, "update_pair"):
+    if core is None:
         return hashlib.sha256, _hashlib_both, "hashlib (the compiled core is not loaded)"
+    if not hasattr(core, "update_pair"):  # a core built before the pair existed
+        return hashlib.sha256, _hashlib_both, "hashlib (the compiled core predates the pair; bash install.sh rebuilds it)"
     if not core.sha256_ni:
         return hashlib.sha256, _hashlib_both, "hashlib (this CPU has no SHA instructions)"
     if not _agrees(core):  # never expected; a digest that could differ from sha256sum's must not be recorded
