@@ -58,6 +58,37 @@ def run_child(args: list, env: dict | None = None) -> tuple[float, int, subproce
     return seconds, usage.ru_maxrss // 1024, subprocess.CompletedProcess(args, rc, out.decode(), err.decode())
 
 
+def _first_difference(a: object, b: object, path: str = "") -> str:
+    """Where two JSON values first part, as a dotted path: what a reader of a differing case looks at first."""
+    if type(a) is not type(b):
+        return f"{path or '.'} ({type(a).__name__} vs {type(b).__name__})"
+    if isinstance(a, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}.{k} (only in {'the core' if k not in a else 'the image'})"
+            if a[k] != b[k]:
+                return _first_difference(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        if len(a) != len(b):
+            return f"{path} ({len(a)} vs {len(b)} items)"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path or '.'} ({str(a)[:60]!r} vs {str(b)[:60]!r})"
+
+
+def case_differences(image_case: Path, core_case: Path) -> list[str]:
+    """Which of the files a recovery must agree on differ between the two cases, and where first."""
+    out = []
+    for name in ("mr.json", "pr.json", "weights.safetensors"):
+        a, b = (image_case / name).read_bytes(), (core_case / name).read_bytes()
+        if a == b:
+            continue
+        where = _first_difference(json.loads(a), json.loads(b)) if name.endswith(".json") else f"{len(a)} vs {len(b)} bytes"
+        out.append(f"{name} at {where}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--memory", type=int, default=1536, help="guest RAM in MiB")
@@ -93,6 +124,10 @@ def main() -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
     rows = []
     sym_s, sym_rss, sym = run_child(["symbols", "--kernel", assets.vmlinuz], env)
+    cold_core = sequential_read(core, cold=True)
+    drop_cache(core)
+    core_s, core_rss, _ = run_child(["recover", core, "-o", work / "case-core", "--model", model], env)
+    differs: dict[str, list[str]] = {}
     for label, image in images.items():
         drop_cache(image)
         shutil.rmtree(work / "case-first", ignore_errors=True)  # the previous image's (zen refuses to replace a case)
@@ -105,17 +140,17 @@ def main() -> None:
             drop_cache(image)
             shutil.rmtree(work / "case-again", ignore_errors=True)
             agains.append(run_child(["recover", image, "-o", work / "case-again", "--model", model], env)[:2])
+        diff = case_differences(work / "case-again", work / "case-core")
+        if diff:  # kept for a look, whether or not --keep was given
+            differs[label] = diff
+            kept = Path(tempfile.mkdtemp(prefix="zen-bench-fs-differs-"))
+            shutil.copytree(work / "case-again", kept / "case-image")
+            shutil.copytree(work / "case-core", kept / "case-core")
+            diff.append(f"cases kept in {kept}")
         man = json.loads((work / "case-again" / "manifest.json").read_text())
         again_s, again_rss = statistics.median(a[0] for a in agains), max(a[1] for a in agains)
         rows.append((label, image.stat().st_size, statistics.median(colds), first_s, again_s, first_rss, again_rss,
                      man["run"]["seconds"], colds, [a[0] for a in agains]))  # fmt: skip
-    cold_core = sequential_read(core, cold=True)
-    drop_cache(core)
-    core_s, core_rss, _ = run_child(["recover", core, "-o", work / "case-core", "--model", model], env)
-    same = all(
-        (work / "case-again" / f).read_bytes() == (work / "case-core" / f).read_bytes()
-        for f in ("mr.json", "pr.json", "weights.safetensors")
-    )
     lines = [
         "# Full-system images: recovery cost (issue 14)",
         "",
@@ -150,7 +185,8 @@ def main() -> None:
         "",
         f"Stages of the second ELF recovery (s): {json.dumps(rows[0][7])}.",
         f"Peak RSS above the process core's: ELF {rows[0][6] - core_rss:+d} MB, LiME {rows[1][6] - core_rss:+d} MB.",
-        f"Case files (mr.json, pr.json, weights) from the machine image equal the process core's: {same}.",
+        "Case files (mr.json, pr.json, weights) from each machine image equal the process core's: "
+        + ("True." if not differs else "**False**: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in differs.items())),
         "",
         "Guest side (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()) + ".",
     ]

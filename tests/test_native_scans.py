@@ -168,6 +168,40 @@ def test_find_all_equals_bytes_find():
 
 
 @needs_core
+def test_find_many_equals_find_all_per_needle():
+    """find_many: for each needle exactly what find_all (and the pure loop) gives it with its own end and cap, however
+    many needles (1-8), whether they share first and last bytes (one candidate mask) or form more than three groups
+    (no shared loop), and when one needle's cap is reached in the middle of a 16-byte step."""
+    from zen.memory.system import kernel
+
+    rng = random.Random(11)
+    for trial in range(3000):
+        alphabet = (b"sw\x00ap", b"Linux v", b"ab")[trial % 3]
+        size = rng.randrange(0, 300) if trial % 3 else rng.randrange(0, 3000)
+        data = bytes(rng.choice(alphabet) for _ in range(size))
+        k = rng.randrange(1, 9)
+        needles = tuple(bytes(rng.choice(alphabet) for _ in range(rng.randrange(1, 4) if trial % 5 else rng.randrange(1, 20)))
+                        for _ in range(k))  # fmt: skip
+        lo = rng.randrange(-5, size + 10)
+        ends = tuple(rng.randrange(-5, size + 20) for _ in range(k))
+        mosts = tuple(rng.randrange(0, 6) if trial % 2 else rng.randrange(0, 40) for _ in range(k))
+        got = native.core.find_many(data, needles, lo, ends, mosts)
+        assert got == tuple(native.core.find_all(data, n, lo, e, m) for n, e, m in zip(needles, ends, mosts))
+        native_core, native.core = native.core, None
+        try:
+            want = tuple(kernel._find_all(data, n, lo, e, m) for n, e, m in zip(needles, ends, mosts))
+        finally:
+            native.core = native_core
+        assert got == want, (trial, data, needles, lo, ends, mosts)
+    for bad in (((), 0, (), ()), ((b"a",) * 9, 0, (3,) * 9, (1,) * 9), ((b"",), 0, (3,), (1,)), ((b"a",), 0, (3,), (-1,)),
+                ((b"a",), 0, (3, 4), (1,)), ((b"a",), 0, (3,), (1 << 25,))):  # fmt: skip
+        with pytest.raises(ValueError):
+            native.core.find_many(b"abc", *bad)
+    with pytest.raises(TypeError):
+        native.core.find_many(b"abc", ("a",), 0, (3,), (1,))
+
+
+@needs_core
 def test_kernel_signature_scan_equals_reference(tmp_path, monkeypatch):
     """Banners and init_task signatures across small windows (each boundary crossed by one), against the pure
     search and, for the signatures, a whole-file regex: the same banners in the same order, the same offsets."""

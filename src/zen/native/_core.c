@@ -20,8 +20,8 @@
  *       zen.represent.jsontext._long_number
  *   u64_find(block, vals, sieve, plo, pwidth, mark)   scan.c
  *       zen.memory.scan's word search (find_u64_in, find_u64_in_mapped)
- *   find_all(buffer, needle, start, end, most)   find.c
- *       zen.memory.system.kernel._find_all
+ *   find_all(buffer, needle, start, end, most), find_many(buffer, needles, start, ends, mosts)   find.c
+ *       zen.memory.system.kernel._find_all (find_many: one find_all per needle)
  *   listing(instructions, consts, tables, hook)   listing.c, listing_tables.c
  *       zen.cpython.code.listing.normalise_pure (with instructions.with_consts)
  *   Objects(starts, ends, ids, offs, buffers, caches, params): kind, read, str, strs, items, bytes   objects.c
@@ -42,6 +42,7 @@ static PyMethodDef methods[] = {
     {"long_number", zen_long_number, METH_VARARGS, "long_number(buffer, most) -> bool: jsontext._long_number"},
     {"u64_find", zen_u64_find, METH_VARARGS, "u64_find(block, vals, sieve, plo, pwidth, mark) -> (indexes, marks): zen.memory.scan"},
     {"find_all", zen_find_all, METH_VARARGS, "find_all(buffer, needle, start, end, most) -> list: kernel._find_all"},
+    {"find_many", zen_find_many, METH_VARARGS, "find_many(buffer, needles, start, ends, mosts) -> tuple: find_all per needle, one pass"},
     {"listing", zen_listing, METH_VARARGS, "listing(instructions, consts, tables, hook) -> list | None: listing.normalise"},
     {"canonical", zen_canonical, METH_VARARGS, "canonical(data, layout, budget, max_depth) -> bytes | None: canonical_marshal"},
     {"update_pair", zen_sha256_update_pair, METH_VARARGS, "update_pair(a, b, data): two Sha256 absorb the same bytes"},

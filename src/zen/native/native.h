@@ -16,6 +16,7 @@ PyObject *zen_attr_matrix(PyObject *self, PyObject *args); /* match.c */
 PyObject *zen_long_number(PyObject *self, PyObject *args); /* longnum.c */
 PyObject *zen_u64_find(PyObject *self, PyObject *args);    /* scan.c */
 PyObject *zen_find_all(PyObject *self, PyObject *args);    /* find.c */
+PyObject *zen_find_many(PyObject *self, PyObject *args);   /* find.c */
 PyObject *zen_listing(PyObject *self, PyObject *args);     /* listing.c */
 int zen_listing_init(void);
 extern PyTypeObject zen_objects_type;                      /* objects.c */

@@ -123,16 +123,20 @@ def scan_image(mm: mmap.mmap, extents: list[tuple[int, int]] | None = None) -> t
     seen: set[int] = set()
     banner_hits = 0
     for lo, hi in _windows(mm, SWAPPER_LEN, extents):
-        # a banner's prefix must end within the window plus its own length, as a window of that overlap would have it
-        for i in _find_all(mm, BANNER_PREFIX, lo, min(hi, lo + SCAN_WINDOW + len(BANNER_PREFIX)), MAX_BANNER_HITS - banner_hits):
+        room = MAX_SWAPPER_HITS + 1 - len(swappers)
+        # a banner's prefix must end within the window plus its own length, as a window of that overlap would have it;
+        # the window's first `room` new signatures (one of each spelling's may be the last window's)
+        banners, *sigs = _find_each(mm, (BANNER_PREFIX, *SWAPPER_SIGNATURES), lo,
+                                    (min(hi, lo + SCAN_WINDOW + len(BANNER_PREFIX)), hi, hi),
+                                    (MAX_BANNER_HITS - banner_hits, *(room + 1 if room > 0 else 0,) * 2))  # fmt: skip
+        for i in banners:
             banner_hits += 1
             m = _BANNER_RE.match(mm, i)
             if m:
                 text = m.group(0).rstrip(b"\x00")
                 counts[text] = counts.get(text, 0) + 1
-        room = MAX_SWAPPER_HITS + 1 - len(swappers)
-        if room > 0:  # the window's first `room` new matches; one of each spelling's may be the last window's
-            found = {i for sig in SWAPPER_SIGNATURES for i in _find_all(mm, sig, lo, hi, room + 1)}
+        if room > 0:
+            found = {i for hits in sigs for i in hits}
             hits = sorted(found - seen)[:room]  # windows overlap by a few bytes
             swappers += hits
             seen.update(hits)
@@ -152,6 +156,16 @@ def _find_all(mm, needle: bytes, lo: int, hi: int, most: int) -> list[int]:
         out.append(i)
         lo = i + 1
     return out
+
+
+def _find_each(mm, needles: tuple[bytes, ...], lo: int, ends: tuple[int, ...], mosts: tuple[int, ...]) -> list[list[int]]:
+    """`_find_all` of each needle (with its own end and cap) in one pass over [lo, ...) where the compiled core has
+    `find_many` (one read of each window for the banner and both signatures, not three); one `_find_all` each where it
+    has not (pure, or a core built before it)."""
+    many = getattr(native.core, "find_many", None)
+    if many is not None:
+        return list(many(mm, needles, lo, ends, mosts))
+    return [_find_all(mm, n, lo, e, m) for n, e, m in zip(needles, ends, mosts)]
 
 
 SCAN_WINDOW = 128 << 20
