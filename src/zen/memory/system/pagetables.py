@@ -51,6 +51,65 @@ class PageTableWalker:
             return
         yield from _merge(self._walk(pgd & PFN_MASK, 0, 0, start, end))
 
+    def run_arrays(self, pgd: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`runs` as three int64 arrays (virtual start, length, physical start), merged the same way, with no Python
+        per run: a process of a whole-machine image has tens of thousands of runs (its pages are scattered in
+        physical memory). Over budget, the WalkBudgetExceeded carries `partial`: the arrays of the runs `runs` would
+        have yielded before raising (every complete one: the run being merged when it stopped is not)."""
+        end = min(end, USER_TOP)
+        out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        if start >= end:
+            return merge_arrays(out)
+        try:
+            self._walk_arrays(pgd & PFN_MASK, 0, 0, start, end, out)
+        except WalkBudgetExceeded as exc:
+            v, n, p = merge_arrays(out)
+            exc.partial = (v[:-1], n[:-1], p[:-1])  # type: ignore[attr-defined]
+            raise
+        return merge_arrays(out)
+
+    def _walk_arrays(self, table_phys: int, level: int, base: int, start: int, end: int, out: list) -> None:
+        """`_walk`, appending each table's runs as arrays (in order) to `out` instead of yielding them one by one."""
+        entries = self._table(table_phys)
+        if entries is None:
+            return
+        shift = SHIFTS[level]
+        span = 1 << shift
+        lo = max(0, (start - base) >> shift)
+        hi = min(512, ((end - base - 1) >> shift) + 1)
+        if lo >= hi:
+            return
+        e = entries[lo:hi]
+        present = (e & np.uint64(PRESENT | PROTNONE)) != 0
+        if not present.any():
+            return
+        frames = np.where((e & np.uint64(PRESENT)) != 0, e, ~e) & np.uint64(PFN_MASK)
+        if level == 3:
+            idx = np.arange(lo, hi, dtype=np.int64)[present]
+            fr = frames[present].astype(np.int64)
+            n = len(idx)
+            self.pages += n
+            if self.pages > self.max_pages:
+                raise WalkBudgetExceeded(f"more than {self.max_pages:,} resident pages mapped")
+            cut = np.flatnonzero((np.diff(idx) != 1) | (np.diff(fr) != PAGE)) + 1
+            starts = np.concatenate(([0], cut))
+            stops = np.concatenate((cut, [n]))
+            out.append((base + idx[starts] * PAGE, (stops - starts) * PAGE, fr[starts]))
+            return
+        large = (e & np.uint64(PSE)) != 0 if level in (1, 2) else np.zeros(len(e), dtype=bool)
+        for i in np.flatnonzero(present).tolist():
+            vbase = base + (lo + i) * span
+            frame = int(frames[i])
+            if large[i]:
+                frame &= ~(span - 1) & PHYS_MASK
+                v0, v1 = max(vbase, start), min(vbase + span, end)
+                self.pages += (v1 - v0 + PAGE - 1) // PAGE
+                if self.pages > self.max_pages:
+                    raise WalkBudgetExceeded(f"more than {self.max_pages:,} resident pages mapped")
+                out.append((np.array([v0], np.int64), np.array([v1 - v0], np.int64), np.array([frame + (v0 - vbase)], np.int64)))
+            else:
+                self._walk_arrays(frame, level + 1, vbase, max(start, vbase), min(end, vbase + span), out)
+
     def _table(self, phys: int) -> np.ndarray | None:
         self.tables += 1
         if self.tables > self.max_tables:
@@ -116,3 +175,17 @@ def _merge(runs: Iterator[tuple[int, int, int]]) -> Iterator[tuple[int, int, int
         cur = [v, n, p]
     if cur is not None:
         yield cur[0], cur[1], cur[2]
+
+
+def merge_arrays(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_merge` over runs given as arrays: a run that continues the one before it both virtually and physically
+    joins it."""
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    v, n, p = (np.concatenate([part[k] for part in parts]) for k in range(3))
+    if len(v) < 2:
+        return v, n, p
+    joins = (v[:-1] + n[:-1] == v[1:]) & (p[:-1] + n[:-1] == p[1:])
+    heads = np.concatenate(([0], np.flatnonzero(~joins) + 1))
+    return v[heads], np.add.reduceat(n, heads), p[heads]

@@ -34,10 +34,6 @@ MIN_RESIDENT_SHARE = 0.02
 VERIFY_BYTES = 1 << 20
 
 
-class _Budget(Exception):
-    """The page-table walk exceeded its budget."""
-
-
 class AvmlChunk:
     """Bytes of a compressed AVML image (not file-contiguous), read through the image's frame table
     (`avml.AvmlFrames`: one decompression per 64 KiB frame, cached) at physical `phys`."""
@@ -104,33 +100,42 @@ class SystemProcessSpace(AddressSpace):
 
     # -- resident pages ----------------------------------------------------------------------
     def _translations(self, layer_name: str | None, regions: list[Region], walker: str, budget: int):
-        """(virtual, size, physical, physical layer) runs of resident pages, region by region.
+        """(virtual, size, physical) arrays of resident runs, region by region in order, and the budget's message
+        where the walk stopped early (the runs before it are kept).
 
         `walker` "numpy" reads whole page tables from the image's mmap, or from its AVML frames
         (pagetables.py); "volatility" asks Volatility's layer page by page (the reference)."""
+        import numpy as np
+
         from zen.memory.system.pagetables import PageTableWalker, WalkBudgetExceeded
 
         kernel = self.kernel
         readable = [r for r in regions if r.readable or r.path]  # PROT_NONE reservations hold nothing
-        if walker == "numpy" and (kernel.mm is not None or kernel.phys.avml is not None):
-            pgd = self._pgd
-            if pgd is not None:
-                pt = PageTableWalker(self._read_table, max_tables=budget // 64 + 4096, max_pages=budget)
-                try:
-                    for r in readable:
-                        for v, n, p in pt.runs(pgd, r.start, r.end):
-                            yield v, n, p, kernel.phys_layer
-                except WalkBudgetExceeded as exc:
-                    raise _Budget(str(exc)) from None
-                return
+        parts: list = []
+        if walker == "numpy" and (kernel.mm is not None or kernel.phys.avml is not None) and self._pgd is not None:
+            pt = PageTableWalker(self._read_table, max_tables=budget // 64 + 4096, max_pages=budget)
+            try:
+                for r in readable:
+                    parts.append(pt.run_arrays(self._pgd, r.start, r.end))
+            except WalkBudgetExceeded as exc:
+                parts.append(exc.partial)  # type: ignore[attr-defined]
+                return _concatenated(parts), str(exc)
+            return _concatenated(parts), None
         layer = kernel.ctx.layers[layer_name]
         pages = 0
+        rows: list[tuple[int, int, int]] = []
+        stopped = None
         for r in readable:
-            for vaddr, size, paddr, _, lname in layer.mapping(r.start, r.size, ignore_errors=True):
+            for vaddr, size, paddr, _, _ in layer.mapping(r.start, r.size, ignore_errors=True):
                 pages += max(1, size // PAGE)
                 if pages > budget:
-                    raise _Budget(f"more than {budget:,} resident pages mapped")
-                yield vaddr, size, paddr, lname
+                    stopped = f"more than {budget:,} resident pages mapped"
+                    break
+                rows.append((vaddr, size, paddr))
+            if stopped:
+                break
+        cols = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        return (cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy()), stopped
 
     def _read_table(self, phys: int):
         import numpy as np
@@ -147,53 +152,78 @@ class SystemProcessSpace(AddressSpace):
         return np.frombuffer(self.kernel.mm, dtype=np.uint64, count=512, offset=hit[0])
 
     def _resident_chunks(self, layer_name: str | None, regions: list[Region], problems: list[str], walker: str) -> list[Chunk]:
+        """The resident runs as chunks: each run located in the image (a file offset in the mmap, or for compressed
+        AVML the physical address itself, read through the image's frames), and runs that are contiguous both
+        virtually and in the image joined. With arrays: a run inside one physical segment (nearly all) is located
+        by one search over the segments for all of them; the others (crossing a segment's end, or outside every
+        segment: each missing page counted) one by one as before."""
+        import numpy as np
+
         phys = self.kernel.phys
         budget = max(1 << 18, MAPPING_BUDGET_FACTOR * (phys.physical_bytes // PAGE))
-        chunks: list[Chunk] = []
-        missing_phys = 0
         mm = self.kernel.mm
-        # Where a physical address lies: a file offset in the mmap, or (compressed AVML) the
-        # physical address itself, read through the image's frames.
-        locate = phys.file_offset if mm is not None else phys.physical_run
-        # current run: virtual start, virtual end, file offset (or physical address) of the start
-        run: list[int] | None = None
-
-        def flush() -> None:
-            nonlocal run
-            if run is not None:
+        (v, n, p), stopped = self._translations(layer_name, regions, walker, budget)
+        if stopped:
+            problems.append(f"the page tables of this process look cyclic or forged ({stopped}): translation stopped there")
+        seg_start = np.array([s.start for s in phys.segments], dtype=np.int64)
+        seg_end = np.array([s.end for s in phys.segments], dtype=np.int64)
+        if mm is not None:  # where a physical address lies in the file (segments not in the file: never simple)
+            seg_base = np.array([-1 if s.file_offset is None else s.file_offset for s in phys.segments], dtype=np.int64)
+        else:
+            seg_base = seg_start
+        if len(seg_start):
+            i = np.searchsorted(seg_start, p, side="right") - 1  # as `bisect_right` in file_offset
+            w = np.maximum(i, 0)
+            simple = (i >= 0) & (p + n <= seg_end[w]) & (seg_base[w] >= 0)
+            at = np.where(simple, seg_base[w] + (p - seg_start[w]), -1)
+        else:
+            simple, at = np.zeros(len(p), dtype=bool), np.full(len(p), -1, dtype=np.int64)
+        if not simple.all():
+            v, n, at = self._located_one_by_one(v, n, p, at, simple, mm is not None)
+        missing_phys = int(np.count_nonzero(at < 0)) * PAGE
+        chunks: list[Chunk] = []
+        if len(v):
+            found = at >= 0
+            joins = found[:-1] & found[1:] & (v[:-1] + n[:-1] == v[1:]) & (at[:-1] + n[:-1] == at[1:])
+            heads = np.concatenate(([0], np.flatnonzero(~joins) + 1))
+            sizes = np.add.reduceat(n, heads)
+            for va, size, off in zip(v[heads].tolist(), sizes.tolist(), at[heads].tolist()):
+                if off < 0:
+                    continue  # a page the image does not hold (a run of its own)
                 if mm is not None:
-                    chunks.append(MmapChunk(run[0], run[1], mm, run[2], Source.IMAGE))
+                    chunks.append(MmapChunk(va, va + size, mm, off, Source.IMAGE))
                 else:
-                    chunks.append(AvmlChunk(run[0], run[1], phys.avml, run[2]))
-                run = None
-
-        try:
-            for vaddr, size, paddr, _lname in self._translations(layer_name, regions, walker, budget):
-                pos = 0
-                while pos < size:
-                    hit = locate(paddr + pos, size - pos)
-                    if hit is None:
-                        flush()
-                        missing_phys += PAGE
-                        pos += PAGE
-                        continue
-                    foff, n = hit
-                    va = vaddr + pos
-                    if run is not None and run[1] == va and run[2] + (run[1] - run[0]) == foff:
-                        run[1] += n
-                    else:
-                        flush()
-                        run = [va, va + n, foff]
-                    pos += n
-        except _Budget as exc:
-            problems.append(f"the page tables of this process look cyclic or forged ({exc}): translation stopped there")
-        flush()
+                    chunks.append(AvmlChunk(va, va + size, phys.avml, off))
         if missing_phys:
             problems.append(
                 f"{missing_phys:,} bytes of this process's resident pages lie at physical addresses the image does not hold "
                 "(truncated image, or ranges the acquisition tool skipped)"
             )
         return chunks
+
+    def _located_one_by_one(self, v, n, p, at, simple, in_file: bool):
+        """The runs `simple` leaves out, located a piece at a time (`file_offset` / `physical_run`: a run may continue
+        into the next segment, and each page outside every segment is a piece of its own, at -1), spliced in order."""
+        import numpy as np
+
+        locate = self.kernel.phys.file_offset if in_file else self.kernel.phys.physical_run
+        rows: list[tuple[int, int, int]] = []
+        vl, nl, pl, al, sl = v.tolist(), n.tolist(), p.tolist(), at.tolist(), simple.tolist()
+        for vaddr, size, paddr, off, ok in zip(vl, nl, pl, al, sl):
+            if ok:
+                rows.append((vaddr, size, off))
+                continue
+            pos = 0
+            while pos < size:
+                hit = locate(paddr + pos, size - pos)
+                if hit is None:
+                    rows.append((vaddr + pos, PAGE, -1))
+                    pos += PAGE
+                    continue
+                rows.append((vaddr + pos, hit[1], hit[0]))
+                pos += hit[1]
+        cols = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        return cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy()
 
     # -- completion from disk ----------------------------------------------------------------
     def _fill(self, regions, chunks, fill_from_disk, file_root, problems, notes):
@@ -335,3 +365,13 @@ def _gaps(space: AddressSpace, start: int, end: int) -> list[tuple[int, int]]:
 
 def _captured(space: AddressSpace, start: int, end: int) -> int:
     return (end - start) - sum(hi - lo for lo, hi in space.gaps(start, end))
+
+
+def _concatenated(parts: list) -> tuple:
+    """Region-by-region run arrays as one (virtual, size, physical) triple, in order."""
+    import numpy as np
+
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    return tuple(np.concatenate([part[k] for part in parts]) for k in range(3))
