@@ -45,7 +45,8 @@ class PageTableWalker:
 
     def runs(self, pgd: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
         """(virtual start, length, physical start) of resident runs in [start, end), in order;
-        a run is virtually and physically contiguous."""
+        a run is virtually and physically contiguous. One run at a time: the reference form of
+        `run_arrays`, which zen uses (tests/test_pagetable_arrays.py compares the two)."""
         end = min(end, USER_TOP)
         if start >= end:
             return
