@@ -85,6 +85,28 @@ def test_transformers_code(hf_image, workdir, name):
             assert f"{pkg}=={version.split('+')[0]}" in req, req
 
 
+def test_encoded_records_written_as_they_are(hf_image, workdir):
+    """The code records a forked child encoded are spliced into pr.json (`EncodedRecords`): split anywhere, a real
+    PR read back and written with its tail still encoded gives the file's bytes; its JSON form decodes the tail; a
+    module list that does not match the lines is refused."""
+    from zen.represent.pr import EncodedRecords, ProgrammaticRepresentation, encode_records
+
+    image, t = hf_image
+    case, _, _, _ = recovered(image, t, "gpt2", workdir)
+    data = (case / "pr.json").read_bytes()
+    pr = ProgrammaticRepresentation.from_json(json.loads(data))
+    codes = pr.codes
+    for cut in (0, 1, len(codes) // 3, len(codes) - 1, len(codes)):
+        pr.codes, pr.encoded_codes = codes[:cut], EncodedRecords.from_bytes(encode_records(codes[cut:]).to_bytes())
+        assert len(pr.encoded_codes) == len(codes) - cut
+        assert pr.dump_bytes() == data, cut
+        assert pr.to_json()["codes"] == json.loads(data)["codes"]
+        assert pr.encoded_codes is not None  # dump_bytes leaves the PR as it was
+    good = encode_records(codes[:3])
+    with pytest.raises(ValueError):
+        EncodedRecords.from_bytes(json.dumps(good.modules[:2]).encode() + b"\n" + good.lines)
+
+
 def _instance_key(owner, attr, module, qualname, model_classes):
     rank = 2 if owner is None else 0 if owner in model_classes else 1
     return rank, (owner or "", attr or "", module or "", qualname or "")

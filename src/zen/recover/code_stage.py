@@ -39,7 +39,7 @@ from zen.cpython.program.system_table import system_table
 from zen.cpython.runtime import Runtime
 from zen.represent import case, textio
 from zen.represent.jsontext import compact
-from zen.represent.pr import classes_from_bytes, classes_to_bytes, records_from_bytes, records_to_bytes
+from zen.represent.pr import EncodedRecords, classes_from_bytes, classes_to_bytes, encode_records
 from zen.runtime.errors import ZenError
 from zen.runtime.forking import NICE_ANALYSIS_PART, Forked, cores
 from zen.runtime.leave import abandon
@@ -92,7 +92,7 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
     result = model_closure(rt, seeds)
     readable = [c for c in sorted(result.codes) if rt.code(c) is not None]  # one PR record each
     cut = _balanced_cut(rt, readable)
-    theirs = Forked(lambda: _frame(records_to_bytes(code_records(rt, result, readable[cut:])),
+    theirs = Forked(lambda: _frame(encode_records(code_records(rt, result, readable[cut:])).to_bytes(),
                                    classes_to_bytes(class_records(rt, result))))  # fmt: skip
     # needed last: below the records' child, which this process waits for first
     rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 2)
@@ -104,8 +104,9 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
         context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
         loaded = module_globals(rt, result, readable)  # from the closure: while the child makes its records
         records, classes = _unframe(theirs.result())
-        pr = build_pr(rt, result, context, system=False, records=mine + records_from_bytes(records),
-                      classes=classes_from_bytes(classes))  # fmt: skip
+        # the child's records stay as it encoded them: written into pr.json as they are (`EncodedRecords`)
+        pr = build_pr(rt, result, context, system=False, records=mine, classes=classes_from_bytes(classes),
+                      encoded=EncodedRecords.from_bytes(records or b""))  # fmt: skip
         pr.module_globals = loaded
         (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
         textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")

@@ -129,11 +129,14 @@ class ProgrammaticRepresentation:
     module_globals: dict[str, dict[str, Any]] = field(default_factory=dict)
     listing_version: int = 1  # zen.cpython.code.listing.LISTING_VERSION of the listings (1: before it was recorded)
     format: int = PR_FORMAT
+    # more code records, after `codes` in pr.json, still encoded as another process made them (`EncodedRecords`)
+    encoded_codes: EncodedRecords | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         # shallow conversion: dataclasses.asdict deep-copies and is 10x slower on thousands of records
         d = dict(vars(self))
-        d["codes"] = [record_json(c) for c in self.codes]
+        encoded = d.pop("encoded_codes")
+        d["codes"] = [record_json(c) for c in self.codes + (encoded.records() if encoded else [])]
         d["classes"] = [dict(vars(c)) for c in self.classes]
         return {"format": d.pop("format"), "kind": "zen-pr", **d}
 
@@ -145,12 +148,19 @@ class ProgrammaticRepresentation:
         """`dumps()` as the UTF-8 file `textio.write_text` writes. A PR holds thousands of records
         and no floats: `jsontext.compact` writes them. `system_codes`: that table already
         encoded (`compact(rows)`, made by another process while this one built the rest); it
-        replaces the object's own."""
-        d = self.to_json()
+        replaces the object's own. `encoded_codes` are written as they are (one record per line already)."""
+        encoded, self.encoded_codes = self.encoded_codes, None
+        try:
+            d = self.to_json()
+        finally:
+            self.encoded_codes = encoded
         codes = d.pop("codes")
         head = b",".join(compact(k) + b":" + (system_codes if k == "system_codes" and system_codes is not None else compact(v))
                          for k, v in d.items())  # fmt: skip
-        return b"".join((b"{", head, b',"codes":[\n', b",\n".join(compact(c) for c in codes), b"\n]}\n"))
+        body = b",\n".join(compact(c) for c in codes)
+        if encoded is not None and encoded.lines:  # compact JSON holds no raw newline: each one ends a record
+            body = b",\n".join(part for part in (body, encoded.lines.replace(b"\n", b",\n")) if part)
+        return b"".join((b"{", head, b',"codes":[\n', body, b"\n]}\n"))
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProgrammaticRepresentation:
@@ -221,6 +231,38 @@ def records_to_bytes(records: list[CodeRecord]) -> bytes:
 
 def records_from_bytes(data: bytes) -> list[CodeRecord]:
     return [record_from_json(d) for d in lines_from_bytes(data)]
+
+
+@dataclass
+class EncodedRecords:
+    """Code records as pr.json holds them (`records_to_bytes`: one per line), with the one field the rest of the PR
+    needs from them (each record's module). `zen recover` makes part of its records in a forked child; the parent
+    writes the child's lines into pr.json as they are instead of decoding them into records and encoding them again
+    (the same bytes: the same `compact` of the same `record_json`, in one process or the other)."""
+
+    lines: bytes
+    modules: list[str]
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def records(self) -> list[CodeRecord]:
+        return records_from_bytes(self.lines)
+
+    def to_bytes(self) -> bytes:
+        return compact(self.modules) + b"\n" + self.lines
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> EncodedRecords:
+        head, _, lines = data.partition(b"\n")
+        modules = json.loads(head)
+        if not isinstance(modules, list) or len(modules) != (lines.count(b"\n") + 1 if lines else 0):
+            raise ValueError("encoded code records: the module list does not match the records")
+        return cls(lines, modules)
+
+
+def encode_records(records: list[CodeRecord]) -> EncodedRecords:
+    return EncodedRecords(records_to_bytes(records), [c.module for c in records])
 
 
 def classes_to_bytes(classes: list[ClassRecord]) -> bytes:

@@ -20,7 +20,15 @@ from zen.cpython.program.closure import Closure, ClosureResult
 from zen.cpython.program.system_table import system_table
 from zen.cpython.readers.code import CodeInfo
 from zen.cpython.runtime import Runtime
-from zen.represent.pr import ClassRecord, CodeRecord, NodeMapping, ProgrammaticRepresentation, Signature, UnifiedRepresentation
+from zen.represent.pr import (
+    ClassRecord,
+    CodeRecord,
+    EncodedRecords,
+    NodeMapping,
+    ProgrammaticRepresentation,
+    Signature,
+    UnifiedRepresentation,
+)
 from zen.runtime.errors import ZenError
 
 MAX_CONST = 200
@@ -261,11 +269,14 @@ def gc_paused() -> Iterator[None]:
 
 def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True,
              records: list[CodeRecord] | None = None, classes: list[ClassRecord] | None = None,
-             ) -> ProgrammaticRepresentation:  # fmt: skip
+             encoded: EncodedRecords | None = None) -> ProgrammaticRepresentation:  # fmt: skip
     """The PR of a closure. `records`, `classes`: its code and class records when made already
-    (`code_records`, in parts: recovery makes some in a forked child; `class_records`)."""
+    (`code_records`, in parts: recovery makes some in a forked child; `class_records`); `encoded`:
+    the code records after `records`, as the child encoded them (kept so, `EncodedRecords`)."""
     with gc_paused():
-        return _build_pr(rt, result, context, system, records, classes)
+        pr = _build_pr(rt, result, context, system, records, classes, encoded)
+    pr.encoded_codes = encoded
+    return pr
 
 
 def class_records(rt: Runtime, result: ClosureResult) -> list[ClassRecord]:
@@ -323,11 +334,12 @@ def _instance_rank(rt: Runtime, f: int, seeds: set[int]) -> tuple:
 
 
 def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool, records: list[CodeRecord] | None,
-              classes: list[ClassRecord] | None) -> ProgrammaticRepresentation:  # fmt: skip
+              classes: list[ClassRecord] | None, encoded: EncodedRecords | None) -> ProgrammaticRepresentation:  # fmt: skip
     codes = code_records(rt, result) if records is None else records
     classes = class_records(rt, result) if classes is None else classes
+    code_modules = [c.module for c in codes] + (encoded.modules if encoded else [])
     modules = {}
-    for name in sorted({c.module for c in codes if c.module != "?"} | {c.module for c in classes}):
+    for name in sorted({m for m in code_modules if m != "?"} | {c.module for c in classes}):
         addr = rt.modules.get(name)
         file = None
         if addr is not None:
@@ -338,7 +350,7 @@ def _build_pr(rt: Runtime, result: ClosureResult, context: dict, system: bool, r
     counts = {
         "system": {"functions": len(rt.function_addrs), "code_objects": len(rt.code_addrs), "classes": heap_types,
                    "types": len(rt.type_addrs), "modules": len(rt.modules)},
-        "model": {"functions": len(result.functions), "code_objects": len(codes), "classes": len(classes),
+        "model": {"functions": len(result.functions), "code_objects": len(code_modules), "classes": len(classes),
                   "modules": len(modules)},
     }  # fmt: skip
     return ProgrammaticRepresentation(
