@@ -1,11 +1,12 @@
 """The page-table walk and the location of a whole-machine process's pages as arrays, against the run-by-run forms.
 
-`PageTableWalker.run_arrays` must give exactly the runs `runs` yields (also where the budget stops a walk: the runs
-yielded before it), and `SystemProcessSpace._resident_chunks` exactly the chunks of the run-by-run location it
-replaced (kept here as the reference): a file offset per piece from `PhysicalImage.file_offset` (or the physical
-address, `physical_run`, for compressed AVML), a page outside every segment counted missing, pieces contiguous both
-virtually and in the image joined. Hostile inputs: random, self-referencing tables; segments that end inside runs,
-overlap, or leave holes. The real guests' chunk lists are compared in test_fullsystem.py (numpy walk vs Volatility).
+`PageTableWalker.run_arrays` must give exactly the runs of the run-at-a-time walk it replaced (kept here as the
+reference, `_reference_runs`; where the budget stops a walk, the runs yielded before it), and
+`SystemProcessSpace._resident_chunks` exactly the chunks of the run-by-run location it replaced (the reference here:
+`_reference_chunks`): a file offset per piece from `PhysicalImage.file_offset` (or the physical address,
+`physical_run`, for compressed AVML), a page outside every segment counted missing, pieces contiguous both virtually
+and in the image joined. Hostile inputs: random, self-referencing tables; segments that end inside runs, overlap, or
+leave holes. The real guests' chunk lists are compared in test_fullsystem.py (numpy walk vs Volatility).
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zen.memory.system.pagetables import PageTableWalker, WalkBudgetExceeded
+from zen.memory.system.pagetables import (
+    PFN_MASK,
+    PHYS_MASK,
+    PRESENT,
+    PROTNONE,
+    PSE,
+    SHIFTS,
+    USER_TOP,
+    PageTableWalker,
+    WalkBudgetExceeded,
+)
 from zen.memory.system.physical import PhysicalImage, PhysSegment
 from zen.memory.system.process import PAGE, SystemProcessSpace
 
@@ -78,10 +89,62 @@ def _reader(mem: np.ndarray):
     return read
 
 
+def _reference_runs(walker: PageTableWalker, pgd: int, start: int, end: int):
+    """The walk before `run_arrays`: the same tables in the same order (and the walker's budgets), yielding one run
+    at a time, merged as it goes."""
+    end = min(end, USER_TOP)
+    if start >= end:
+        return
+    cur = None
+    for v, n, p in _reference_walk(walker, pgd & PFN_MASK, 0, 0, start, end):
+        if cur is not None and cur[0] + cur[1] == v and cur[2] + cur[1] == p:
+            cur[1] += n
+            continue
+        if cur is not None:
+            yield tuple(cur)
+        cur = [v, n, p]
+    if cur is not None:
+        yield tuple(cur)
+
+
+def _reference_walk(walker: PageTableWalker, table_phys: int, level: int, base: int, start: int, end: int):
+    entries = walker._table(table_phys)
+    if entries is None:
+        return
+    shift = SHIFTS[level]
+    span = 1 << shift
+    lo = max(0, (start - base) >> shift)
+    hi = min(512, ((end - base - 1) >> shift) + 1)
+    if lo >= hi:
+        return
+    e = entries[lo:hi]
+    present = (e & np.uint64(PRESENT | PROTNONE)) != 0
+    frames = np.where((e & np.uint64(PRESENT)) != 0, e, ~e) & np.uint64(PFN_MASK)  # PROT_NONE: inverted
+    if level == 3:
+        idx, frames = np.arange(lo, hi, dtype=np.uint64)[present], frames[present]
+        walker.pages += len(idx)
+        if walker.pages > walker.max_pages:
+            raise WalkBudgetExceeded(f"more than {walker.max_pages:,} resident pages mapped")
+        for k in range(len(idx)):  # page by page; the merge above makes the runs
+            yield base + int(idx[k]) * PAGE, PAGE, int(frames[k])
+        return
+    for i in np.flatnonzero(present).tolist():
+        vbase, frame = base + (lo + i) * span, int(frames[i])
+        if level in (1, 2) and int(e[i]) & PSE:  # a 1 GiB or 2 MiB page
+            frame &= ~(span - 1) & PHYS_MASK
+            v0, v1 = max(vbase, start), min(vbase + span, end)
+            walker.pages += (v1 - v0 + PAGE - 1) // PAGE
+            if walker.pages > walker.max_pages:
+                raise WalkBudgetExceeded(f"more than {walker.max_pages:,} resident pages mapped")
+            yield v0, v1 - v0, frame + (v0 - vbase)
+        else:
+            yield from _reference_walk(walker, frame, level + 1, vbase, max(start, vbase), min(end, vbase + span))
+
+
 def _runs_until_budget(walker: PageTableWalker, top: int, lo: int, hi: int):
     got, error = [], None
     try:
-        for run in walker.runs(top * PAGE, lo, hi):
+        for run in _reference_runs(walker, top * PAGE, lo, hi):
             got.append(run)
     except WalkBudgetExceeded as exc:
         error = str(exc)

@@ -184,9 +184,9 @@ def test_fuzz_page_table_walk_is_bounded(words, top):
 
     walker = PageTableWalker(read, max_tables=2000, max_pages=50_000)
     try:
-        runs = list(walker.runs(top * PAGE, 0, 1 << 47))
+        runs = walker.run_arrays(top * PAGE, 0, 1 << 47)
     except WalkBudgetExceeded:
         return
     assert walker.tables <= 2000
-    for v, n, p in runs:
+    for v, n, p in zip(*(a.tolist() for a in runs)):
         assert 0 <= v < 1 << 47 and n > 0 and p >= 0

@@ -17,7 +17,7 @@ walk stops after `max_tables` tables or `max_pages` pages and says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,20 +43,13 @@ class PageTableWalker:
         self.tables = 0
         self.pages = 0
 
-    def runs(self, pgd: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-        """(virtual start, length, physical start) of resident runs in [start, end), in order;
-        a run is virtually and physically contiguous. One run at a time: the reference form of
-        `run_arrays`, which zen uses (tests/test_pagetable_arrays.py compares the two)."""
-        end = min(end, USER_TOP)
-        if start >= end:
-            return
-        yield from _merge(self._walk(pgd & PFN_MASK, 0, 0, start, end))
-
     def run_arrays(self, pgd: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`runs` as three int64 arrays (virtual start, length, physical start), merged the same way, with no Python
-        per run: a process of a whole-machine image has tens of thousands of runs (its pages are scattered in
-        physical memory). Over budget, the WalkBudgetExceeded carries `partial`: the arrays of the runs `runs` would
-        have yielded before raising (every complete one: the run being merged when it stopped is not)."""
+        """(virtual start, length, physical start) of the resident runs in [start, end), in order, as three int64
+        arrays: a run is virtually and physically contiguous (runs that continue one another, within a table or across
+        tables, are one). No Python per run: a process of a whole-machine image has tens of thousands of them (its
+        pages are scattered in physical memory). Over budget, the WalkBudgetExceeded carries `partial`: the runs
+        complete before the walk stopped (the one being merged then is left out). tests/test_pagetable_arrays.py
+        keeps the run-at-a-time walk this replaced, as its reference."""
         end = min(end, USER_TOP)
         out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         if start >= end:
@@ -70,7 +63,8 @@ class PageTableWalker:
         return merge_arrays(out)
 
     def _walk_arrays(self, table_phys: int, level: int, base: int, start: int, end: int, out: list) -> None:
-        """`_walk`, appending each table's runs as arrays (in order) to `out` instead of yielding them one by one."""
+        """One table's present entries: at the last level its runs (consecutive entries with consecutive frames) are
+        appended to `out` as arrays; large pages end the walk above it; other entries are walked into, in order."""
         entries = self._table(table_phys)
         if entries is None:
             return
@@ -117,69 +111,9 @@ class PageTableWalker:
             raise WalkBudgetExceeded(f"more than {self.max_tables:,} page tables visited")
         return self._read(phys)
 
-    def _walk(self, table_phys: int, level: int, base: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-        entries = self._table(table_phys)
-        if entries is None:
-            return
-        shift = SHIFTS[level]
-        span = 1 << shift
-        lo = max(0, (start - base) >> shift)
-        hi = min(512, ((end - base - 1) >> shift) + 1)
-        if lo >= hi:
-            return
-        idx = np.arange(lo, hi, dtype=np.uint64)
-        e = entries[lo:hi]
-        present = (e & np.uint64(PRESENT | PROTNONE)) != 0
-        if not present.any():
-            return
-        # PROT_NONE entries (present bit clear) hold the inverted frame number.
-        frames = np.where((e & np.uint64(PRESENT)) != 0, e, ~e) & np.uint64(PFN_MASK)
-        if level == 3:
-            idx, frames = idx[present], frames[present]
-            n = len(idx)
-            self.pages += n
-            if self.pages > self.max_pages:
-                raise WalkBudgetExceeded(f"more than {self.max_pages:,} resident pages mapped")
-            if n == 0:
-                return
-            # runs of consecutive entries whose frames are consecutive too
-            cut = np.flatnonzero((np.diff(idx) != 1) | (np.diff(frames) != np.uint64(PAGE))) + 1
-            starts = np.concatenate(([0], cut))
-            stops = np.concatenate((cut, [n]))
-            for a, b in zip(starts.tolist(), stops.tolist()):
-                yield base + int(idx[a]) * PAGE, (b - a) * PAGE, int(frames[a])
-            return
-        large = (e & np.uint64(PSE)) != 0 if level in (1, 2) else np.zeros(len(e), dtype=bool)
-        for i in np.flatnonzero(present).tolist():
-            vbase = base + (lo + i) * span
-            frame = int(frames[i])
-            if large[i]:
-                # a 1 GiB or 2 MiB page: the frame is aligned to the page size
-                frame &= ~(span - 1) & PHYS_MASK
-                v0, v1 = max(vbase, start), min(vbase + span, end)
-                self.pages += (v1 - v0 + PAGE - 1) // PAGE
-                if self.pages > self.max_pages:
-                    raise WalkBudgetExceeded(f"more than {self.max_pages:,} resident pages mapped")
-                yield v0, v1 - v0, frame + (v0 - vbase)
-            else:
-                yield from self._walk(frame, level + 1, vbase, max(start, vbase), min(end, vbase + span))
-
-
-def _merge(runs: Iterator[tuple[int, int, int]]) -> Iterator[tuple[int, int, int]]:
-    cur: list[int] | None = None
-    for v, n, p in runs:
-        if cur is not None and cur[0] + cur[1] == v and cur[2] + cur[1] == p:
-            cur[1] += n
-            continue
-        if cur is not None:
-            yield cur[0], cur[1], cur[2]
-        cur = [v, n, p]
-    if cur is not None:
-        yield cur[0], cur[1], cur[2]
-
 
 def merge_arrays(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`_merge` over runs given as arrays: a run that continues the one before it both virtually and physically
+    """Runs given as arrays, in order, merged: a run that continues the one before it both virtually and physically
     joins it."""
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
