@@ -87,8 +87,8 @@ def test_transformers_code(hf_image, workdir, name):
 
 def test_encoded_records_written_as_they_are(hf_image, workdir):
     """The code records a forked child encoded are spliced into pr.json (`EncodedRecords`): split anywhere, a real
-    PR read back and written with its tail still encoded gives the file's bytes; its JSON form decodes the tail; a
-    module list that does not match the lines is refused."""
+    PR read back and written with its tail still encoded gives the file's bytes; the tail decodes to the records it
+    was made from; a module list that does not match the lines is refused."""
     from zen.represent.pr import EncodedRecords, ProgrammaticRepresentation, encode_records
 
     image, t = hf_image
@@ -97,11 +97,11 @@ def test_encoded_records_written_as_they_are(hf_image, workdir):
     pr = ProgrammaticRepresentation.from_json(json.loads(data))
     codes = pr.codes
     for cut in (0, 1, len(codes) // 3, len(codes) - 1, len(codes)):
-        pr.codes, pr.encoded_codes = codes[:cut], EncodedRecords.from_bytes(encode_records(codes[cut:]).to_bytes())
-        assert len(pr.encoded_codes) == len(codes) - cut
-        assert pr.dump_bytes() == data, cut
-        assert pr.to_json()["codes"] == json.loads(data)["codes"]
-        assert pr.encoded_codes is not None  # dump_bytes leaves the PR as it was
+        pr.codes = codes[:cut]
+        encoded = EncodedRecords.from_bytes(encode_records(codes[cut:]).to_bytes())
+        assert len(encoded) == len(codes) - cut and encoded.modules == [c.module for c in codes[cut:]]
+        assert pr.dump_bytes(more_codes=encoded) == data, cut
+        assert pr.codes + encoded.records() == codes
     good = encode_records(codes[:3])
     with pytest.raises(ValueError):
         EncodedRecords.from_bytes(json.dumps(good.modules[:2]).encode() + b"\n" + good.lines)

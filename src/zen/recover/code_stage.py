@@ -105,10 +105,11 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
         loaded = module_globals(rt, result, readable)  # from the closure: while the child makes its records
         records, classes = _unframe(theirs.result())
         # the child's records stay as it encoded them: written into pr.json as they are (`EncodedRecords`)
+        encoded = EncodedRecords.from_bytes(records or b"")
         pr = build_pr(rt, result, context, system=False, records=mine, classes=classes_from_bytes(classes),
-                      encoded=EncodedRecords.from_bytes(records or b""))  # fmt: skip
+                      encoded=encoded)  # fmt: skip
         pr.module_globals = loaded
-        (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result()))
+        (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result(), more_codes=encoded))
         textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
         marshal, ur = _unframe(rest.result())
         (out / case.UR_FILE).write_bytes(ur)

@@ -129,14 +129,11 @@ class ProgrammaticRepresentation:
     module_globals: dict[str, dict[str, Any]] = field(default_factory=dict)
     listing_version: int = 1  # zen.cpython.code.listing.LISTING_VERSION of the listings (1: before it was recorded)
     format: int = PR_FORMAT
-    # more code records, after `codes` in pr.json, still encoded as another process made them (`EncodedRecords`)
-    encoded_codes: EncodedRecords | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         # shallow conversion: dataclasses.asdict deep-copies and is 10x slower on thousands of records
         d = dict(vars(self))
-        encoded = d.pop("encoded_codes")
-        d["codes"] = [record_json(c) for c in self.codes + (encoded.records() if encoded else [])]
+        d["codes"] = [record_json(c) for c in self.codes]
         d["classes"] = [dict(vars(c)) for c in self.classes]
         return {"format": d.pop("format"), "kind": "zen-pr", **d}
 
@@ -144,22 +141,19 @@ class ProgrammaticRepresentation:
         """Compact JSON text (one code record per line; `jq .` pretty-prints it)."""
         return self.dump_bytes().decode("utf-8")
 
-    def dump_bytes(self, system_codes: bytes | None = None) -> bytes:
+    def dump_bytes(self, system_codes: bytes | None = None, more_codes: EncodedRecords | None = None) -> bytes:
         """`dumps()` as the UTF-8 file `textio.write_text` writes. A PR holds thousands of records
         and no floats: `jsontext.compact` writes them. `system_codes`: that table already
         encoded (`compact(rows)`, made by another process while this one built the rest); it
-        replaces the object's own. `encoded_codes` are written as they are (one record per line already)."""
-        encoded, self.encoded_codes = self.encoded_codes, None
-        try:
-            d = self.to_json()
-        finally:
-            self.encoded_codes = encoded
+        replaces the object's own. `more_codes`: code records after the object's own, as another
+        process encoded them (`build_pr(encoded=...)` counted them), written as they are."""
+        d = self.to_json()
         codes = d.pop("codes")
         head = b",".join(compact(k) + b":" + (system_codes if k == "system_codes" and system_codes is not None else compact(v))
                          for k, v in d.items())  # fmt: skip
         body = b",\n".join(compact(c) for c in codes)
-        if encoded is not None and encoded.lines:  # compact JSON holds no raw newline: each one ends a record
-            body = b",\n".join(part for part in (body, encoded.lines.replace(b"\n", b",\n")) if part)
+        if more_codes is not None and more_codes.lines:  # compact JSON holds no raw newline: each one ends a record
+            body = b",\n".join(part for part in (body, more_codes.lines.replace(b"\n", b",\n")) if part)
         return b"".join((b"{", head, b',"codes":[\n', body, b"\n]}\n"))
 
     @classmethod

@@ -272,11 +272,11 @@ def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool 
              encoded: EncodedRecords | None = None) -> ProgrammaticRepresentation:  # fmt: skip
     """The PR of a closure. `records`, `classes`: its code and class records when made already
     (`code_records`, in parts: recovery makes some in a forked child; `class_records`); `encoded`:
-    the code records after `records`, as the child encoded them (kept so, `EncodedRecords`)."""
+    the code records after `records`, as the child encoded them (`EncodedRecords`): counted here
+    (modules, counts) but not decoded into the PR's `codes`: its file is then
+    `pr.dump_bytes(more_codes=encoded)`."""
     with gc_paused():
-        pr = _build_pr(rt, result, context, system, records, classes, encoded)
-    pr.encoded_codes = encoded
-    return pr
+        return _build_pr(rt, result, context, system, records, classes, encoded)
 
 
 def class_records(rt: Runtime, result: ClosureResult) -> list[ClassRecord]:
