@@ -105,7 +105,7 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
         loaded = module_globals(rt, result, readable)  # from the closure: while the child makes its records
         records, classes = _unframe(theirs.result())
         # the child's records stay as it encoded them: written into pr.json as they are (`EncodedRecords`)
-        encoded = EncodedRecords.from_bytes(records or b"")
+        encoded = EncodedRecords.from_bytes(records)  # type: ignore[arg-type]  # (the child always frames bytes)
         pr = build_pr(rt, result, context, system=False, records=mine, classes=classes_from_bytes(classes),
                       encoded=encoded)  # fmt: skip
         pr.module_globals = loaded
