@@ -27,14 +27,18 @@ from conftest import REPO, find_python, model_id, python_cache, recovered
 from zen.cpython.code.canonical_marshal import MarshalFormatError, canonical, dumps
 
 # A recovery through the API in a process unlike the CLI's: another hash seed, the GC off from the
-# start, every 1-character string and every name of the image's code interned beforehand, and every
-# code record read and code object rebuilt held by an extra reference until the end.
+# start, every 1-character string and every name of the image's code interned beforehand, every
+# code record read and code object rebuilt held by an extra reference until the end, and the code
+# stage split as with more than two cores (part of the code records and the class records made as
+# a child makes them, encoded and spliced into pr.json; the CLI on two cores makes them all itself).
 _OTHER_PROCESS = r"""
 import gc, sys
 gc.disable()
 from pathlib import Path
 for c in map(chr, range(256)):
     sys.intern(c)
+import zen.recover.code_stage as cs
+cs.cores = lambda: 8
 import zen.cpython.code.codebuild as cb
 import zen.cpython.runtime as rt
 from zen.cpython.readers import code as rc

@@ -147,6 +147,84 @@ def test_child_with_a_busy_thread_in_the_parent():
     assert set(results) == {hashlib.sha256(b"abc").hexdigest().encode()}
 
 
+def _core_sets() -> tuple[frozenset[int], frozenset[int]]:
+    """(every core this process may use, its children's), or skip where children are not kept off one."""
+    if not forking.enabled() or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("fork or CPU affinity is not available on this machine (or one core)")
+    from zen.runtime import affinity
+
+    sets = affinity._cpu_sets()
+    if sets is None:
+        pytest.skip("no core to keep for the parent")
+    return sets
+
+
+def _affinity_once_widened() -> bytes:
+    """In a child: its CPU set as soon as it is more than the children's (the parent waits), at most 30 s."""
+    _, children = _core_sets()
+    deadline = time.monotonic() + 30
+    while (now := frozenset(os.sched_getaffinity(0))) == children and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ",".join(map(str, sorted(now))).encode()
+
+
+def test_children_keep_off_the_parents_core_until_it_waits(tmp_path):
+    """A child runs on every core but one while the parent works (the parent never waits for a core: measured
+    0.3-0.56 s of a GPT-2 recovery before), and on every core while the parent waits for a child; a child the
+    parent is not waiting for keeps off its core again afterwards."""
+    allowed, children = _core_sets()
+    assert frozenset(os.sched_getaffinity(0)) == allowed  # the parent itself is never confined
+    marker = tmp_path / "go"
+
+    def other() -> bytes:
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return b"done"
+
+    b = Forked(other, fork=True)
+    a = Forked(_affinity_once_widened, fork=True)
+    if a.pid is None or b.pid is None:
+        pytest.skip("fork failed")
+    assert frozenset(os.sched_getaffinity(a.pid)) == children  # confined from the fork on
+    assert frozenset(os.sched_getaffinity(b.pid)) == children
+    seen = a.result()  # while this process waits, the child may use its core
+    assert a.how == "child" and seen == ",".join(map(str, sorted(allowed))).encode()
+    assert frozenset(os.sched_getaffinity(b.pid)) == children  # the wait is over: off the parent's core again
+    marker.touch()
+    assert b.result() == b"done"
+    assert frozenset(os.sched_getaffinity(0)) == allowed
+
+
+def test_widen_and_narrow_reach_every_thread_of_a_child():
+    """Affinity is per thread: the tensor writer hashes in a pool of threads, which must follow its main thread."""
+    import subprocess
+    import sys
+
+    allowed, children = _core_sets()
+    from zen.runtime import affinity
+
+    code = (
+        "import threading, time\n"
+        "for _ in range(2): threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "time.sleep(30)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(f"/proc/{proc.pid}/task")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        assert len(tids) == 3
+        affinity.narrow([proc.pid])
+        assert {frozenset(os.sched_getaffinity(t)) for t in tids} == {children}
+        affinity.widen([proc.pid])
+        assert {frozenset(os.sched_getaffinity(t)) for t in tids} == {allowed}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # -- compact JSON ------------------------------------------------------------------------------
 _text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)  # surrogates, controls
 _leaf = st.none() | st.booleans() | st.integers(min_value=-(1 << 80), max_value=1 << 80) | _text

@@ -5,11 +5,17 @@ this process and forked copies of it (`zen.runtime.forking`), each starting with
 
     child 1 (from the start)  the system-wide code table (needs no closure)
     child 2 (after the walk)  the classes' records and part of the code records (by estimated
-                              cost, so that both processes are done about together; with two
-                              cores only a tenth: the child shares its core with the others)
+                              cost, so that both processes are done about together); not with
+                              two cores (below)
     child 3 (after the walk)  code.marshal and the UR (at a lower priority: needed last)
     this process              the other code records, the context and the module globals (from
                               the closure, while the child makes its records), then pr.json
+
+The children keep off this process's core while it works (`zen.runtime.affinity`). With two cores
+they share the other one (with the tensor files' writer and the image digest), so this process,
+alone on its core, makes every code record and the class records itself: measured on GPT-2, it
+waited 0.3-0.39 s for child 2 when that made a tenth of the code records, 0.11-0.18 s when it made
+only the class records (0.22 s here).
 
 Every part is computed by the same functions as in one process, and where a child does not
 deliver, this process computes its part itself: the files are the same either way
@@ -46,12 +52,10 @@ from zen.runtime.leave import abandon
 
 # cost estimate of one code record: a fixed part plus its bytecode (listing, constants)
 RECORD_FIXED_COST = 400
-# This process's share of the code records. The child also makes the class records (about a
-# quarter of the records' time on a transformers model), this process the execution context: with
-# a core each, 0.6 balances the two. With two cores the child shares its core with the other
-# children (system table, code.marshal, the image digest and the tensor files) and ran behind:
-# gpt2's stage took 1.41 s at 0.6, 1.33 s at 0.8, 1.30 s at 0.9, 1.32 s at 1.0 (medians of four).
-PARENT_SHARE, PARENT_SHARE_TWO_CORES = 0.6, 0.9
+# This process's share of the code records, with more than two cores. The child also makes the
+# class records (about a quarter of the records' time on a transformers model), this process the
+# execution context: with a core each, 0.6 balances the two.
+PARENT_SHARE = 0.6
 
 
 def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
@@ -91,9 +95,12 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
     seeds = sorted({t for _, t in nodes})
     result = model_closure(rt, seeds)
     readable = [c for c in sorted(result.codes) if rt.code(c) is not None]  # one PR record each
-    cut = _balanced_cut(rt, readable)
-    theirs = Forked(lambda: _frame(encode_records(code_records(rt, result, readable[cut:])).to_bytes(),
-                                   classes_to_bytes(class_records(rt, result))))  # fmt: skip
+    theirs = None  # with two cores this process makes every record (module docstring)
+    cut = len(readable)
+    if cores() > 2:
+        cut = _balanced_cut(rt, readable)
+        theirs = Forked(lambda: _frame(encode_records(code_records(rt, result, readable[cut:])).to_bytes(),
+                                       classes_to_bytes(class_records(rt, result))))  # fmt: skip
     # needed last: below the records' child, which this process waits for first
     rest = Forked(lambda: _marshal_and_ur(ip, rt, result, readable, nodes), nice=NICE_ANALYSIS_PART + 2)
     try:
@@ -103,11 +110,15 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
         model_modules = {rt.module_name(f) or "?" for f in (rt.function(a) for a in result.functions) if f}
         context = execution_context(rt, model_modules, result.dependencies, {t.device for t in mr.tensors}, machine)
         loaded = module_globals(rt, result, readable)  # from the closure: while the child makes its records
-        records, classes = _unframe(theirs.result())
-        # the child's records stay as it encoded them: written into pr.json as they are (`EncodedRecords`)
-        encoded = EncodedRecords.from_bytes(records)  # type: ignore[arg-type]  # (the child always frames bytes)
-        pr = build_pr(rt, result, context, system=False, records=mine, classes=classes_from_bytes(classes),
-                      encoded=encoded)  # fmt: skip
+        encoded = None
+        if theirs is not None:
+            records, classes_bytes = _unframe(theirs.result())
+            # the child's records stay as it encoded them: written into pr.json as they are (`EncodedRecords`)
+            encoded = EncodedRecords.from_bytes(records)  # type: ignore[arg-type]  # (the child always frames bytes)
+            classes = classes_from_bytes(classes_bytes)
+        else:
+            classes = class_records(rt, result)
+        pr = build_pr(rt, result, context, system=False, records=mine, classes=classes, encoded=encoded)
         pr.module_globals = loaded
         (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result(), more_codes=encoded))
         textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
@@ -116,17 +127,16 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
         if marshal is not None:
             (out / case.CODE_FILE).write_bytes(marshal)
     finally:
-        theirs.cancel()
+        if theirs is not None:
+            theirs.cancel()
         rest.cancel()
 
 
 def _balanced_cut(rt: Runtime, addrs: list[int]) -> int:
     """Where to split the code records between this process and the child that also makes the
-    class records: this process takes `PARENT_SHARE` (`PARENT_SHARE_TWO_CORES`) of their
-    estimated cost."""
+    class records: this process takes `PARENT_SHARE` of their estimated cost."""
     costs = [RECORD_FIXED_COST + len(rt.code(a).code) for a in addrs]  # type: ignore[union-attr]
-    share = PARENT_SHARE_TWO_CORES if cores() <= 2 else PARENT_SHARE
-    mine, acc = sum(costs) * share, 0
+    mine, acc = sum(costs) * PARENT_SHARE, 0
     for i, c in enumerate(costs):
         acc += c
         if acc >= mine:

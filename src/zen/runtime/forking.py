@@ -35,6 +35,8 @@ import warnings
 import weakref
 from collections.abc import Callable
 
+from zen.runtime import affinity
+
 CHILD_TIMEOUT = 300.0  # seconds a parent waits for a child's result before computing it itself
 _OK, _FAILED = b"\x00", b"\x01"
 _DELIVERED = b"\x01"  # on the done pipe: the result file is complete
@@ -115,6 +117,7 @@ class Forked:
             return
         pipe = done = None
         _reap_delivered()
+        affinity.prepare()
         try:
             self._file = tempfile.TemporaryFile()
             done = os.pipe()
@@ -153,6 +156,7 @@ class Forked:
                 status = 1
             os._exit(status)
         self.pid = pid
+        affinity.confine(pid)  # off this process's core while it works (`affinity`)
         self._done = done[0]
         os.close(done[1])
         _LIVE.add(self)
@@ -209,7 +213,15 @@ class Forked:
             self._close()
 
     def _await(self, pid: int, deadline: float | None) -> bool:
-        """Whether the child delivered; it is reaped here, or left to `_reap_delivered` once it has."""
+        """Whether the child delivered; it is reaped here, or left to `_reap_delivered` once it has.
+        While this process waits, its children may use its core too (`affinity.widen`)."""
+        affinity.widen([pid, *_live_pids()])
+        try:
+            return self._poll(pid, deadline)
+        finally:
+            affinity.narrow(_live_pids())  # (not `pid`: it may be reaped by now)
+
+    def _poll(self, pid: int, deadline: float | None) -> bool:
         poller = select.poll()
         poller.register(self._done, select.POLLIN | select.POLLHUP)
         while True:
@@ -243,6 +255,12 @@ class Forked:
 
 
 _LIVE: weakref.WeakSet[Forked] = weakref.WeakSet()
+
+
+def _live_pids() -> list[int]:
+    """This process's children not yet reaped."""
+    me = os.getpid()
+    return [j.pid for j in list(_LIVE) if j._owner == me and j.pid is not None]
 
 
 _DELIVERED_PIDS: set[int] = set()  # children that delivered and may still be leaving, not yet reaped
