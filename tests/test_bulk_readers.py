@@ -283,3 +283,26 @@ def test_gc_paused_restores_the_collector():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_recover_pauses_the_collector_and_restores_it(tmp_path, monkeypatch):
+    """A recovery runs with cyclic GC off from the census on (`zen.runtime.collector`): on inside
+    `_recover` never, and back on when it returns or fails (here: an image no reader accepts)."""
+    import gc
+
+    from zen.recover import run
+
+    seen = []
+    real = run._recover
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run, "_recover", spy)
+    image = tmp_path / "noise.img"
+    image.write_bytes(bytes(range(256)) * 4096)
+    assert gc.isenabled()
+    with pytest.raises(ZenError):
+        run.recover(image, None, tmp_path / "case")
+    assert seen == [False] and gc.isenabled()

@@ -33,6 +33,7 @@ from zen.memory.space import RESIDENT_SOFT_LIMIT
 from zen.recover import deployment, evidence_record
 from zen.recover.jobs import TensorFiles
 from zen.represent import case, textio
+from zen.runtime import collector
 from zen.runtime.errors import ObjectError, TruncatedImage, ZenError
 
 Progress = Callable[[str, int, int], None]
@@ -121,7 +122,9 @@ def recover(
     created = not Path(out).exists()
     out = case.prepare(out, force=force)  # an existing case is replaced only with force
     try:
-        return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []), rehash, offload)
+        with collector.paused():  # the census and model stage too, not only the code stage (`collector`)
+            return _recover(image, pid, out, model, progress, symbols, t0, started, bounds, list(gpu or []), rehash,
+                            offload)  # fmt: skip
     except BaseException:
         case.discard(out, remove_dir=created)  # a failed run leaves no half-written case behind
         raise

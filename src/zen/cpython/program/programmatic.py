@@ -8,10 +8,8 @@ normalised listing, and the calls the interpreter had counted before specialisin
 
 from __future__ import annotations
 
-import gc
 import hashlib
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 from zen.cpython.code.instructions import with_consts
 from zen.cpython.code.listing import LISTING_VERSION, listing_sha256, normalise
@@ -29,6 +27,7 @@ from zen.represent.pr import (
     Signature,
     UnifiedRepresentation,
 )
+from zen.runtime.collector import paused as gc_paused
 from zen.runtime.errors import ZenError
 
 MAX_CONST = 200
@@ -247,24 +246,6 @@ def class_record(rt: Runtime, taddr: int, model: bool) -> ClassRecord | None:
     return ClassRecord(f"{taddr:#x}", t.full_name, t.module, t.qualname, [name(b) for b in t.bases],
                        [name(b) for b in t.mro_addrs], sorted({n for n, _ in rt.methods(t)}), model,
                        dict(sorted(attributes.items())), metaclass)  # fmt: skip
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while the code stage builds its records.
-
-    The closure and the PR allocate millions of small, acyclic, long-lived objects (instructions,
-    records, cached namespaces, encoded values): CPython's collector would traverse the growing
-    heap again and again (~10% of the stage's CPU) to free almost nothing. What the stage leaves
-    for it is collected as usual once it is back on (one pass over the objects made meanwhile)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def build_pr(rt: Runtime, result: ClosureResult, context: dict, *, system: bool = True,
