@@ -171,3 +171,13 @@ def test_a_hasher_busy_in_another_thread_is_refused_not_corrupted():
             assert h.hexdigest() == hashlib.sha256(big).hexdigest()
             break
     assert refused and all("another thread" in m or "two threads" in m for m in refused)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2047, 2048, 1 << 20, (1 << 22) + 3])
+def test_meanwhile_is_the_sha256_of_the_bytes(n):
+    """A case file's digest taken from the bytes written, in a thread (`hashing.Meanwhile`), is plain sha256."""
+    from zen.evidence.hashing import Meanwhile
+
+    data = (bytes(range(256)) * (n // 256 + 1))[:n]
+    digest = Meanwhile(data)
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest() == digest.hexdigest()

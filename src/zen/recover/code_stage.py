@@ -43,6 +43,7 @@ from zen.cpython.program.programmatic import (
 )
 from zen.cpython.program.system_table import system_table
 from zen.cpython.runtime import Runtime
+from zen.evidence.hashing import Meanwhile
 from zen.represent import case, textio
 from zen.represent.jsontext import compact
 from zen.represent.pr import EncodedRecords, classes_from_bytes, classes_to_bytes, encode_records
@@ -58,16 +59,17 @@ RECORD_FIXED_COST = 400
 PARENT_SHARE = 0.6
 
 
-def write_code(out: Path, ip, heap, found, index, mr, space) -> None:
+def write_code(out: Path, ip, heap, found, index, mr, space) -> dict[str, Meanwhile]:
     """The collector stays off for the whole stage, and the runtime (its caches: a few hundred
     thousand decoded instructions and records) is dropped before it is back on. Its first pass then
     has next to nothing to look at, instead of 0.05 s over objects about to be freed anyway. In the
-    `zen` command, which leaves by os._exit, the runtime is not freed at all (`leave.abandon`)."""
+    `zen` command, which leaves by os._exit, the runtime is not freed at all (`leave.abandon`).
+    Returns the sha256 of the files it wrote that are worth hashing from memory (pr.json), being computed."""
     with gc_paused():
         rt = Runtime(ip, heap, found)
         system = Forked(partial(_system_table_bytes, rt))
         try:
-            _write(out, ip, rt, index, mr, space, system)
+            return _write(out, ip, rt, index, mr, space, system)
         finally:
             system.cancel()
             abandon(rt)
@@ -78,7 +80,7 @@ def _system_table_bytes(rt: Runtime) -> bytes:
     return compact(system_table(rt))
 
 
-def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None:
+def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> dict[str, Meanwhile]:
     from zen.cpython.program.context import execution_context
 
     if (mr.deployment or {}).get("form") == "torchscript":  # the Python classes it was scripted from, if alive
@@ -120,12 +122,16 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> None
             classes = class_records(rt, result)
         pr = build_pr(rt, result, context, system=False, records=mine, classes=classes, encoded=encoded)
         pr.module_globals = loaded
-        (out / case.PR_FILE).write_bytes(pr.dump_bytes(system_codes=system.result(), more_codes=encoded))
+        data = pr.dump_bytes(system_codes=system.result(), more_codes=encoded)
+        (out / case.PR_FILE).write_bytes(data)
+        digests = {case.PR_FILE: Meanwhile(data)}  # hashed from the bytes written, while the rest goes on
+        del data
         textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
         marshal, ur = _unframe(rest.result())
         (out / case.UR_FILE).write_bytes(ur)
         if marshal is not None:
             (out / case.CODE_FILE).write_bytes(marshal)
+        return digests
     finally:
         if theirs is not None:
             theirs.cancel()

@@ -228,7 +228,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
                 mr.graph.update(dataflow_edges(ip, index, mr))
         except ZenError as exc:
             problems.append(f"data-flow edges not recovered: {exc}")
-        _code_stage(out, ip, heap, found, index, mr, space, problems, timings)
+        written = _code_stage(out, ip, heap, found, index, mr, space, problems, timings)
         digests = tensors_out.result()  # the tensors' sha256 go into mr.json
         timings["weights"] = tensors_out.seconds
         mr.summary = summarize(mr)
@@ -263,7 +263,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         started,
         sections,
         {"cpython": ip.P.source, "torch": tprof.source},
-        digests,
+        {**digests, **written},
         bounds,
     )
 
@@ -297,7 +297,7 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     timings["weights"] = 0.0  # the writer's own time, set when it is joined
     tensors_out = TensorFiles(out, km.reader, km.slots, km.extra, progress, "tf")
     try:
-        _code_stage(out, ip, heap, km.found, km.index, mr, space, problems, timings)
+        written = _code_stage(out, ip, heap, km.found, km.index, mr, space, problems, timings)
         digests = tensors_out.result()
     except BaseException:
         tensors_out.cancel()
@@ -326,26 +326,30 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
         started,
         sections,
         profiles,
-        digests,
+        {**digests, **written},
         bounds,
     )
 
 
-def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> None:
+def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> dict:
+    """The code stage's files; returns the digests of those it hashes from memory (none where it failed)."""
     t = time.perf_counter()
+    written: dict = {}
     try:
-        _write_code(out, ip, heap, found, index, mr, space)
+        written = _write_code(out, ip, heap, found, index, mr, space)
     except ZenError as exc:
         for name in (case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS):
             (out / name).unlink(missing_ok=True)
         problems.append(f"the model's code was not recovered (no pr.json, ur.json, code.marshal): {exc}")
     timings["code"] = time.perf_counter() - t
+    return written
 
 
 def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, roots, problems, timings, t0, started,
-            sections: dict, profiles: dict, digests: dict[str, str], bounds) -> RecoverResult:  # fmt: skip
-    """Status, evidence and manifest: the same for every front end. `digests`: sha256 of the
-    weight files, taken while they were written (hashing them again would read GBs twice).
+            sections: dict, profiles: dict, digests: dict, bounds) -> RecoverResult:  # fmt: skip
+    """Status, evidence and manifest: the same for every front end. `digests`: sha256 of the weight files, taken
+    while they were written (hashing them again would read GBs twice), and of pr.json, from the bytes written (a
+    `hashing.Meanwhile`, still computing).
     `bounds`: the limits in effect (`--limit`), recorded: a case follows from the image and them."""
     from zen.recover.limits import in_effect
 
@@ -357,7 +361,7 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
     finally:
         space.close()
     names = (case.MR_FILE, case.WEIGHTS, case.INPUTS, case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS, case.EXTRA)
-    files = {n: digests.get(n) or case.file_sha256(out / n) for n in names if (out / n).exists()}
+    files = {n: _hex(digests.get(n)) or case.file_sha256(out / n) for n in names if (out / n).exists()}
     manifest = {
         "format": case.CASE_FORMAT,
         "kind": "zen-case",
@@ -384,11 +388,16 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
     return RecoverResult(out, manifest, mr, status, manifest["problems"])
 
 
-def _write_code(out: Path, ip, heap, found, index, mr, space) -> None:
+def _hex(digest) -> str | None:
+    """A digest as hex: given, or from the thread computing it (`hashing.Meanwhile`)."""
+    return digest.hexdigest() if hasattr(digest, "hexdigest") else digest
+
+
+def _write_code(out: Path, ip, heap, found, index, mr, space) -> dict:
     """PR, UR, the rebuilt model code and requirements.txt (`code_stage.py`)."""
     from zen.recover.code_stage import write_code
 
-    write_code(out, ip, heap, found, index, mr, space)
+    return write_code(out, ip, heap, found, index, mr, space)
 
 
 def _submodule_root(index, reader, choice, refs):
