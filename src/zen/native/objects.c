@@ -18,31 +18,12 @@
  *   strs(addr) -> tuple | None          tuple(ip.str(a) for a in read_tuple(ip, addr))
  *   items(addr, limit) -> list | None   readers.containers.read_tuple
  *   bytes(addr) -> bytes | None         readers.text.read_bytes
+ *   code(addr, spec) -> tuple | None    readers.code.read_code's reading (code_object.c, on the helpers in objects.h)
  */
-#include "native.h"
+#include "objects.h"
 #include <string.h>
 
-enum { P_RC_MASK, P_MAX_REFCNT, P_MAX_STR, P_MAX_ITEMS, P_MAX_BYTES, P_OB_SIZE, P_TUPLE_ITEMS, P_BYTES_SVAL,
-       P_U_LENGTH, P_U_STATE, P_U_ASCII, P_U_COMPACT, P_KIND_SHIFT, P_COMPACT_BIT, P_ASCII_BIT, P_COUNT };
-
-typedef struct {
-    PyObject_HEAD
-    Py_ssize_t n;
-    uint64_t *start, *end;
-    int64_t *bid, *boff;
-    PyObject *buffers;                                  /* list: the backing buffers (an mmap per core file) */
-    PyObject *obj_kind, *obj_type, *kind_cache, *str_cache; /* the interpreter's dicts */
-    uint64_t p[P_COUNT];
-} Objects;
-
-/* One call's view of the image: the buffer last used stays acquired until done() (most calls read one buffer) */
-typedef struct {
-    Objects *o;
-    int64_t held;
-    Py_buffer view;
-} Reading;
-
-static void done(Reading *r)
+void obj_done(Reading *r)
 {
     if (r->held >= 0)
         PyBuffer_Release(&r->view);
@@ -50,7 +31,7 @@ static void done(Reading *r)
 }
 
 /* A pointer to bytes [addr, addr + size) when they lie in one chunk with a buffer; NULL otherwise (no error set) */
-static const unsigned char *at(Reading *r, uint64_t addr, uint64_t size)
+const unsigned char *obj_at(Reading *r, uint64_t addr, uint64_t size)
 {
     Objects *o = r->o;
     Py_ssize_t lo = 0, hi = o->n;
@@ -67,7 +48,7 @@ static const unsigned char *at(Reading *r, uint64_t addr, uint64_t size)
     if (addr >= o->end[i] || size > o->end[i] - addr || o->bid[i] < 0)
         return NULL;
     if (r->held != o->bid[i]) {
-        done(r);
+        obj_done(r);
         if (o->bid[i] >= PyList_GET_SIZE(o->buffers))
             return NULL;
         if (PyObject_GetBuffer(PyList_GET_ITEM(o->buffers, o->bid[i]), &r->view, PyBUF_SIMPLE) < 0) {
@@ -83,11 +64,11 @@ static const unsigned char *at(Reading *r, uint64_t addr, uint64_t size)
 }
 
 /* a + b, or 0 where it would pass the last address (an object near the top of the space: the reference's read fails) */
-static int plus(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+int obj_plus(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
-static int word(Reading *r, uint64_t addr, uint64_t *out)
+int obj_word(Reading *r, uint64_t addr, uint64_t *out)
 {
-    const unsigned char *p = at(r, addr, 8);
+    const unsigned char *p = obj_at(r, addr, 8);
     if (p == NULL)
         return 0;
     memcpy(out, p, 8);
@@ -95,7 +76,7 @@ static int word(Reading *r, uint64_t addr, uint64_t *out)
 }
 
 /* Interpreter.kind: 1 with *kind (borrowed from the caches) when answered, 0 when the reference must, -1 on error */
-static int kind_of(Reading *r, uint64_t addr, PyObject *key, PyObject **kind)
+int obj_kind_of(Reading *r, uint64_t addr, PyObject *key, PyObject **kind)
 {
     Objects *o = r->o;
     PyObject *k = PyDict_GetItemWithError(o->obj_kind, key);
@@ -111,7 +92,7 @@ static int kind_of(Reading *r, uint64_t addr, PyObject *key, PyObject **kind)
             return -1;
         uint64_t rc, tp;
         uint64_t second;
-        if (addr == 0 || addr & 7 || !plus(addr, 8, &second) || !word(r, addr, &rc) || !word(r, second, &tp))
+        if (addr == 0 || addr & 7 || !obj_plus(addr, 8, &second) || !obj_word(r, addr, &rc) || !obj_word(r, second, &tp))
             return 0;
         rc &= o->p[P_RC_MASK];
         if (rc == 0 || rc > o->p[P_MAX_REFCNT] || tp == 0 || tp & 7)
@@ -134,16 +115,16 @@ static int kind_of(Reading *r, uint64_t addr, PyObject *key, PyObject **kind)
 }
 
 /* 1 when the object's kind is `want`, 0 when not answered or another kind, -1 on error */
-static int is_kind(Reading *r, uint64_t addr, PyObject *key, const char *want)
+int obj_is_kind(Reading *r, uint64_t addr, PyObject *key, const char *want)
 {
     PyObject *k;
-    int got = kind_of(r, addr, key, &k);
+    int got = obj_kind_of(r, addr, key, &k);
     if (got <= 0)
         return got;
     return PyUnicode_Check(k) && PyUnicode_CompareWithASCIIString(k, want) == 0;
 }
 
-static int address(PyObject *arg, uint64_t *addr)
+int obj_address(PyObject *arg, uint64_t *addr)
 {
     if (!PyLong_Check(arg))
         return 0;
@@ -156,15 +137,15 @@ static int address(PyObject *arg, uint64_t *addr)
 }
 
 /* the size word of a variable-size object, within [0, most]; 0 when not answered */
-static int size_of(Reading *r, uint64_t addr, uint64_t most, uint64_t *n)
+int obj_size_of(Reading *r, uint64_t addr, uint64_t most, uint64_t *n)
 {
     uint64_t field;
-    if (!plus(addr, r->o->p[P_OB_SIZE], &field) || !word(r, field, n))
+    if (!obj_plus(addr, r->o->p[P_OB_SIZE], &field) || !obj_word(r, field, n))
         return 0;
     return (int64_t)*n >= 0 && *n <= most;
 }
 
-static PyObject *str_at(Reading *r, uint64_t addr, PyObject *key)
+PyObject *obj_str_at(Reading *r, uint64_t addr, PyObject *key)
 {
     Objects *o = r->o;
     PyObject *s = PyDict_GetItemWithError(o->str_cache, key);
@@ -172,10 +153,10 @@ static PyObject *str_at(Reading *r, uint64_t addr, PyObject *key)
         return Py_NewRef(s);
     if (PyErr_Occurred())
         return NULL;
-    int ok = is_kind(r, addr, key, "str");
+    int ok = obj_is_kind(r, addr, key, "str");
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    const unsigned char *head = at(r, addr, o->p[P_U_STATE] + 4);
+    const unsigned char *head = obj_at(r, addr, o->p[P_U_STATE] + 4);
     if (head == NULL)
         Py_RETURN_NONE;
     int64_t length;
@@ -188,8 +169,8 @@ static PyObject *str_at(Reading *r, uint64_t addr, PyObject *key)
         (kind != 1 && kind != 2 && kind != 4))
         Py_RETURN_NONE; /* refused or a str subclass's separate data: the reference */
     uint64_t where;
-    const unsigned char *data = plus(addr, ascii ? o->p[P_U_ASCII] : o->p[P_U_COMPACT], &where)
-                                    ? at(r, where, (uint64_t)length * kind) : NULL;
+    const unsigned char *data = obj_plus(addr, ascii ? o->p[P_U_ASCII] : o->p[P_U_COMPACT], &where)
+                                    ? obj_at(r, where, (uint64_t)length * kind) : NULL;
     if (data == NULL)
         Py_RETURN_NONE;
     if (ascii && kind == 1)
@@ -209,16 +190,16 @@ static PyObject *str_at(Reading *r, uint64_t addr, PyObject *key)
 }
 
 /* the element addresses of a tuple of at most `most` items; Py_None when not answered */
-static PyObject *items_at(Reading *r, uint64_t addr, PyObject *key, uint64_t most)
+PyObject *obj_items_at(Reading *r, uint64_t addr, PyObject *key, uint64_t most)
 {
-    int ok = is_kind(r, addr, key, "tuple");
+    int ok = obj_is_kind(r, addr, key, "tuple");
     uint64_t n;
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     uint64_t first;
-    if (!size_of(r, addr, most, &n) || n > (UINT64_MAX >> 4) || !plus(addr, r->o->p[P_TUPLE_ITEMS], &first))
+    if (!obj_size_of(r, addr, most, &n) || n > (UINT64_MAX >> 4) || !obj_plus(addr, r->o->p[P_TUPLE_ITEMS], &first))
         Py_RETURN_NONE;
-    const unsigned char *p = n ? at(r, first, 8 * n) : NULL;
+    const unsigned char *p = n ? obj_at(r, first, 8 * n) : NULL;
     if (n && p == NULL)
         Py_RETURN_NONE;
     PyObject *out = PyList_New((Py_ssize_t)n);
@@ -240,22 +221,22 @@ typedef PyObject *(*Method)(Reading *, uint64_t, PyObject *, PyObject *);
 static PyObject *with_reading(Objects *o, PyObject *arg, PyObject *extra, Method m)
 {
     uint64_t addr;
-    if (!address(arg, &addr))
+    if (!obj_address(arg, &addr))
         Py_RETURN_NONE;
     Reading r = {o, -1};
     PyObject *out = m(&r, addr, arg, extra);
-    done(&r);
+    obj_done(&r);
     return out;
 }
 
 static PyObject *m_kind(Reading *r, uint64_t addr, PyObject *key, PyObject *extra)
 {
     PyObject *k;
-    int got = kind_of(r, addr, key, &k);
+    int got = obj_kind_of(r, addr, key, &k);
     return got < 0 ? NULL : Py_NewRef(got ? k : Py_None);
 }
 
-static PyObject *m_str(Reading *r, uint64_t addr, PyObject *key, PyObject *extra) { return str_at(r, addr, key); }
+static PyObject *m_str(Reading *r, uint64_t addr, PyObject *key, PyObject *extra) { return obj_str_at(r, addr, key); }
 
 static PyObject *m_items(Reading *r, uint64_t addr, PyObject *key, PyObject *limit)
 {
@@ -275,12 +256,12 @@ static PyObject *m_items(Reading *r, uint64_t addr, PyObject *key, PyObject *lim
             most = (uint64_t)v;
         }
     }
-    return items_at(r, addr, key, most);
+    return obj_items_at(r, addr, key, most);
 }
 
-static PyObject *m_strs(Reading *r, uint64_t addr, PyObject *key, PyObject *extra)
+PyObject *obj_strs_at(Reading *r, uint64_t addr, PyObject *key, PyObject *extra)
 {
-    PyObject *items = items_at(r, addr, key, r->o->p[P_MAX_ITEMS]);
+    PyObject *items = obj_items_at(r, addr, key, r->o->p[P_MAX_ITEMS]);
     if (items == NULL || items == Py_None)
         return items;
     Py_ssize_t n = PyList_GET_SIZE(items);
@@ -288,7 +269,7 @@ static PyObject *m_strs(Reading *r, uint64_t addr, PyObject *key, PyObject *extr
     for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
         PyObject *a = PyList_GET_ITEM(items, i);
         uint64_t sa = PyLong_AsUnsignedLongLong(a); /* made here from a u64: cannot fail */
-        PyObject *s = str_at(r, sa, a);
+        PyObject *s = obj_str_at(r, sa, a);
         if (s == NULL || s == Py_None) {
             Py_CLEAR(out);
             if (s != NULL)
@@ -301,23 +282,23 @@ static PyObject *m_strs(Reading *r, uint64_t addr, PyObject *key, PyObject *extr
     return out;
 }
 
-static PyObject *m_bytes(Reading *r, uint64_t addr, PyObject *key, PyObject *extra)
+PyObject *obj_bytes_at(Reading *r, uint64_t addr, PyObject *key, PyObject *extra)
 {
-    int ok = is_kind(r, addr, key, "bytes");
+    int ok = obj_is_kind(r, addr, key, "bytes");
     uint64_t n;
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     uint64_t data;
-    if (!size_of(r, addr, r->o->p[P_MAX_BYTES], &n) || !plus(addr, r->o->p[P_BYTES_SVAL], &data))
+    if (!obj_size_of(r, addr, r->o->p[P_MAX_BYTES], &n) || !obj_plus(addr, r->o->p[P_BYTES_SVAL], &data))
         Py_RETURN_NONE;
-    const unsigned char *p = at(r, data, n);
+    const unsigned char *p = obj_at(r, data, n);
     return p == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)n);
 }
 
 static PyObject *o_kind(Objects *o, PyObject *arg) { return with_reading(o, arg, NULL, m_kind); }
 static PyObject *o_str(Objects *o, PyObject *arg) { return with_reading(o, arg, NULL, m_str); }
-static PyObject *o_strs(Objects *o, PyObject *arg) { return with_reading(o, arg, NULL, m_strs); }
-static PyObject *o_bytes(Objects *o, PyObject *arg) { return with_reading(o, arg, NULL, m_bytes); }
+static PyObject *o_strs(Objects *o, PyObject *arg) { return with_reading(o, arg, NULL, obj_strs_at); }
+static PyObject *o_bytes(Objects *o, PyObject *arg) { return with_reading(o, arg, NULL, obj_bytes_at); }
 
 static PyObject *o_items(Objects *o, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -335,12 +316,12 @@ static PyObject *o_read(Objects *o, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "read(addr, size)");
         return NULL;
     }
-    if (!address(args[0], &addr) || !address(args[1], &size))
+    if (!obj_address(args[0], &addr) || !obj_address(args[1], &size))
         Py_RETURN_NONE; /* a negative size: the reference's error */
     Reading r = {o, -1};
-    const unsigned char *p = at(&r, addr, size);
+    const unsigned char *p = obj_at(&r, addr, size);
     PyObject *out = p == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)size);
-    done(&r);
+    obj_done(&r);
     return out;
 }
 
@@ -415,6 +396,8 @@ static PyMethodDef o_methods[] = {
     {"strs", (PyCFunction)o_strs, METH_O, "strs(addr) -> tuple | None: a tuple of compact strs"},
     {"items", (PyCFunction)(void (*)(void))o_items, METH_FASTCALL, "items(addr, limit) -> list | None: read_tuple"},
     {"bytes", (PyCFunction)o_bytes, METH_O, "bytes(addr) -> bytes | None: read_bytes"},
+    {"code", (PyCFunction)(void (*)(void))zen_objects_code, METH_FASTCALL,
+     "code(addr, spec) -> tuple | None: read_code's reading of a 3.11+ code object (code_object.c)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,6 +9,7 @@ from the kinds exactly as CPython derives them.
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 from zen.cpython.code.bytecode import deoptimize
@@ -39,7 +40,40 @@ _FIELDS = (
 )
 
 
+_INTS = _FIELDS[:8]  # read as the profile types them; the rest are pointers
+_SIZES = {"i8": 2, "u8": 2, "i16": 5, "u16": 4, "i32": 9, "u32": 8, "i64": 17, "u64": 16}  # size * 2 + signed
+
+
+def _native_spec(ip: ImageReader) -> bytes | None:
+    """The profile's code layout as the compiled reader takes it (native/code_object.c), made once per
+    interpreter; None where it cannot read this layout (before 3.11, a field missing or typed otherwise:
+    the reference then reads, and says what is wrong)."""
+    memo = ip.census_memo
+    if "code_spec" in memo:
+        return memo["code_spec"]
+    spec = None
+    C, c = ip.P.code, ip.P.constants
+    types = C.fields()
+    if ip.fast is not None and not C.has("co_code") and all(C.has(n) for n in _FIELDS) and "co_code_adaptive" in types:
+        ints = [x for n in _INTS for x in (types[n][0], _SIZES.get(types[n][1], 0))]
+        if all(ints[1::2]) and all(types[n][1] in ("ptr", "u64") for n in _FIELDS[8:]):
+            warm = types["co_warmup"][0] if "co_warmup" in types else -1
+            words = [C.co_code_adaptive, c.get("CODE_UNIT_SIZE", 2), ip.limits.max_code_units, warm, *ints,
+                     *(types[n][0] for n in _FIELDS[8:]), c["CO_FAST_LOCAL"], c["CO_FAST_CELL"], c["CO_FAST_FREE"]]  # fmt: skip
+            spec = struct.pack(f"<{len(words)}q", *words)
+    memo["code_spec"] = spec
+    return spec
+
+
 def read_code(ip: ImageReader, addr: int) -> CodeInfo:
+    spec = ip.census_memo.get("code_spec", b"") if ip.fast is not None else None
+    if spec == b"":
+        spec = _native_spec(ip)
+    got = ip.fast.code(addr, spec) if spec is not None else None  # type: ignore[union-attr]
+    if got is not None:  # read in one call; what follows the reading is the reference's own
+        adaptive = got[17]
+        code = deoptimize(uninstrumented(ip, addr, adaptive), ip.P.opcodes) if got[18] else adaptive
+        return CodeInfo(addr, *got[:18], code, got[19], got[20], got[21])
     kind = ip.kind(addr)
     if kind != "code":
         raise ObjectError(addr, f"expected a code object, found {kind}")
