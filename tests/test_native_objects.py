@@ -5,7 +5,8 @@ and None for anything else, which the Python readers then decide. Two interprete
 compiled reader and one without, are compared on every code object of real images of CPython 3.8, 3.11, 3.13 and
 3.14 (whole records, errors included), and on copies of real objects with bytes overwritten placed in a chunk of
 their own (sizes past the chunk, flipped state bits, bad headers, pointers into nowhere): wherever the compiled
-reader answers, the reference gives the same value; wherever the reference raises, it answers None.
+reader answers, the reference gives the same value; wherever the reference raises, it answers None. The same holds
+for whole code objects and function objects read in one call (`Objects.code`, `Objects.function`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from zen import native
 from zen.cpython.interp import Interpreter
 from zen.cpython.readers.code import _native_spec, read_code
 from zen.cpython.readers.containers import read_tuple
+from zen.cpython.readers.functions import _native_spec as _function_spec
+from zen.cpython.readers.functions import read_function
 from zen.cpython.readers.text import read_bytes
 from zen.cpython.runtime import Runtime
 from zen.memory.overlay import overlay
@@ -107,6 +110,19 @@ def _code_records_equal(fast: Interpreter, pure: Interpreter, addrs, compiled: d
     return n
 
 
+def _functions_equal(fast: Interpreter, pure: Interpreter, addrs, compiled: dict) -> None:
+    """read_function through both interpreters gives the same record or error; where the compiled function reader
+    (Objects.function, functions.c) answers by itself, its fields are the reference record's."""
+    spec = _function_spec(fast)
+    for a in addrs:
+        got, want = _outcome(read_function, fast, a), _outcome(read_function, pure, a)
+        assert got == want, f"function {a:#x} reads differently"
+        raw = fast.fast.function(a, spec)
+        if raw is not None:
+            assert want[0] == "ok" and raw == tuple(getattr(want[1], f.name) for f in fields(want[1])[1:]), f"{a:#x}"
+            compiled["function"] = compiled.get("function", 0) + 1
+
+
 @needs_core
 def test_objects_equal_reference_on_a_transformers_image(hf_image):
     with opened_heap(hf_image[0]) as (ip, _heap):
@@ -114,8 +130,10 @@ def test_objects_equal_reference_on_a_transformers_image(hf_image):
         fast, pure = _pair(ip)
         counts: dict = {}
         assert _code_records_equal(fast, pure, rt.code_addrs[::2], counts) > 10_000
+        _functions_equal(fast, pure, rt.function_addrs[::3] + [a + 16 for a in rt.function_addrs[::50]], counts)
         _compare(*_pair(ip), _addresses(rt, 7), counts)
     assert all(counts.get(m, 0) > 500 for m in ("kind", "str", "strs", "items", "bytes", "read", "code")), counts
+    assert counts["function"] > 10_000, counts
 
 
 @needs_core
@@ -128,10 +146,11 @@ def test_objects_equal_reference_on_other_pythons(foreign_images, minor):
         rt = Runtime(ip)
         counts: dict = {}
         assert _code_records_equal(*_pair(ip), rt.code_addrs, counts) > 1_000
+        _functions_equal(*_pair(ip), rt.function_addrs, counts)
         _compare(*_pair(ip), _addresses(rt, 5), counts)
     assert counts.get("str", 0) > 100 and counts.get("items", 0) > 100, counts
     # 3.11+ code objects are read by the compiled code reader; 3.8's (co_code a bytes object) by the reference
-    assert (counts.get("code", 0) > 1_000) == (minor != "3.8"), counts
+    assert (counts.get("code", 0) > 1_000) == (minor != "3.8") and counts["function"] > 1_000, counts
 
 
 def _mutated_space(ip: Interpreter, rt: Runtime, rng: random.Random) -> tuple[AddressSpace, list[int]]:
@@ -140,6 +159,7 @@ def _mutated_space(ip: Interpreter, rt: Runtime, rng: random.Random) -> tuple[Ad
     base = (max(c.end for c in ip.space.chunks) + (1 << 20)) & ~0xFFF
     sources: list[tuple[int, int]] = []
     C = ip.P.code
+    sources += [(a, ip.P.function.size) for a in rt.function_addrs[::80]]
     for addr in rt.code_addrs[::60]:
         ci = rt.code(addr)
         if ci is None:
@@ -178,8 +198,9 @@ def test_objects_equal_reference_on_mutated_copies_of_real_objects(hf_image):
         counts: dict = {}
         _compare(fast, pure, starts, counts)
         assert _code_records_equal(fast, pure, starts, counts) > 50
+        _functions_equal(fast, pure, starts, counts)
     assert len(starts) > 1_000 and counts.get("str", 0) > 100 and counts.get("items", 0) > 100, counts
-    assert counts.get("code", 0) > 20, counts  # some mutated code objects still read, the same by both
+    assert counts.get("code", 0) > 20 and counts.get("function", 0) > 20, counts  # some mutated objects still read
 
 
 @needs_core

@@ -24,8 +24,10 @@
  *       zen.memory.system.kernel._find_all (find_many: one find_all per needle)
  *   listing(instructions, consts, tables, hook)   listing.c, listing_tables.c
  *       zen.cpython.code.listing.normalise_pure (with instructions.with_consts)
- *   Objects(starts, ends, ids, offs, buffers, caches, params): kind, read, str, strs, items, bytes   objects.c, code_object.c
- *       zen.cpython.interp.Interpreter.kind/.str/.read_within, readers.containers.read_tuple, readers.text, readers.code
+ *   Objects(starts, ends, ids, offs, buffers, caches, params): kind, read, str, strs, items, bytes,
+ *       code, function   objects.c, code_object.c, functions.c
+ *       zen.cpython.interp.Interpreter.kind/.str/.read_within, readers.containers.read_tuple, readers.text,
+ *       readers.code.read_code, readers.functions.read_function
  *
  * This file holds the module table; built by setup.py (pip install / install.sh) as zen.native._core.
  */

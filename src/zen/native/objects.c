@@ -19,6 +19,7 @@
  *   items(addr, limit) -> list | None   readers.containers.read_tuple
  *   bytes(addr) -> bytes | None         readers.text.read_bytes
  *   code(addr, spec) -> tuple | None    readers.code.read_code's reading (code_object.c, on the helpers in objects.h)
+ *   function(addr, spec) -> tuple|None  readers.functions.read_function's reading (functions.c)
  */
 #include "objects.h"
 #include <string.h>
@@ -398,6 +399,8 @@ static PyMethodDef o_methods[] = {
     {"bytes", (PyCFunction)o_bytes, METH_O, "bytes(addr) -> bytes | None: read_bytes"},
     {"code", (PyCFunction)(void (*)(void))zen_objects_code, METH_FASTCALL,
      "code(addr, spec) -> tuple | None: read_code's reading of a 3.11+ code object (code_object.c)"},
+    {"function", (PyCFunction)(void (*)(void))zen_objects_function, METH_FASTCALL,
+     "function(addr, spec) -> tuple | None: read_function's reading (functions.c)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,6 +45,7 @@ OBJ_API PyObject *obj_items_at(Reading *r, uint64_t addr, PyObject *key, uint64_
 /* readers.text.read_bytes; a tuple of compact strs (`extra` unused: the Objects methods' shape) */
 OBJ_API PyObject *obj_bytes_at(Reading *r, uint64_t addr, PyObject *key, PyObject *extra);
 OBJ_API PyObject *obj_strs_at(Reading *r, uint64_t addr, PyObject *key, PyObject *extra);
-OBJ_API PyObject *zen_objects_code(Objects *o, PyObject *const *args, Py_ssize_t nargs); /* code_object.c */
+OBJ_API PyObject *zen_objects_code(Objects *o, PyObject *const *args, Py_ssize_t nargs);     /* code_object.c */
+OBJ_API PyObject *zen_objects_function(Objects *o, PyObject *const *args, Py_ssize_t nargs); /* functions.c */
 
 #endif

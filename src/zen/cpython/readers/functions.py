@@ -49,7 +49,29 @@ class FunctionInfo:
     annotations: int
 
 
+_FIELDS = ("func_name", "func_qualname", "func_module", "func_code", "func_globals", "func_builtins", "func_defaults",
+           "func_kwdefaults", "func_closure", "func_doc", "func_dict", "func_annotations")  # FunctionInfo's order
+
+
+def _native_spec(ip: ImageReader) -> bytes | None:
+    """The function layout as the compiled reader takes it (native/functions.c), made once per interpreter;
+    None without the compiled reader or with a field missing (the reference then reads, and says what is wrong)."""
+    memo = ip.census_memo
+    if "function_spec" not in memo:
+        F = ip.P.function
+        ok = ip.fast is not None and all(F.has(n) for n in _FIELDS if n != "func_builtins")
+        words = [F.size, *(getattr(F, n) if F.has(n) else -1 for n in _FIELDS)] if ok else []
+        memo["function_spec"] = struct.pack(f"<{len(words)}q", *words) if ok else None
+    return memo["function_spec"]  # type: ignore[return-value]
+
+
 def read_function(ip: ImageReader, addr: int) -> FunctionInfo:
+    spec = ip.census_memo.get("function_spec", b"") if ip.fast is not None else None
+    if spec == b"":
+        spec = _native_spec(ip)
+    got = ip.fast.function(addr, spec) if spec is not None else None  # type: ignore[union-attr]
+    if got is not None:  # read in one call (the plain case); the Python below is the reference
+        return FunctionInfo(addr, *got)
     F = ip.P.function
     raw = _struct(ip, addr, "function", F.size)
     module = _w(raw, F.func_module)
