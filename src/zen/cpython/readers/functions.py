@@ -49,8 +49,20 @@ class FunctionInfo:
     annotations: int
 
 
-_FIELDS = ("func_name", "func_qualname", "func_module", "func_code", "func_globals", "func_builtins", "func_defaults",
-           "func_kwdefaults", "func_closure", "func_doc", "func_dict", "func_annotations")  # FunctionInfo's order
+_FIELDS = (
+    "func_name",
+    "func_qualname",
+    "func_module",
+    "func_code",
+    "func_globals",
+    "func_builtins",
+    "func_defaults",
+    "func_kwdefaults",
+    "func_closure",
+    "func_doc",
+    "func_dict",
+    "func_annotations",
+)  # FunctionInfo's order
 
 
 def _native_spec(ip: ImageReader) -> bytes | None:
