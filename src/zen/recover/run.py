@@ -271,10 +271,12 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
 def _framework(ip: Interpreter, heap: Heap, model: str | None) -> str:
     """Which front end reads this image: "keras" when TensorFlow/Keras is loaded and torch is not (or when
     `--model` names a Keras layer, or torch holds no module while Keras has layers), else "pytorch"."""
+    from zen.frontends.keras.presence import has_tensorflow
+
+    if not has_tensorflow(heap):
+        return "pytorch"
     from zen.frontends.keras import stage
 
-    if not stage.has_tensorflow(heap):
-        return "pytorch"
     if "torch" not in heap.sys_modules():
         return "keras"
     if model is not None and stage.keras_roots_match(ip, heap, model):

@@ -22,7 +22,6 @@ from zen.frontends.keras.tensors import TFTensorReader
 from zen.represent.mr import ModelMR, RootRecord
 from zen.runtime.errors import ObjectError, ZenError
 
-TF_MODULES = ("tensorflow", "keras")
 EAGER_BASE = "tensorflow.python.framework.ops._EagerTensorBase"
 TF_RESOURCE_VARIABLE = "tensorflow.python.ops.resource_variable_ops.BaseResourceVariable"
 
@@ -41,11 +40,6 @@ class KerasModel:
     how: str
     versions: dict[str, dict] = field(default_factory=dict)  # manifest sections
     profile: TFProfile | None = None
-
-
-def has_tensorflow(heap: Heap) -> bool:
-    mods = heap.sys_modules()
-    return any(m in mods for m in TF_MODULES)
 
 
 def module_version(ip: Interpreter, heap: Heap, names: tuple[str, ...]) -> str | None:
