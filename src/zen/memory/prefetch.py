@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from zen.memory.scan import sorted_unique
 from zen.memory.space import AddressSpace
 
 WINDOW = 64 << 10  # bytes asked for around each address (a page and its neighbours: objects allocated together)
@@ -39,11 +40,11 @@ def prefetch(space: AddressSpace, addrs: Iterable[int], window: int = WINDOW) ->
     bid = ids[w][ok]
     pos = offs[w][ok] + (a[ok] - starts[w][ok]).astype(np.int64)
     asked = 0
-    for b in np.unique(bid).tolist():
+    for b in sorted_unique(bid).tolist():
         buf = buffers[b]
         if not isinstance(buf, mmap.mmap):
             continue
-        for p in np.unique(pos[bid == b] // window * window).tolist()[: MAX_WINDOWS - asked]:
+        for p in sorted_unique(pos[bid == b] // window * window).tolist()[: MAX_WINDOWS - asked]:
             try:
                 _advise(buf, p, min(window, len(buf) - p))
             except (OSError, ValueError):

@@ -25,6 +25,18 @@ BLOCK = 16 << 20  # bytes compared per step: bounds the temporary arrays numpy a
 U64_MAX = (1 << 64) - 1
 
 
+def sorted_unique(a: np.ndarray) -> np.ndarray:
+    """`np.unique(a)` of a 1-d array. numpy 2's `unique` asks `np.ma.is_masked` and so imports numpy.ma (~15 ms) the
+    first time, on the critical path of every recovery; sorting and dropping repeats is all this needs."""
+    s = np.sort(a)
+    if s.size < 2:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 def u64_array(values: Iterable[int] | np.ndarray) -> np.ndarray:
     """Addresses (or values read from an image) as a uint64 array. Python ints outside [0, 2^64) come from damaged
     evidence (a pointer read as signed, a sum past the top): they become 0, which no reader takes for an object."""
@@ -86,7 +98,7 @@ def find_u64_in(
     pointers pass the range test: a table of the values' low address bits (`_Sieve`) then drops
     nearly all of them before the search.
     """
-    vals = np.unique(u64_array(values))
+    vals = sorted_unique(u64_array(values))
     if vals.size == 0:
         return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
     lo, width = vals[0], vals[-1] - vals[0]
@@ -244,7 +256,7 @@ def find_u64_in_mapped(
     user-space pointer only when the upper float is a denormal; bf16 and fp16 quads only when one
     value is a zero and the next a huge number): on a process serving billions of parameters the
     later passes read the Python heap, not the weights."""
-    vals = np.unique(u64_array(values))
+    vals = sorted_unique(u64_array(values))
     vlo, vwidth = (vals[0], vals[-1] - vals[0]) if vals.size else (np.uint64(1), np.uint64(0))
     plo, pwidth = np.uint64(lo), np.uint64(hi - lo)
     words = MAP_BLOCK // 8
