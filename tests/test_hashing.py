@@ -181,3 +181,18 @@ def test_meanwhile_is_the_sha256_of_the_bytes(n):
     data = (bytes(range(256)) * (n // 256 + 1))[:n]
     digest = Meanwhile(data)
     assert digest.hexdigest() == hashlib.sha256(data).hexdigest() == digest.hexdigest()
+
+
+def test_meanwhile_writes_the_file_it_hashes_and_says_when_it_could_not(tmp_path):
+    """With a path, `Meanwhile` also writes the bytes there from a thread (pr.json, while the analysis goes on): the
+    file holds exactly the bytes hashed once `hexdigest` returns; a write that failed is raised there, in the caller's
+    thread, and `join` waits without raising (the failing code stage's way out)."""
+    from zen.evidence.hashing import Meanwhile
+
+    data = bytes(range(256)) * 40_000
+    done = Meanwhile(data, tmp_path / "pr.json")
+    assert done.hexdigest() == hashlib.sha256(data).hexdigest() == hashlib.sha256((tmp_path / "pr.json").read_bytes()).hexdigest()
+    failed = Meanwhile(data, tmp_path / "no such folder" / "pr.json")
+    failed.join()
+    with pytest.raises(FileNotFoundError):
+        failed.hexdigest()

@@ -123,15 +123,19 @@ def _write(out: Path, ip, rt: Runtime, index, mr, space, system: Forked) -> dict
         pr = build_pr(rt, result, context, system=False, records=mine, classes=classes, encoded=encoded)
         pr.module_globals = loaded
         data = pr.dump_bytes(system_codes=system.result(), more_codes=encoded)
-        (out / case.PR_FILE).write_bytes(data)
-        digests = {case.PR_FILE: Meanwhile(data)}  # hashed from the bytes written, while the rest goes on
+        # written and hashed by threads while the rest goes on; `run._finish` waits for both (and any write error)
+        written = Meanwhile(data, out / case.PR_FILE)
         del data
-        textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
-        marshal, ur = _unframe(rest.result())
-        (out / case.UR_FILE).write_bytes(ur)
-        if marshal is not None:
-            (out / case.CODE_FILE).write_bytes(marshal)
-        return digests
+        try:
+            textio.write_text(out / case.REQUIREMENTS, "\n".join(context["requirements"]) + "\n")
+            marshal, ur = _unframe(rest.result())
+            (out / case.UR_FILE).write_bytes(ur)
+            if marshal is not None:
+                (out / case.CODE_FILE).write_bytes(marshal)
+        except BaseException:
+            written.join()  # no pr.json left being written behind a failed stage (the caller removes its files)
+            raise
+        return {case.PR_FILE: written}
     finally:
         if theirs is not None:
             theirs.cancel()

@@ -143,6 +143,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
     if getattr(space, "system", None) is not None:
         timings["open_image"] = time.perf_counter() - t0
     tensors_out: TensorFiles | None = None
+    written: dict = {}  # the code stage's files still being written (pr.json): waited for on every way out
     try:
         ip = Interpreter.open(space, limits=bounds[0])
         heap = Heap(ip)
@@ -236,6 +237,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
     except BaseException as exc:
         if tensors_out is not None:
             tensors_out.cancel()
+        _join(written)
         hasher.cancel()
         space.close()
         cut = space.truncation()
@@ -298,11 +300,13 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     problems = list(dict.fromkeys([*space.problems, *mr.problems, *heap.problems]))
     timings["weights"] = 0.0  # the writer's own time, set when it is joined
     tensors_out = TensorFiles(out, km.reader, km.slots, km.extra, progress, "tf")
+    written: dict = {}
     try:
         written = _code_stage(out, ip, heap, km.found, km.index, mr, space, problems, timings)
         digests = tensors_out.result()
     except BaseException:
         tensors_out.cancel()
+        _join(written)
         raise
     timings["weights"] = tensors_out.seconds
     mr.summary["status"] = dict(sorted(Counter(t.status for t in mr.tensors).items()))
@@ -351,11 +355,12 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
             sections: dict, profiles: dict, digests: dict, bounds) -> RecoverResult:  # fmt: skip
     """Status, evidence and manifest: the same for every front end. `digests`: sha256 of the weight files, taken
     while they were written (hashing them again would read GBs twice), and of pr.json, from the bytes written (a
-    `hashing.Meanwhile`, still computing).
+    `hashing.Meanwhile`: its threads may still be writing and hashing it, waited for first).
     `bounds`: the limits in effect (`--limit`), recorded: a case follows from the image and them."""
     from zen.recover.limits import in_effect
 
     try:
+        digests = {n: _hex(d) for n, d in digests.items()}  # files still being written and hashed: done here
         status = "partial" if problems or any(s.record.status not in READ for s in slots) else "complete"
         problems += [f"extra tensor {s.key}: {s.record.status} ({s.record.note})" for s in extra if s.record.status != "ok"]
         evidence = evidence_record.evidence(space, image, pid, hasher)
@@ -388,6 +393,14 @@ def _finish(out, space, image, pid, hasher, ip, mr, slots, extra, chosen, how, r
     }  # fmt: skip
     case.write_json(out / case.MANIFEST, manifest)
     return RecoverResult(out, manifest, mr, status, manifest["problems"])
+
+
+def _join(written: dict) -> None:
+    """Wait for the files still being written (`hashing.Meanwhile`), so that a failing run, which may leave by
+    os._exit, leaves no file half-written behind it."""
+    for d in written.values():
+        if hasattr(d, "join"):
+            d.join()
 
 
 def _hex(digest) -> str | None:
