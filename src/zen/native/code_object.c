@@ -132,22 +132,12 @@ static int read_fields(Reading *r, uint64_t addr, PyObject *key, const int64_t *
     return 1;
 }
 
-PyObject *zen_objects_code(Objects *o, PyObject *const *args, Py_ssize_t nargs)
+/* the record's fields as a tuple, Py_None when not answered */
+static PyObject *code_at(Reading *r, uint64_t addr, PyObject *key, const int64_t *s)
 {
-    if (nargs != 2 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != S_COUNT * 8) {
-        PyErr_SetString(PyExc_TypeError, "code(addr, spec): spec is the layout's offsets as int64 bytes");
-        return NULL;
-    }
-    int64_t s[S_COUNT];
-    memcpy(s, PyBytes_AS_STRING(args[1]), sizeof s);
-    uint64_t addr;
-    if (!obj_address(args[0], &addr))
-        Py_RETURN_NONE;
     PyObject *objs[22] = {NULL};
     int answered = 0, quickened = 1;
-    Reading r = {o, -1};
-    int got = read_fields(&r, addr, args[0], s, objs, &answered, &quickened);
-    obj_done(&r);
+    int got = read_fields(r, addr, key, s, objs, &answered, &quickened);
     PyObject *out = NULL;
     if (got >= 0 && answered) {
         PyObject *names = objs[N_INTS + F_LPNAMES], *kinds = objs[N_INTS + F_LPKINDS];
@@ -166,4 +156,9 @@ PyObject *zen_objects_code(Objects *o, PyObject *const *args, Py_ssize_t nargs)
     for (int i = 0; i < 22; i++)
         Py_XDECREF(objs[i]);
     return out;
+}
+
+PyObject *zen_objects_code(Objects *o, PyObject *const *args, Py_ssize_t nargs)
+{
+    return obj_spec_call(o, args, nargs, S_COUNT, "code(addr, spec)", code_at);
 }

@@ -117,17 +117,5 @@ done:
 
 PyObject *zen_objects_function(Objects *o, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != S_COUNT * 8) {
-        PyErr_SetString(PyExc_TypeError, "function(addr, spec): spec is the layout's offsets as int64 bytes");
-        return NULL;
-    }
-    int64_t s[S_COUNT];
-    memcpy(s, PyBytes_AS_STRING(args[1]), sizeof s);
-    uint64_t addr;
-    if (!obj_address(args[0], &addr))
-        Py_RETURN_NONE;
-    Reading r = {o, -1};
-    PyObject *out = read_function(&r, addr, args[0], s);
-    obj_done(&r);
-    return out;
+    return obj_spec_call(o, args, nargs, S_COUNT, "function(addr, spec)", read_function);
 }

@@ -326,6 +326,24 @@ static PyObject *o_read(Objects *o, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+PyObject *obj_spec_call(Objects *o, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t count, const char *usage,
+                        SpecReader reader)
+{
+    int64_t s[OBJ_SPEC_MAX];
+    if (nargs != 2 || count > OBJ_SPEC_MAX || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != count * 8) {
+        PyErr_Format(PyExc_TypeError, "%s: spec is the layout's offsets as int64 bytes", usage);
+        return NULL;
+    }
+    memcpy(s, PyBytes_AS_STRING(args[1]), (size_t)count * 8);
+    uint64_t addr;
+    if (!obj_address(args[0], &addr))
+        Py_RETURN_NONE;
+    Reading r = {o, -1};
+    PyObject *out = reader(&r, addr, args[0], s);
+    obj_done(&r);
+    return out;
+}
+
 static int copy_array(PyObject *arr, Py_ssize_t n, void **out)
 {
     Py_buffer v;

@@ -45,6 +45,13 @@ OBJ_API PyObject *obj_items_at(Reading *r, uint64_t addr, PyObject *key, uint64_
 /* readers.text.read_bytes; a tuple of compact strs (`extra` unused: the Objects methods' shape) */
 OBJ_API PyObject *obj_bytes_at(Reading *r, uint64_t addr, PyObject *key, PyObject *extra);
 OBJ_API PyObject *obj_strs_at(Reading *r, uint64_t addr, PyObject *key, PyObject *extra);
+/* A reader of one object given the layout's offsets: answers the object, Py_None, or NULL with an error set */
+typedef PyObject *(*SpecReader)(Reading *r, uint64_t addr, PyObject *key, const int64_t *spec);
+enum { OBJ_SPEC_MAX = 64 };
+/* `reader` called as the Objects method (addr, spec): spec is bytes of `count` (<= OBJ_SPEC_MAX) int64; None for
+ * an addr that is no address; a TypeError naming `usage` for a spec of another size */
+OBJ_API PyObject *obj_spec_call(Objects *o, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t count,
+                                const char *usage, SpecReader reader);
 OBJ_API PyObject *zen_objects_code(Objects *o, PyObject *const *args, Py_ssize_t nargs);     /* code_object.c */
 OBJ_API PyObject *zen_objects_function(Objects *o, PyObject *const *args, Py_ssize_t nargs); /* functions.c */
 
