@@ -182,14 +182,16 @@ def test_reused_digest_has_the_image_read_ahead_into_the_page_cache(tmp_path, mo
         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     if _resident(f) > 0.5:
         pytest.skip("this file system keeps the file's pages whatever it is told (tmpfs)")
-    t = image_digest.warm_page_cache(f)
-    assert t is not None and t.daemon
-    t.join(60)
+    monkeypatch.setattr(image_digest, "WARM_STEP", 1 << 20)  # 24 blocks, shared by the threads
+    threads = image_digest.warm_page_cache(f)
+    assert len(threads) == image_digest.WARM_STREAMS and all(t.daemon for t in threads)
+    for t in threads:
+        t.join(60)
     assert _resident(f) == 1.0
     (tmp_path / "empty").write_bytes(b"")
-    assert image_digest.warm_page_cache(tmp_path / "empty") is None
+    assert image_digest.warm_page_cache(tmp_path / "empty") == []
     monkeypatch.setattr(os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 1024)  # a machine of 4 MB
-    assert image_digest.warm_page_cache(f) is None
+    assert image_digest.warm_page_cache(f) == []
 
 
 MOUNTINFO = [

@@ -22,7 +22,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from zen.evidence import digest_cache
@@ -141,25 +141,37 @@ def _hash_mapped(h, mm: mmap.mmap, report: Callable[[str, int, int], None] | Non
 
 
 WARM_STEP = 64 << 20  # bytes the kernel is asked to read at a time
+# Reads kept in flight: the virtual disks measured read a file faster with two requests at a time than with one
+# (1.47 GB by `sendfile`: one stream 0.82-1.02 s, two 0.59-0.75 s, four 0.60-0.77 s), and the census needs
+# pages from the whole image (the Python heap lies between the tensors) before the model stage can end.
+WARM_STREAMS = 2
 
 
-def warm_page_cache(path: Path) -> threading.Thread | None:
-    """Read `path` into the page cache in a daemon thread (the GIL is released in `sendfile`), in order, from its
-    start; nothing where the file is more than half of this machine's memory (it would push out what it read
-    first, and the analysis's own pages) or where `sendfile` to /dev/null is not available."""
+def warm_page_cache(path: Path) -> list[threading.Thread]:
+    """Read `path` into the page cache in daemon threads (the GIL is released in `sendfile`), `WARM_STEP` blocks
+    taken in order from its start by `WARM_STREAMS` threads; nothing (no thread) where the file is more than half
+    of this machine's memory (it would push out what it read first, and the analysis's own pages) or where
+    `sendfile` to /dev/null is not available. GPT-2's process image with its digest reused, from a cold page
+    cache, one stream against two in three runs of alternated rounds (8, 8, 16): `zen recover` 3.79 -> 3.61,
+    3.78 -> 3.75, 3.49 -> 3.42 s; its model stage 1.24 -> 1.10, 1.26 -> 1.14, 1.15 -> 1.08 s (medians)."""
     try:
         size = os.stat(path).st_size
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError, AttributeError):
-        return None
+        return []
     if not size or size > memory // 2 or not hasattr(os, "sendfile"):
-        return None
-    t = threading.Thread(target=_send_to_null, args=(path, size), daemon=True, name="zen-page-cache")
-    t.start()
-    return t
+        return []
+    blocks = iter(range(0, size, WARM_STEP))
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_send_to_null, args=(path, size, blocks, lock), daemon=True,
+                                name="zen-page-cache") for _ in range(WARM_STREAMS)]  # fmt: skip
+    for t in threads:
+        t.start()
+    return threads
 
 
-def _send_to_null(path: Path, size: int) -> None:
+def _send_to_null(path: Path, size: int, blocks: Iterator[int], lock: threading.Lock) -> None:
+    """Send the blocks this thread takes from `blocks` to /dev/null (the kernel reads them into the page cache)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -170,12 +182,17 @@ def _send_to_null(path: Path, size: int) -> None:
         os.close(fd)
         return
     try:
-        pos = 0
-        while pos < size:
-            n = os.sendfile(null, fd, pos, min(WARM_STEP, size - pos))
-            if n <= 0:
+        while True:
+            with lock:
+                start = next(blocks, None)
+            if start is None:
                 break
-            pos += n
+            pos, end = start, min(size, start + WARM_STEP)
+            while pos < end:
+                n = os.sendfile(null, fd, pos, end - pos)
+                if n <= 0:
+                    return
+                pos += n
     except OSError:  # the kernel or the file system does not do it: the analysis reads the pages itself
         pass
     finally:
