@@ -24,6 +24,8 @@
  *       zen.memory.system.kernel._find_all (find_many: one find_all per needle)
  *   listing(instructions, consts, tables, hook)   listing.c, listing_tables.c
  *       zen.cpython.code.listing.normalise_pure (with instructions.with_consts)
+ *   code_rows(addrs, codes, good, quals, qual_strs, fnames, fname_strs, lines, quick, modules, tables, hasher)
+ *       code_rows.c: zen.cpython.program.system_table._code_rows's loop
  *   Objects(starts, ends, ids, offs, buffers, caches, params): kind, read, str, strs, items, bytes,
  *       code, function   objects.c, code_object.c, functions.c
  *       zen.cpython.interp.Interpreter.kind/.str/.read_within, readers.containers.read_tuple, readers.text,
@@ -47,6 +49,7 @@ static PyMethodDef methods[] = {
     {"find_many", zen_find_many, METH_VARARGS, "find_many(buffer, needles, start, ends, mosts) -> tuple: find_all per needle, one pass"},
     {"listing", zen_listing, METH_VARARGS, "listing(instructions, consts, tables, hook) -> list | None: listing.normalise"},
     {"canonical", zen_canonical, METH_VARARGS, "canonical(data, layout, budget, max_depth) -> bytes | None: canonical_marshal"},
+    {"code_rows", zen_code_rows, METH_VARARGS, "code_rows(...) -> (rows, fallback): system_table's rows"},
     {"update_pair", zen_sha256_update_pair, METH_VARARGS, "update_pair(a, b, data): two Sha256 absorb the same bytes"},
     {NULL, NULL, 0, NULL},
 };

@@ -219,6 +219,22 @@ PyObject *zen_decode(PyObject *self, PyObject *args)
     return out;
 }
 
+/* n 16-bit units of `in` de-specialised into `o` (2 * n bytes): each opcode mapped to its base (`base`, 256 bytes)
+ * and every inline cache entry after it (`ncache`, 256 bytes: their count per base opcode) made (cache_op, 0) */
+void zen_deopt_into(const unsigned char *in, Py_ssize_t n, const unsigned char *base, const unsigned char *ncache,
+                    int cache_op, unsigned char *o)
+{
+    memcpy(o, in, (size_t)n * 2);
+    for (Py_ssize_t k = 0; k < n; k++)
+        o[2 * k] = base[in[2 * k]];
+    for (Py_ssize_t i = 0; i < n;) {
+        Py_ssize_t c = ncache[o[2 * i]], j = i + 1 + c < n ? i + 1 + c : n;
+        for (Py_ssize_t k = i + 1; c && k < j; k++)
+            o[2 * k] = (unsigned char)cache_op, o[2 * k + 1] = 0;
+        i = c ? j : i + 1;
+    }
+}
+
 /* deoptimize(adaptive, deopt, caches, cache_op) -> bytes: zen.cpython.code.bytecode.deoptimize's loop. deopt and
  * caches are 256-byte tables (base opcode; inline cache entries after it), cache_op the CACHE opcode: each opcode
  * mapped to its base and every cache entry after it made (cache_op, 0), over the whole 16-bit units. */
@@ -232,18 +248,8 @@ PyObject *zen_deoptimize(PyObject *self, PyObject *args)
     if (deopt.len != 256 || caches.len != 256 || cache_op < 0 || cache_op > 255) {
         PyErr_SetString(PyExc_ValueError, "deoptimize: 256-byte tables and an opcode");
     } else if ((out = PyBytes_FromStringAndSize(NULL, code.len / 2 * 2)) != NULL) {
-        const unsigned char *in = code.buf, *base = deopt.buf, *ncache = caches.buf;
-        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
-        Py_ssize_t n = code.len / 2, i = 0;
-        memcpy(o, in, (size_t)n * 2);
-        for (Py_ssize_t k = 0; k < n; k++)
-            o[2 * k] = base[in[2 * k]];
-        while (i < n) {
-            Py_ssize_t c = ncache[o[2 * i]], j = i + 1 + c < n ? i + 1 + c : n;
-            for (Py_ssize_t k = i + 1; c && k < j; k++)
-                o[2 * k] = (unsigned char)cache_op, o[2 * k + 1] = 0;
-            i = c ? j : i + 1;
-        }
+        zen_deopt_into(code.buf, code.len / 2, deopt.buf, caches.buf, cache_op,
+                       (unsigned char *)PyBytes_AS_STRING(out));
     }
     PyBuffer_Release(&code);
     PyBuffer_Release(&deopt);

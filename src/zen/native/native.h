@@ -9,6 +9,8 @@ PyObject *zen_record_ok(PyObject *self, PyObject *args); /* validate.c */
 PyObject *zen_decode(PyObject *self, PyObject *args);    /* decode.c */
 int zen_decode_init(void);
 PyObject *zen_deoptimize(PyObject *self, PyObject *args); /* decode.c */
+void zen_deopt_into(const unsigned char *in, Py_ssize_t n, const unsigned char *base, const unsigned char *ncache,
+                    int cache_op, unsigned char *o);
 PyObject *zen_canonical(PyObject *self, PyObject *args); /* marshal_emit.c */
 int zen_canonical_init(void);                            /* marshal_parse.c */
 PyObject *zen_greedy_rows(PyObject *self, PyObject *args); /* match.c */
@@ -24,5 +26,7 @@ extern PyTypeObject zen_sha256_type;                       /* sha256_pair.c */
 PyObject *zen_sha256_update_pair(PyObject *self, PyObject *args);
 int zen_sha256_init(void);
 int zen_sha256_ni(void);
+void zen_sha256_oneshot(const uint8_t *p, size_t n, uint8_t out[32]);
+PyObject *zen_code_rows(PyObject *self, PyObject *args); /* code_rows.c */
 
 #endif

@@ -10,7 +10,8 @@ import hashlib
 
 import numpy as np
 
-from zen.cpython.readers.code import read_code_brief
+from zen.cpython.code.bytecode import _lookup, deoptimize
+from zen.cpython.readers.code import read_code_brief, uninstrumented
 from zen.cpython.runtime import Runtime
 from zen.runtime.errors import ZenError
 
@@ -52,8 +53,6 @@ def system_table(rt: Runtime) -> list[list]:
 
 def _code_rows(rt: Runtime, module_of_code: dict[int, str]) -> list[list | None]:
     from zen.cpython import bulk
-    from zen.cpython.code.bytecode import deoptimize
-    from zen.cpython.readers.code import uninstrumented
 
     ip = rt.ip
     C, c = ip.P.code, ip.P.constants
@@ -87,27 +86,54 @@ def _code_rows(rt: Runtime, module_of_code: dict[int, str]) -> list[list | None]
     sel = [i for i, g in enumerate(good_l) if g and adaptive[i] is not None]
     qs = bulk.strs(ip, [int(x) for x in qual[sel].tolist()])
     fs = bulk.strs(ip, [int(x) for x in fname[sel].tolist()])
-    rows: list[list | None] = []
-    append, sha256, module = rows.append, hashlib.sha256, module_of_code.get
-    ops = ip.P.opcodes
-    for addr, code, g, q, fn, line, quick in zip(rt.code_addrs, adaptive, good_l, qual.tolist(), fname.tolist(),
-                                                  first.tolist(), quickened):  # fmt: skip
-        if code is None or not g:
-            try:
-                qualname, _filename, line, code = read_code_brief(ip, addr)
-            except ZenError:
-                continue
-        else:
-            qualname = qs[q]
-            if qualname is None or fs[fn] is None:
-                continue
-            if quick:
-                try:
-                    code = deoptimize(uninstrumented(ip, addr, code), ops)
-                except ZenError:
-                    continue
-        append([hex(addr), module(addr, "?"), qualname, line, sha256(code).hexdigest()[:32]])
+    columns = (rt.code_addrs, adaptive, good_l, qual.tolist(), fname.tolist(), first.tolist(), quickened)
+    rows = _compiled_rows(ip, columns, qs, fs, module_of_code)
+    if rows is None:  # the reference: every row here
+        return [_row(ip, *c, qs, fs, module_of_code) for c in zip(*columns)]
     return rows
+
+
+def _compiled_rows(ip, columns, qs: dict, fs: dict, module_of_code: dict[int, str]) -> list[list | None] | None:
+    """The rows by the compiled loop (`native/code_rows.c`), the reference's `_row` making those it leaves to it
+    (a code object the vectorised checks refused, instrumented bytecode); None without the compiled core or
+    where a table does not fit its bytes."""
+    from zen import native
+    from zen.evidence import hashing
+
+    deopt, _caches, cache_op, small = _lookup(ip.P.opcodes)
+    if native.core is None or small is None or not hasattr(native.core, "code_rows"):
+        return None
+    c, ops = ip.P.constants, ip.P.opcodes
+    ops_of = [c.get("INSTRUMENTED_LINE"), c.get("INSTRUMENTED_INSTRUCTION"), ops.enter_executor]
+    if any(o is not None and not 0 <= o < 256 for o in ops_of):
+        return None
+    tables = (deopt, small, cache_op, *(-1 if o is None else o for o in ops_of))
+    addrs, codes, good, quals, fnames, lines, quick = (x if type(x) is list else list(x) for x in columns)
+    rows, fallback = native.core.code_rows(addrs, codes, good, quals, qs, fnames, fs, lines, quick, module_of_code,
+                                           tables, hashing.sha256)  # fmt: skip
+    for i in fallback:
+        rows[i] = _row(ip, *(col[i] for col in columns), qs, fs, module_of_code)
+    return rows
+
+
+def _row(ip, addr: int, code: bytes | None, g: bool, q: int, fn: int, line: int, quick: bool, qs: dict, fs: dict,
+         module_of_code: dict[int, str]) -> list | None:  # fmt: skip
+    """One code object's row from its gathered fields (the reference of `native/code_rows.c`); None: no row."""
+    if code is None or not g:
+        try:
+            qualname, _filename, line, code = read_code_brief(ip, addr)
+        except ZenError:
+            return None
+    else:
+        qualname = qs[q]
+        if qualname is None or fs[fn] is None:
+            return None
+        if quick:
+            try:
+                code = deoptimize(uninstrumented(ip, addr, code), ip.P.opcodes)
+            except ZenError:
+                return None
+    return [hex(addr), module_of_code.get(addr, "?"), qualname, line, hashlib.sha256(code).hexdigest()[:32]]
 
 
 def _legacy_code_row(rt: Runtime, addr: int, module_of_code: dict[int, str]) -> list | None:
