@@ -3,13 +3,13 @@
 The closure of the model's code is one walk, in this process. What follows it is split between
 this process and forked copies of it (`zen.runtime.forking`), each starting with everything read so far:
 
-    child 1 (from the census)  the system-wide code table (needs no closure: `start_system_table`)
-    child 2 (after the walk)   the classes' records and part of the code records (by estimated
-                               cost, so that both processes are done about together); not with
-                               two cores (below)
-    child 3 (after the walk)   code.marshal and the UR (at a lower priority: needed last)
-    this process               the other code records, the context and the module globals (from
-                               the closure, while the child makes its records), then pr.json
+    child 1 (from the start)  the system-wide code table (needs no closure)
+    child 2 (after the walk)  the classes' records and part of the code records (by estimated
+                              cost, so that both processes are done about together); not with
+                              two cores (below)
+    child 3 (after the walk)  code.marshal and the UR (at a lower priority: needed last)
+    this process              the other code records, the context and the module globals (from
+                              the closure, while the child makes its records), then pr.json
 
 The children keep off this process's core while it works (`zen.runtime.affinity`). With two cores
 they share the other one (with the tensor files' writer and the image digest), so this process,
@@ -59,16 +59,7 @@ RECORD_FIXED_COST = 400
 PARENT_SHARE = 0.6
 
 
-def start_system_table(ip, heap, found) -> Forked:
-    """The system-wide code table's child, started by `zen recover` as soon as the census has found the code
-    objects and functions (it needs nothing else): it then works on the second core while this process reads
-    the model, alone, instead of beside the code stage, which is bound by all processes' CPU. On the GPT-2
-    image, cached, 20 alternated pairs against the child started with the code stage: code stage 1.57 ->
-    1.46 s, model stage 0.56 -> 0.60 s (the fork), wall -0.06 s (paired median, 14 of 20 faster)."""
-    return Forked(partial(_system_table_bytes, Runtime(ip, heap, found)))
-
-
-def write_code(out: Path, ip, heap, found, index, mr, space, system: Forked | None = None) -> dict[str, Meanwhile]:
+def write_code(out: Path, ip, heap, found, index, mr, space) -> dict[str, Meanwhile]:
     """The collector stays off for the whole stage, and the runtime (its caches: a few hundred
     thousand decoded instructions and records) is dropped before it is back on. Its first pass then
     has next to nothing to look at, instead of 0.05 s over objects about to be freed anyway. In the
@@ -76,8 +67,7 @@ def write_code(out: Path, ip, heap, found, index, mr, space, system: Forked | No
     Returns the sha256 of the files it wrote that are worth hashing from memory (pr.json), being computed."""
     with gc_paused():
         rt = Runtime(ip, heap, found)
-        if system is None:
-            system = Forked(partial(_system_table_bytes, rt))
+        system = Forked(partial(_system_table_bytes, rt))
         try:
             return _write(out, ip, rt, index, mr, space, system)
         finally:

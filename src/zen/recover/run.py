@@ -144,7 +144,6 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
         timings["open_image"] = time.perf_counter() - t0
     tensors_out: TensorFiles | None = None
     written: dict = {}  # the code stage's files still being written (pr.json): waited for on every way out
-    system = None
     try:
         ip = Interpreter.open(space, limits=bounds[0])
         heap = Heap(ip)
@@ -163,9 +162,6 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
 
         ort_types = ort_session_types(heap)
         found = heap.instances_of_types(tensor_types | module_types | code_types | ort_types)
-        from zen.recover.code_stage import start_system_table
-
-        system = start_system_table(ip, heap, found)  # on the core this process leaves idle until the code stage
         sessions = ort_sessions(ip, found, ort_types)
         index = ModuleIndex(ip, heap, found)
         root_addrs = index.roots()
@@ -233,7 +229,7 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
                 mr.graph.update(dataflow_edges(ip, index, mr))
         except ZenError as exc:
             problems.append(f"data-flow edges not recovered: {exc}")
-        written = _code_stage(out, ip, heap, found, index, mr, space, problems, timings, system)
+        written = _code_stage(out, ip, heap, found, index, mr, space, problems, timings)
         digests = tensors_out.result()  # the tensors' sha256 go into mr.json
         timings["weights"] = tensors_out.seconds
         mr.summary = summarize(mr)
@@ -241,8 +237,6 @@ def _recover(image, pid, out, model, progress, symbols, t0, started, bounds, gpu
     except BaseException as exc:
         if tensors_out is not None:
             tensors_out.cancel()
-        if system is not None:
-            system.cancel()
         _join(written)
         hasher.cancel()
         space.close()
@@ -343,12 +337,12 @@ def _recover_keras(out, space, image, pid, hasher, ip, heap, model, progress, t0
     )
 
 
-def _code_stage(out, ip, heap, found, index, mr, space, problems, timings, system=None) -> dict:
+def _code_stage(out, ip, heap, found, index, mr, space, problems, timings) -> dict:
     """The code stage's files; returns the digests of those it hashes from memory (none where it failed)."""
     t = time.perf_counter()
     written: dict = {}
     try:
-        written = _write_code(out, ip, heap, found, index, mr, space, system)
+        written = _write_code(out, ip, heap, found, index, mr, space)
     except ZenError as exc:
         for name in (case.PR_FILE, case.UR_FILE, case.CODE_FILE, case.REQUIREMENTS):
             (out / name).unlink(missing_ok=True)
@@ -414,11 +408,11 @@ def _hex(digest) -> str | None:
     return digest.hexdigest() if hasattr(digest, "hexdigest") else digest
 
 
-def _write_code(out: Path, ip, heap, found, index, mr, space, system=None) -> dict:
+def _write_code(out: Path, ip, heap, found, index, mr, space) -> dict:
     """PR, UR, the rebuilt model code and requirements.txt (`code_stage.py`)."""
     from zen.recover.code_stage import write_code
 
-    return write_code(out, ip, heap, found, index, mr, space, system)
+    return write_code(out, ip, heap, found, index, mr, space)
 
 
 def _submodule_root(index, reader, choice, refs):
