@@ -88,6 +88,7 @@ def test_each_way_a_row_can_go(hasher):
         (bytes([line_op, 0]) + plain, True, 1, True),  # instrumented: the reference undoes it
         (bytes([line_op, 0]) + plain, True, 1, False),  # not quickened: hashed as it is
         (plain, True, 2, False),  # no qualname: no row
+        (plain + bytes([line_op]), True, 1, True),  # odd length: its last byte is an opcode to uninstrumented() too
     ]
     n = len(cases)
     addrs = [0x7F0000001000 + 64 * i for i in range(n)]
@@ -95,7 +96,7 @@ def test_each_way_a_row_can_go(hasher):
             [9] * n, {9: "m.py"}, list(range(10, 10 + n)), [c[3] for c in cases], {addrs[0]: "pkg.mod"},
             (deopt, small, cache_op, line_op, -1, -1), hasher)  # fmt: skip
     rows, fallback = native.core.code_rows(*args)
-    assert fallback == [2, 3, 4]
+    assert fallback == [2, 3, 4, 7]
     assert rows[2] is rows[3] is rows[4] is rows[6] is None
 
     def want(i, code):

@@ -10,8 +10,9 @@ A reused digest leaves nobody reading the file in order: the analysis then pulle
 by page fault, and a GPT-2 recovery with its digest reused took longer from a cold page cache than one that hashed
 the image (4.0 against 3.6 s). `warm_page_cache` has the kernel read the file into the page cache ahead of it,
 in order, without copying it to zen (`sendfile` to /dev/null: 0.04 s of CPU for 1.5 GB): 3.72 -> 3.53 s (medians
-of six, alternated, cold page cache). Beside a digest being computed it gained nothing (the hashing child already
-reads in order), so it runs only where the digest is reused.
+of six, alternated, cold page cache), and with two reads in flight instead of one the model stage a further
+0.07-0.14 s (`WARM_STREAMS`). Beside a digest being computed it gained nothing (the hashing child already reads in
+order), so it runs only where the digest is reused.
 """
 
 from __future__ import annotations

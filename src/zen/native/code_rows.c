@@ -68,13 +68,14 @@ typedef struct {
     int cache_op, line_op, instr_op, enter;
 } Tables;
 
-/* Whether an instruction's opcode is one uninstrumented() must look at (it then runs for this row) */
-static int suspect(const Tables *t, const unsigned char *code, Py_ssize_t units)
+/* Whether an opcode byte (every even offset, as uninstrumented's adaptive[0::2]) is one uninstrumented() must look
+ * at: it then runs for this row */
+static int suspect(const Tables *t, const unsigned char *code, Py_ssize_t len)
 {
     if (t->line_op < 0 && t->enter < 0) /* 3.11: uninstrumented() returns the bytes as they are */
         return 0;
-    for (Py_ssize_t k = 0; k < units; k++) {
-        int op = code[2 * k];
+    for (Py_ssize_t k = 0; k < len; k += 2) {
+        int op = code[k];
         if (op == t->line_op || op == t->instr_op || op == t->enter)
             return 1;
     }
@@ -96,7 +97,7 @@ static PyObject *row(PyObject *addr, PyObject *code, int good, PyObject *qual, P
     Py_ssize_t len = PyBytes_GET_SIZE(code), units = len / 2;
     PyObject *digest;
     if (quick) {
-        if (suspect(t, p, units)) {
+        if (suspect(t, p, len)) {
             *fallback = 1;
             return NULL;
         }
