@@ -56,13 +56,15 @@ class Stats:
     def add(self, kind: str, label: str, rc, seconds: float, rss_mb: int, bad: str | None) -> None:
         with self.lock:
             k = self.kinds.setdefault(kind, {})  # may hold only "accepted" so far (a run that counted one first)
-            for key, empty in (("runs", 0), ("codes", Counter()), ("bad", []), ("max_s", 0.0), ("max_rss", 0), ("slowest", "")):
+            for key, empty in (("runs", 0), ("codes", Counter()), ("bad", []), ("max_s", 0.0), ("max_rss", 0), ("slowest", ""),
+                               ("largest", "")):  # fmt: skip
                 k.setdefault(key, empty)
             k["runs"] += 1
             k["codes"][str(rc)] += 1
             if seconds > k["max_s"]:
                 k["max_s"], k["slowest"] = seconds, label
-            k["max_rss"] = max(k["max_rss"], rss_mb)
+            if rss_mb > k["max_rss"]:
+                k["max_rss"], k["largest"] = rss_mb, label
             if bad:
                 k["bad"].append(f"{label}: {bad}")
 
@@ -436,7 +438,8 @@ def write_report(a, stats: Stats, started: str) -> None:
     lines = ["# Whole-CLI fuzzing (issue 38)", "",
              f"`python bench/fuzz_cli.py --kinds {a.kinds} --runs {a.runs} --jobs {a.jobs} --seed {a.seed}` on "
              f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()}), started {started}.", "",
-             "| kind | zen runs | exit codes | exit 70 / traceback / signal | hangs | max s (input) | max RSS MiB | minutes |",
+             "| kind | zen runs | exit codes | exit 70 / traceback / signal | hangs | max s (input) | max RSS MiB (input) "
+             "| minutes |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for kind, k in stats.kinds.items():
         if "runs" not in k:
@@ -444,7 +447,8 @@ def write_report(a, stats: Stats, started: str) -> None:
         hangs = sum(1 for b in k["bad"] if b.endswith(": hang"))
         codes = ", ".join(f"{c}: {n}" for c, n in sorted(k["codes"].items()))
         lines.append(f"| {kind} | {k['runs']:,} | {codes} | {len(k['bad']) - hangs} | {hangs} | {k['max_s']:.1f} "
-                     f"({k['slowest'][:60]}) | {k['max_rss']} | {k.get('seconds', 0) / 60:.0f} |")  # fmt: skip
+                     f"({k['slowest'][:60]}) | {k['max_rss']} ({k['largest'][:60]}) | "
+                     f"{k.get('seconds', 0) / 60:.0f} |")  # fmt: skip
     acc = (stats.kinds.get("case") or {}).get("accepted")
     if acc:
         lines += ["", "Unsigned cases changed and rehashed that a command still accepted (exit 0), by command and file: "
