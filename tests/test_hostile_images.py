@@ -1,8 +1,9 @@
 """Hostile and damaged images through the `zen` command (issue 38): never exit 70, never a hang.
 
 Each case reproduces a finding of the whole-CLI fuzzing on real evidence (a family model's process image): a
-program header whose segment ends at 2^64, random pages written over the heap, a core cut short, a 1 TiB sparse
-file, whole-machine container headers claiming a terabyte over a sparse file, and an executable given to `zen ps`.
+program header whose segment ends at 2^64, one whose segment runs over the next, random pages written over the heap,
+a core cut short, a 1 TiB sparse file, whole-machine container headers claiming a terabyte over a sparse file, and an
+executable given to `zen ps`.
 The whole-CLI harness itself is bench/fuzz_cli.py (bench/results/fuzz.md).
 """
 
@@ -49,6 +50,52 @@ def test_segment_ending_at_the_top_of_the_address_space(core):
             fh.write(struct.pack("<Q", (1 << 64) - msz))
         _clean(zen("info", bad, "--json", check=False, timeout=300), 0, 2, 3, 5, 6)
         _clean(zen("recover", bad, "-o", work / "top-case", check=False, timeout=300), 0, 2, 3, 5, 6)
+
+
+def _pt_loads(path: Path) -> list[tuple[int, int, int]]:
+    """(index, p_vaddr, p_memsz) of every PT_LOAD, in file order."""
+    lay = layout(path)
+    out = []
+    with open(path, "rb") as fh:
+        for i in range(lay["phnum"]):
+            fh.seek(lay["phoff"] + i * lay["phentsize"])
+            t, _, _, va, _, _, msz, _ = struct.unpack("<IIQQQQQQ", fh.read(56))
+            if t == 1 and msz:
+                out.append((i, va, msz))
+    return out
+
+
+def test_segment_claiming_memory_past_the_next_one(core):
+    """Found by the fuzzer (seed 101, input 764): p_memsz of a segment inside a library's mapping set to 2^63. zen
+    said nothing and mapped the rest of the library from disk over every mapping above it (`zen info` of a 244 MB
+    image: 709 MiB, "9,223,372,037,591,023,616 bytes mapped", exit 0). The segment now ends where the next one
+    starts, the memory above it reads as before, and the forged header is said (exit 5)."""
+    from zen.memory.elfcore import ElfCoreSpace
+
+    image, work = core
+    lay = layout(image)
+    clean = ElfCoreSpace(image)
+    files = clean.info.files
+    loads = sorted(_pt_loads(image), key=lambda x: x[1])
+    # a segment that starts inside a file mapping, followed by a segment the image holds data for
+    picks = [(a, b) for a, b in zip(loads, loads[1:]) if any(f.start <= a[1] < f.end for f in files)
+             and clean.chunk_of(b[1]) is not None]  # fmt: skip
+    assert picks, "the family image has file-backed segments followed by captured ones"
+    (i, vaddr, _), (_, nxt, _) = picks[len(picks) // 2]
+    for claim in (1 << 63, nxt - vaddr + 4096):
+        bad = work / "memsz.core"
+        shutil.copy(image, bad)
+        with open(bad, "r+b") as fh:
+            fh.seek(lay["phoff"] + i * lay["phentsize"] + 40)
+            fh.write(struct.pack("<Q", claim))
+        space = ElfCoreSpace(bad)
+        assert any("overlap the next segment" in p and f"{vaddr:#x}" in p for p in space.problems), space.problems
+        assert [(r.start, r.end) for r in space.regions] == [(r.start, r.end) for r in clean.regions]
+        assert space.read(nxt, 4096) == clean.read(nxt, 4096)
+        assert sum(c.end - c.start for c in space.chunks) == sum(c.end - c.start for c in clean.chunks)
+        res = zen("info", bad, check=False, timeout=300)
+        _clean(res, 5)
+        assert "overlap the next segment" in res.stdout + res.stderr
 
 
 def test_random_pages_over_the_heap(core):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,7 +209,6 @@ class ElfCoreSpace(AddressSpace):
     def _layout(self, segments, info: CoreInfo, mm, fd, file_size, problems, notes, fill_from_disk, file_root):
         files = sorted(info.files, key=lambda f: f.start)
         file_starts = [f.start for f in files]
-        from bisect import bisect_right
 
         def mapped_file(addr: int) -> MappedFile | None:
             i = bisect_right(file_starts, addr) - 1
@@ -222,11 +222,20 @@ class ElfCoreSpace(AddressSpace):
         truncated = 0
         loads = [s for s in segments if s["p_type"] == "PT_LOAD"]
         covered: list[tuple[int, int]] = []
+        starts = sorted({s["p_vaddr"] for s in loads if s["p_memsz"]})
+        overruns: list[str] = []
         for seg in loads:
             vaddr, memsz = seg["p_vaddr"], seg["p_memsz"]
-            off, filesz = seg["p_offset"], min(seg["p_filesz"], seg["p_memsz"])
             if memsz == 0:
                 continue
+            # A core holds one PT_LOAD per mapping, never two over the same address: a segment that runs into the
+            # next one claims memory its process did not have (a forged p_memsz of 2^63 made zen map a whole
+            # library from disk over every mapping above it), so it ends where the next one starts.
+            i = bisect_right(starts, vaddr)
+            if i < len(starts) and vaddr + memsz > starts[i]:
+                overruns.append(f"{vaddr:#x} claims {memsz:,} bytes, past the next segment at {starts[i]:#x}")
+                memsz = starts[i] - vaddr
+            off, filesz = seg["p_offset"], min(seg["p_filesz"], memsz)
             perms = perms_from_elf_flags(seg["p_flags"])
             mf = mapped_file(vaddr)
             path = mf.path if mf else ""
@@ -254,16 +263,25 @@ class ElfCoreSpace(AddressSpace):
                 continue
             regions.append(Region(f.start, f.end, "r--p", f.path, f.offset, Source.MISSING))
             missing.append((f.start, f.end, f, "r--p"))
+        if overruns:
+            problems.append(f"{len(overruns)} program header(s) overlap the next segment (a corrupt or forged core: "
+                            f"{'; '.join(overruns[:3])}{' ...' if len(overruns) > 3 else ''}); each is read only up "
+                            "to the next segment's start")  # fmt: skip
         if truncated:
             problems.append(
                 f"image is truncated: {truncated:,} bytes of segment data lie past the end of the file "
                 f"({file_size:,} bytes); those ranges are treated as missing"
             )
-        filled, unfilled = 0, {}
+        filled, unfilled, past_file = 0, {}, 0
         disk_maps: dict[str, tuple[mmap.mmap, int] | None] = {}
         for start, end, mf, _perms in missing:
             if mf is None or not fill_from_disk or not mf.path.startswith("/"):
                 continue
+            if end > mf.end:  # the file is mapped over [mf.start, mf.end) only, whatever a segment claims
+                past_file += end - max(start, mf.end)
+                end = mf.end
+                if end <= start:
+                    continue
             got = self._fill(start, end, mf, file_root, disk_maps, chunks, problems, files)
             if got < 0:  # wholly past the end of the file: pages the process could not read either
                 continue
@@ -277,6 +295,9 @@ class ElfCoreSpace(AddressSpace):
                 f"{filled:,} bytes of read-only file mappings were not in the image and were read from "
                 f"the mapped files on this machine (verified against the image where it held a page)"
             )
+        if past_file:
+            problems.append(f"{past_file:,} bytes of segments run past the end of the file mapping they start in "
+                            "(NT_FILE): not read from the file, left missing")  # fmt: skip
         if unfilled:
             shown = ", ".join(sorted(unfilled)[:4]) + (" ..." if len(unfilled) > 4 else "")
             problems.append(
