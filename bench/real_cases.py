@@ -11,6 +11,7 @@ larger sweep (torchvision, timm, transformers) when hours are available. Cases a
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -47,9 +48,9 @@ def serve(script: str, arg: str, outdir: Path) -> subprocess.Popen:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    out = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outdir", type=Path, help="where the case_NAME directories go (kept ones are reused)")
+    out = ap.parse_args().outdir
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     for script, arg, key, id_key, prefix in SOURCES:
