@@ -2,13 +2,16 @@
 
 An entry is whole when its models row decodes (MR, PR, UR), it has exactly two code hashes per code
 object (bytecode and listing), its invariants row, references to code bodies that exist, and the
-audit row of the write that made it; nothing may refer to an entry that is not there.
+audit row of the write that made it; nothing may refer to an entry that is not there. Every listing hash's
+posting (schema 6) holds exactly the entries that store it, sorted, each once.
 """
 
 from __future__ import annotations
 
 import json
 import zlib
+
+import numpy as np
 
 
 def problems(lib) -> list[str]:
@@ -38,4 +41,14 @@ def problems(lib) -> list[str]:
                          "(SELECT 1 FROM code_bodies b WHERE b.key = r.body)").fetchone()[0]  # fmt: skip
     if dangling:
         out.append(f"{dangling} code body references to missing bodies")
-    return out
+    return out + posting_problems(lib)
+
+
+def posting_problems(lib) -> list[str]:
+    """Where `listing_postings` differs from the postings the stored rows make."""
+    want: dict[str, set] = {}
+    for h, m in lib.query("SELECT hash, model_id FROM code_hashes WHERE kind='listing'").fetchall():
+        want.setdefault(h, set()).add(m)
+    got = {h: np.frombuffer(bytes(b), dtype="<u4").tolist() for h, b in lib.query("SELECT hash, models FROM listing_postings")}
+    out = [f"posting of {h[:12]}: {got.get(h)} for entries {sorted(ms)}" for h, ms in want.items() if got.get(h) != sorted(ms)]
+    return out + [f"posting of {h[:12]} of no stored row: {ids}" for h, ids in got.items() if h not in want]

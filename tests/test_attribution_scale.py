@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sqlite3
 
 import pytest
 from bench_attribution_scale import perturb_mr, perturb_pr
-from conftest import BASES, case_of
+from conftest import BASES, case_of, zen
+from library_checks import posting_problems
 
 from zen.attribute.algorithm import FULL_COMPARE, attribute, primary_modules
 from zen.attribute.blas import _openblas_apis, one_thread
@@ -25,7 +27,8 @@ from zen.attribute.invariants import invariants, mr_features, mr_score, packed, 
 from zen.attribute.mr_similarity import mr_similarity
 from zen.attribute.parallel_compare import SentMatch
 from zen.attribute.pr_similarity import code_similarity, views
-from zen.library.store import MIGRATIONS, SCHEMA_VERSION, Library
+from zen.library import postings
+from zen.library.store import MIGRATIONS, SCHEMA_VERSION, Library, LibraryError
 from zen.represent import case
 from zen.represent.mr import ModelMR
 from zen.represent.pr import ProgrammaticRepresentation
@@ -147,7 +150,7 @@ def test_schema_3_library_migrated(tmp_path, scale_library, family_images, hf_im
     old = tmp_path / "v3.sqlite"
     _v3_library(old, scale_library)
     with Library(old, invariants=packed) as lib:
-        assert lib.schema_version() == SCHEMA_VERSION == 5
+        assert lib.schema_version() == SCHEMA_VERSION == 6 and posting_problems(lib) == []
         n = len(lib)
         assert lib.db.execute("SELECT COUNT(*) FROM invariants").fetchone()[0] == n
         assert lib.db.execute("SELECT COUNT(DISTINCT model_id) FROM code_body_refs").fetchone()[0] == n
@@ -249,6 +252,54 @@ def test_sharing_counts_equal_a_count_of_the_stored_rows(scale_library, family_i
                 want.setdefault(name, set()).add(h)
     assert got == {n: len(s) for n, s in want.items()}
     assert len(hashes) > 1000 and len(got) >= 5 and len(set(got.values())) >= 3  # several chunks; counts that differ
+
+
+def test_postings_follow_every_write_and_the_migration(scale_library, family_images, hf_image, workdir, tmp_path):
+    """Candidate selection's postings (schema 6) after removals, a replacement and adds are what the stored rows
+    make, and a schema-5 library (no postings) gets them when opened; on each, `sharing` of a transformers query
+    equals the count of its rows, and `zen attribute` of the fork finds its own entry, with those counts."""
+    lib_path = tmp_path / "writes.sqlite"
+    shutil.copy(scale_library, lib_path)
+    mr, pr, ur = _loaded("lora", FORKS["lora"], family_images, hf_image, workdir)
+    hashes = {c.listing_sha256 for c in pr.codes}
+    with Library(lib_path, invariants=packed) as lib:
+        names = sorted(r["name"] for r in lib.list())
+        for name in names[::4]:
+            lib.remove(name)
+        rng = random.Random("postings")
+        lib.add("hf~1", ModelMR.from_json(perturb_mr(mr.to_json(), rng)),
+                ProgrammaticRepresentation.from_json(perturb_pr(pr.to_json(), rng)), ur, replace=True)  # fmt: skip
+        lib.add("lora-self", mr, pr, ur)
+        assert posting_problems(lib) == []
+        got = lib.sharing("listing", hashes)
+        ids = dict(lib.query("SELECT id, name FROM models").fetchall())
+        assert got == {ids[m]: n for m, n in postings.counts_by_rows(lib, "listing", hashes).items()}
+        assert got["lora-self"] == len(hashes) and len(set(got.values())) >= 3
+        lib.query("DROP TABLE listing_postings")
+        lib.query("UPDATE meta SET value='5' WHERE key='schema_version'")
+    with Library(lib_path, invariants=packed) as lib:
+        assert lib.schema_version() == 6 and posting_problems(lib) == [] and lib.sharing("listing", hashes) == got
+    fork = case_of("lora", FORKS["lora"], family_images, hf_image, workdir)
+    att = json.loads(zen("attribute", fork, "--library", lib_path, "--json").stdout)
+    assert att["attributed"] == "lora-self"
+    assert all(c["shared_code_objects"] == got[c["name"]] for c in att["candidates"] if c["method"] == "algorithm-1")
+
+
+def test_a_damaged_posting_is_a_clear_error(scale_library, family_images, hf_image, workdir, tmp_path):
+    """A posting that is not a whole number of ids (a damaged or forged library file): `zen attribute` says which
+    index is damaged and what to do, exit 2 (a corrupt file), no traceback; the library's other commands still work."""
+    lib_path = tmp_path / "damaged.sqlite"
+    shutil.copy(scale_library, lib_path)
+    _, pr, _ = _loaded("lora", FORKS["lora"], family_images, hf_image, workdir)
+    with Library(lib_path) as lib:
+        lib.query("UPDATE listing_postings SET models = x'0102030405' WHERE hash = ?", (pr.codes[0].listing_sha256,))
+        with pytest.raises(LibraryError, match="index of shared code is damaged"):
+            lib.sharing("listing", {c.listing_sha256 for c in pr.codes})
+    fork = case_of("lora", FORKS["lora"], family_images, hf_image, workdir)
+    r = zen("attribute", fork, "--library", lib_path, "--json", check=False)
+    assert r.returncode == 2 and "index of shared code is damaged" in r.stderr and "Traceback" not in r.stderr
+    assert "restore the library from a backup" in r.stderr
+    assert json.loads(zen("library", "list", "--library", lib_path, "--json").stdout)
 
 
 def _pairs(att) -> list:

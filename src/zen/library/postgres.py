@@ -48,6 +48,7 @@ class PostgresLibrary(Library):
 
     kind = "postgresql"
     TEXT_AGG = "string_agg"
+    HEX_AGG = "string_agg(encode(models, 'hex'), '')"
 
     def __init__(self, url: str, *, create: bool = True, connect_timeout: int = 15, any_thread: bool = True,
                  invariants=None) -> None:  # fmt: skip
@@ -74,6 +75,9 @@ class PostgresLibrary(Library):
     def query(self, sql: str, params: Iterable[Any] = ()) -> Any:
         params = tuple(params)  # without parameters the text goes as it is (a literal % stays one)
         return self.db.execute(sql.replace("?", "%s"), params) if params else self.db.execute(sql)
+
+    def max_params(self) -> int:
+        return 65535  # the protocol's limit (a 16-bit count)
 
     def query_many(self, sql: str, rows: list[tuple]) -> None:
         if rows:

@@ -19,12 +19,15 @@ the code bodies they refer to (each distinct listing + attribute set once, with 
 and a covering index, so counting shared code per model reads the index alone; 5 who added each
 entry, the audit table (every write: who, what, when, the fingerprint's digests) and the access
 tokens of `zen serve` (their sha256 only, never the token), so a team's server and its curators'
-direct connections share one record of who changed the library.
+direct connections share one record of who changed the library; 6 each listing hash's entries as one posting
+(a sorted array of model ids), so counting the code a query shares with every entry reads one row per hash of the
+query, not one per (hash, entry) pair (`Library.sharing`: a transformers query against 1,000 entries read 0.9 M
+index rows, 0.45-0.63 s; now ~4,000 postings), built from the rows already stored (`_build_postings`).
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 STEPS: list[list[str]] = [
     [
@@ -64,6 +67,10 @@ STEPS: list[list[str]] = [
         "CREATE INDEX audit_name ON audit(name)",
         """CREATE TABLE tokens (
             id {pk}, name TEXT NOT NULL UNIQUE, hash TEXT NOT NULL UNIQUE, scopes TEXT NOT NULL, created TEXT NOT NULL)""",
+    ],
+    [
+        "CREATE TABLE listing_postings (hash TEXT PRIMARY KEY, models {blob} NOT NULL){norowid}",
+        "_build_postings",
     ],
 ]
 

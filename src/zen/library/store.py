@@ -32,12 +32,12 @@ import socket
 import sqlite3
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from zen.library import postings
 from zen.library.errors import Conflict, LibraryError, NotFound  # noqa: F401 - the library's errors, as before
 from zen.library.names import check_name
 from zen.library.schema import SCHEMA_VERSION, render
@@ -146,6 +146,7 @@ class Library:
     kind = "sqlite"
     remote = False
     TEXT_AGG = "group_concat"  # the aggregate joining text values with a separator (PostgreSQL: string_agg)
+    HEX_AGG = "group_concat(hex(models), '')"  # the postings of a query as one hex text (zen.library.postings)
 
     def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False,
                  invariants: Callable | None = None) -> None:  # fmt: skip
@@ -177,6 +178,10 @@ class Library:
     def query_many(self, sql: str, rows: list[tuple]) -> None:
         if rows:
             self.db.executemany(sql, rows)
+
+    def max_params(self) -> int:
+        """The most parameters one statement may bind (SQLite's compile-time limit: 999 before 3.32)."""
+        return self.db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - 1
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -243,6 +248,9 @@ class Library:
                 continue
             self._store_invariants(mid, packed)
 
+    def _build_postings(self) -> None:
+        postings.build(self)  # a migration step (schema 6): the postings of the entries already stored
+
     def _store_invariants(self, mid: int, packed: tuple) -> None:
         row, bodies = packed
         self.query("INSERT INTO invariants(model_id, version, mr, spectrum, views) VALUES (?,?,?,?,?)", (mid, *row))
@@ -255,6 +263,7 @@ class Library:
         """Delete one entry (its hashes, invariants and references cascade) and the code bodies no
         other entry refers to."""
         bodies = [b for (b,) in self.query("SELECT body FROM code_body_refs WHERE model_id=?", (mid,)).fetchall()]
+        postings.post(self, mid, postings.model_hashes(self, mid), add=False)
         self.query("DELETE FROM models WHERE id=?", (mid,))
         for i in range(0, len(bodies), 500):
             part = bodies[i : i + 500]
@@ -329,6 +338,7 @@ class Library:
             rows = [(mid, "bytecode", c.bytecode_sha256, c.address) for c in pr.codes]
             rows += [(mid, "listing", c.listing_sha256, c.address) for c in pr.codes]
             self.query_many("INSERT INTO code_hashes(model_id, kind, hash, code) VALUES (?,?,?,?)", rows)
+            postings.post(self, mid, [c.listing_sha256 for c in pr.codes], add=True)
             self._store_invariants(mid, packed)
             self.record_audit(who, "replace" if exists else action, name, record)
         return mid
@@ -443,30 +453,12 @@ class Library:
 
     # -- candidate selection (Algorithm 1, lines 3-7) -----------------------------------------
     def sharing(self, kind: str, hashes: Iterable[str]) -> dict[str, int]:
-        """Library model name -> number of the given hashes it also has (one indexed query)."""
-        hashes = sorted(set(hashes))
-        counts: Counter[int] = Counter()
-        for i in range(0, len(hashes), 500):
-            part = hashes[i : i + 500]
-            # Read from the covering index (kind, hash, model_id) alone, in its order: DISTINCT needs no
-            # temporary B-tree that way, unlike GROUP BY model_id with COUNT(DISTINCT hash), which
-            # sorted every matching row (millions for a transformers query against 10,000 entries).
-            # A hash falls in one chunk only, so per-chunk counts add up to distinct counts. The
-            # distinct pairs are counted per model in the database, and the counts come back as one
-            # text row: handing the pairs to Python one row each cost more than the search (a GPT-2 query
-            # against 1,000 entries: 0.9 M rows, 0.36-0.46 s; counted in SQL 0.24 s, the search 0.14 s),
-            # and `zen attribute` runs this in a thread beside the case check, where every row handed
-            # back waits for the other thread to let go of the GIL (one row per count: 0.77 s).
-            marks = ",".join("?" * len(part))
-            q = (f"SELECT {self.TEXT_AGG}(CAST(model_id AS TEXT) || ' ' || CAST(n AS TEXT), ' ') FROM "
-                 f"(SELECT model_id, COUNT(*) AS n FROM (SELECT DISTINCT hash, model_id FROM code_hashes "
-                 f"WHERE kind=? AND hash IN ({marks})) AS shared GROUP BY model_id) AS per_model")  # fmt: skip
-            (text,) = self.query(q, [kind, *part]).fetchone()
-            numbers = iter([int(x) for x in (text or "").split()])
-            for mid, n in zip(numbers, numbers):
-                counts[mid] += n
-        names = dict(self.query("SELECT id, name FROM models").fetchall())
-        return {names[mid]: n for mid, n in counts.items() if mid in names}
+        """Library model name -> number of the given (distinct) hashes it also has. Listing hashes, what
+        candidate selection counts, are read from their postings (`zen.library.postings`: one row per hash);
+        other kinds from the stored rows (`postings.counts_by_rows`, the postings' reference in the tests)."""
+        found = postings.counts(self, hashes) if kind == "listing" else postings.counts_by_rows(self, kind, hashes)
+        names = dict(self.query("SELECT id, name FROM models").fetchall()) if found else {}
+        return {names[mid]: n for mid, n in found.items() if mid in names}
 
     # -- sharing libraries ------------------------------------------------------------------------
     def export(self, path: Path, names: Iterable[str] | None = None) -> int:
