@@ -166,7 +166,8 @@ def test_altered_and_malformed_json_give_the_verdicts_of_one_after_the_other(fam
 
 def test_code_records_are_built_as_their_constructor_builds_them(family_images, hf_image, workdir):
     """pr.json's code records are built without the keyword call: equal to `CodeRecord(**d)` field for field and in
-    field order, with fresh default lists, and an unknown or missing field refused as the call refuses it."""
+    field order (whatever the order in the file), with fresh default lists, the parsed dict left unchanged, and an
+    unknown or missing field refused as the call refuses it."""
     import dataclasses
     import json
 
@@ -178,6 +179,9 @@ def test_code_records_are_built_as_their_constructor_builds_them(family_images, 
         want = CodeRecord(**{**d, "signature": Signature(**d["signature"]) if d.get("signature") else None})
         got = record_from_json(d)
         assert got == want and list(vars(got)) == list(vars(want))
+        assert vars(got) is not d and (d["signature"] is None or type(d["signature"]) is dict)  # the caller's dict as it was
+        shuffled = record_from_json(dict(reversed(d.items())))  # fields in another order: the same record, in field order
+        assert shuffled == want and list(vars(shuffled)) == list(vars(want))
     required = [f.name for f in dataclasses.fields(CodeRecord) if f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING]  # fmt: skip
     lean = {k: v for k, v in raw[0].items() if k in required}

@@ -179,10 +179,13 @@ def record_from_json(d: dict[str, Any]) -> CodeRecord:
     records of 35 fields, and the keyword call took 0.08 s of every command reading it (this: 0.03 s). The fields
     in their order, defaults where absent; an unknown field is a TypeError, a missing one a KeyError (the callers
     catch both, as they caught the call's TypeError)."""
-    if not d.keys() <= _CODE_FIELD_SET:
-        raise TypeError(f"CodeRecord got unexpected fields {sorted(d.keys() - _CODE_FIELD_SET)[:3]}")
     r = _new(CodeRecord)
-    r.__dict__.update({k: d[k] if k in d else _CODE_DEFAULTS[k]() for k in _CODE_FIELDS})
+    if tuple(d) == _CODE_FIELDS:  # every field, in order, as zen writes them: a copy of the dict is the record's
+        r.__dict__ = dict(d)  # (0.07 -> 0.01 s of a transformers pr.json; the caller's dict is left as it was)
+    elif not d.keys() <= _CODE_FIELD_SET:
+        raise TypeError(f"CodeRecord got unexpected fields {sorted(d.keys() - _CODE_FIELD_SET)[:3]}")
+    else:
+        r.__dict__.update({k: d[k] if k in d else _CODE_DEFAULTS[k]() for k in _CODE_FIELDS})
     r.signature = Signature(**d["signature"]) if d.get("signature") else None
     return r
 
