@@ -15,6 +15,7 @@ import random
 import shutil
 import sqlite3
 
+import numpy as np
 import pytest
 from bench_attribution_scale import perturb_mr, perturb_pr
 from conftest import BASES, case_of, zen
@@ -286,15 +287,23 @@ def test_postings_follow_every_write_and_the_migration(scale_library, family_ima
 
 
 def test_a_damaged_posting_is_a_clear_error(scale_library, family_images, hf_image, workdir, tmp_path):
-    """A posting that is not a whole number of ids (a damaged or forged library file): `zen attribute` says which
+    """A posting that is not a whole number of ids, repeats an id or holds more ids than the library has entries (a
+    damaged or forged library file; the long one is never read into memory): `zen attribute` says which
     index is damaged and what to do, exit 2 (a corrupt file), no traceback; the library's other commands still work."""
     lib_path = tmp_path / "damaged.sqlite"
     shutil.copy(scale_library, lib_path)
     _, pr, _ = _loaded("lora", FORKS["lora"], family_images, hf_image, workdir)
+    hashes = {c.listing_sha256 for c in pr.codes}
     with Library(lib_path) as lib:
-        lib.query("UPDATE listing_postings SET models = x'0102030405' WHERE hash = ?", (pr.codes[0].listing_sha256,))
-        with pytest.raises(LibraryError, match="index of shared code is damaged"):
-            lib.sharing("listing", {c.listing_sha256 for c in pr.codes})
+        (h, good), n = lib.query("SELECT hash, models FROM listing_postings WHERE hash = ?", (pr.codes[0].listing_sha256,)
+                                 ).fetchone(), len(lib)  # fmt: skip
+        forged = {"not a whole number of ids": b"\x01\x02\x03\x04\x05", "repeated ids": bytes(good)[:4] * 2,
+                  "longer than the library's entries": np.arange(1, n + 2, dtype="<u4").tobytes()}  # fmt: skip
+        for what, blob in forged.items():
+            lib.query("UPDATE listing_postings SET models = ? WHERE hash = ?", (blob, h))
+            with pytest.raises(LibraryError, match="index of shared code is damaged") as exc:
+                lib.sharing("listing", hashes)
+            assert ("strictly increasing" if what == "repeated ids" else "not a whole number") in str(exc.value), what
     fork = case_of("lora", FORKS["lora"], family_images, hf_image, workdir)
     r = zen("attribute", fork, "--library", lib_path, "--json", check=False)
     assert r.returncode == 2 and "index of shared code is damaged" in r.stderr and "Traceback" not in r.stderr

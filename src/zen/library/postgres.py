@@ -48,7 +48,7 @@ class PostgresLibrary(Library):
 
     kind = "postgresql"
     TEXT_AGG = "string_agg"
-    HEX_AGG = "string_agg(encode(models, 'hex'), '')"
+    HEX_AGG = "string_agg(CASE WHEN {ok} THEN encode(models, 'hex') END, ' ')"
 
     def __init__(self, url: str, *, create: bool = True, connect_timeout: int = 15, any_thread: bool = True,
                  invariants=None) -> None:  # fmt: skip

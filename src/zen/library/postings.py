@@ -39,7 +39,7 @@ def _ids(lib, blob) -> object:
     """A stored posting as an array of ids; a length that is not a whole number of ids is a damaged library."""
     data = bytes(blob)
     if len(data) % ID_BYTES:
-        raise LibraryError(f"{lib.path}: the index of shared code is damaged (a posting of {len(data)} bytes)", REBUILD)
+        raise _damaged(lib, f"a posting of {len(data)} bytes")
     return _np().frombuffer(data, dtype=ID)
 
 
@@ -50,29 +50,45 @@ def counts(lib, hashes: Iterable[str]) -> dict[int, int]:
     back as one row (their hex joined, with the number of damaged ones): `zen attribute` runs this in a thread
     beside the case check, whose parse of pr.json holds the GIL 0.2 s at a time, and this thread needs the GIL
     back after every statement and every row (0.32-0.36 s in nine statements of 500, where the work alone
-    takes 0.03-0.05 s)."""
+    takes 0.03-0.05 s). A posting is trusted no more than the rows were: one longer than the library has entries
+    or not a whole number of ids is left in the file (never read into memory), one whose ids are not strictly
+    increasing is refused here (repeated ids would count one listing twice), and any of them is an error."""
     np = _np()
     hashes = sorted(set(hashes))
-    parts, step = [], max(CHUNK, lib.max_params())
+    (entries,) = lib.query("SELECT COUNT(*) FROM models").fetchone()
+    most = ID_BYTES * max(1, int(entries))
+    # (no "%" operator: PostgreSQL's driver would read it as a placeholder; `most` is this function's own number)
+    ok = f"length(models) <= {most} AND length(models) = length(models) / {ID_BYTES} * {ID_BYTES}"
+    texts, step = [], max(CHUNK, lib.max_params())
     for i in range(0, len(hashes), step):
         part = hashes[i : i + step]
-        # (no "%" operator: PostgreSQL's driver would read it as a placeholder)
-        q = (f"SELECT {lib.HEX_AGG}, SUM(CASE WHEN length(models) <> length(models) / {ID_BYTES} * {ID_BYTES} THEN 1 "
-             f"ELSE 0 END) FROM listing_postings WHERE hash IN ({','.join('?' * len(part))})")  # fmt: skip
+        q = (f"SELECT {lib.HEX_AGG.format(ok=ok)}, SUM(CASE WHEN {ok} THEN 0 ELSE 1 END) FROM listing_postings "
+             f"WHERE hash IN ({','.join('?' * len(part))})")  # fmt: skip
         text, damaged = lib.query(q, part).fetchone()
         if damaged:
-            raise LibraryError(f"{lib.path}: the index of shared code is damaged ({damaged} posting(s) of a length that "
-                               "is not a whole number of ids)", REBUILD)  # fmt: skip
-        parts.append(bytes.fromhex(text or ""))
-    ids = np.frombuffer(b"".join(parts), dtype=ID)
+            raise _damaged(lib, f"{damaged} posting(s) longer than the library's {entries:,} entries or not a whole "
+                                "number of ids")  # fmt: skip
+        texts.append(text or "")
+    text = " ".join(t for t in texts if t)
+    ids = np.frombuffer(bytes.fromhex(text), dtype=ID)  # (fromhex skips the spaces between postings)
     if not len(ids):
         return {}
+    starts = np.cumsum([len(t) // (2 * ID_BYTES) for t in text.split(" ")])[:-1]  # where each posting but the first begins
+    rising = np.diff(ids.astype(np.int64)) > 0
+    starts = starts[(starts > 0) & (starts < len(ids))]
+    rising[starts - 1] = True  # (one posting's last id and the next one's first)
+    if not rising.all():
+        raise _damaged(lib, "a posting whose ids are not strictly increasing")
     if ids.max() < BINCOUNT_BELOW:
         per = np.bincount(ids)
         found = np.flatnonzero(per)
         return dict(zip(found.tolist(), per[found].tolist()))
     found, n = np.unique(ids, return_counts=True)
     return dict(zip(found.tolist(), n.tolist()))
+
+
+def _damaged(lib, what: str) -> LibraryError:
+    return LibraryError(f"{lib.path}: the index of shared code is damaged ({what})", REBUILD)
 
 
 def post(lib, mid: int, hashes: Iterable[str], *, add: bool) -> None:

@@ -146,7 +146,7 @@ class Library:
     kind = "sqlite"
     remote = False
     TEXT_AGG = "group_concat"  # the aggregate joining text values with a separator (PostgreSQL: string_agg)
-    HEX_AGG = "group_concat(hex(models), '')"  # the postings of a query as one hex text (zen.library.postings)
+    HEX_AGG = "group_concat(CASE WHEN {ok} THEN hex(models) END, ' ')"  # postings as one text (zen.library.postings)
 
     def __init__(self, path: str | os.PathLike | None = None, *, create: bool = True, any_thread: bool = False,
                  invariants: Callable | None = None) -> None:  # fmt: skip
