@@ -95,7 +95,7 @@ def post(lib, mid: int, hashes: Iterable[str], *, add: bool) -> None:
     """Add model `mid` to the posting of each of `hashes` (`add`), or take it out of them (a posting left empty is
     deleted). Called inside the write's transaction."""
     np = _np()
-    _posting([mid])  # (an id that does not fit is refused before anything is written)
+    one = _posting([mid])  # (an id that does not fit is refused before anything is written)
     hashes = sorted(set(hashes))
     for i in range(0, len(hashes), CHUNK):
         part = hashes[i : i + CHUNK]
@@ -105,13 +105,15 @@ def post(lib, mid: int, hashes: Iterable[str], *, add: bool) -> None:
         keep, gone = [], []
         for h in part:
             old = have.get(h)
-            if add:
-                new = np.array([mid], dtype=ID) if old is None else np.union1d(old, np.array([mid], dtype=ID)).astype(ID)
-            elif old is None:
-                continue
-            else:
+            if add and (old is None or not len(old)):
+                keep.append((h, one))
+            elif add and old[-1] < mid:  # the usual case: a new entry's id is the largest (appended, no sort)
+                keep.append((h, old.tobytes() + one))
+            elif add:
+                keep.append((h, np.union1d(old, np.array([mid], dtype=ID)).astype(ID).tobytes()))
+            elif old is not None:
                 new = old[old != mid]
-            (keep.append((h, new.tobytes())) if len(new) else gone.append(h))
+                (keep.append((h, new.tobytes())) if len(new) else gone.append(h))
         lib.query_many("INSERT INTO listing_postings(hash, models) VALUES (?,?) "
                        "ON CONFLICT(hash) DO UPDATE SET models = excluded.models", keep)  # fmt: skip
         if gone:
