@@ -12,6 +12,13 @@ last (page cache as it is) and then REPEATS more, median reported; wall time fro
 imports and case verification included. Writes the section "Attribute end to end (issue 34)" of
 bench/results/perf.md.
 
+The host's speed is measured in the same run (`host_reference`), because these targets are in seconds and the
+machine under them is not fixed: one day's host ran the same command on the same code 1.7x faster than the day
+before while its sha256 rate was no higher (bench/results/perf_issue50.md, seventeenth session). The reference is
+what bounds the fixed part of `zen attribute`: pure-Python work (a fixed loop) and one orjson parse of the first
+query's pr.json (the case check's largest step), each the best of 5, so that figures of different days can be told
+apart from changes of the code.
+
 Targets: <= 1.0 s at 100 real entries and <= 1.5 s at 1,000 for transformers queries (issue 50; issue 34 asked
 <= 2 s at 1,000).
 """
@@ -66,6 +73,30 @@ def run_cli(qdir: Path, lib: Path, env: dict | None = None) -> tuple[float, str]
     return wall, json.loads(r.stdout)["attributed"]
 
 
+def host_reference(pr_json: Path) -> dict[str, float]:
+    """Seconds of a fixed pure-Python loop and of one orjson parse of `pr_json` (best of 5 each): how fast this
+    host runs the kind of work attribution's fixed path is made of, measured beside it."""
+    import orjson
+
+    data = pr_json.read_bytes()
+
+    def best(f) -> float:
+        out = []
+        for _ in range(5):
+            t = time.perf_counter()
+            kept = f()
+            out.append(time.perf_counter() - t)
+            del kept  # (freed outside the timing: the command keeps its parsed pr.json to the end)
+        return min(out)
+
+    def loop() -> None:
+        d: dict[int, int] = {}
+        for i in range(1_000_000):
+            d[i & 4095] = d.get(i & 4095, 0) + i
+
+    return {"python_loop": best(loop), "pr_parse": best(lambda: orjson.loads(data)), "pr_mb": len(data) / 1e6}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=Path, required=True, help="directory of real recovered cases (case_*)")
@@ -84,6 +115,8 @@ def main() -> int:
     if not queries:
         raise SystemExit(f"{args.cases} holds none of the query cases {QUERIES}")
     scale.QUERIES = {q: q for q in queries}  # the queries' own fingerprints come first in every library
+    host = host_reference(args.cases / f"case_{queries[0]}" / "pr.json")
+    print(json.dumps({"host": host}), flush=True)
     t0 = time.perf_counter()
     big = tuple(s for s in args.sizes if s > 1)
     paths = scale.build(args.work, cases, big) if big else {}
@@ -117,7 +150,9 @@ def main() -> int:
              "suite's target processes); libraries beyond them are seeded perturbed copies, all added with "
              "`Library.add`" + (f" ({build_s:.0f} s to build)" if build_s > 5 else "") + "; size 1 is the query's own "
              f"fingerprint alone. Each cell: one `zen attribute CASE --library L --json` process, start to exit; "
-             f"first run, then the median (range) of {REPEATS} more."
+             f"first run, then the median (range) of {REPEATS} more. Host reference (best of 5, before the runs): a "
+             f"fixed pure-Python loop {host['python_loop']:.3f} s, orjson parse of {queries[0]}'s pr.json "
+             f"({host['pr_mb']:.1f} MB) {host['pr_parse']:.3f} s."
              + (" Held-out queries: full-size cases recovered from images of other processes, not in the libraries; "
                 "their first run starts with an empty digest cache (a case copied from elsewhere), the repeated ones "
                 "take the tensor files' digests recorded by it (README, \"Forensic soundness\")." if args.held_out else ""),
